@@ -1,0 +1,31 @@
+# The two commands of the README: `make run` (4-worker training with LEGACY compression) and
+# `make test`. Both set up the environment first if it is not there yet.
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.setup-done
+CONTROLLER ?= gloo
+NP ?= 4
+
+.PHONY: setup run test unit lint clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml scripts/setup.sh scripts/build_horovod.sh
+	scripts/setup.sh
+	touch $@
+
+run: setup
+	$(VENV)/bin/horovodrun -np $(NP) -H localhost:$(NP) --$(CONTROLLER) $(PY) examples/train_digits.py
+
+test: setup
+	$(PY) -m ruff check .
+	$(PY) -m pytest
+
+unit: setup
+	$(PY) -m pytest tests/unit
+
+lint: setup
+	$(PY) -m ruff check .
+
+clean:
+	rm -rf $(VENV) .cache .pytest_cache

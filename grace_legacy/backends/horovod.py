@@ -1,0 +1,39 @@
+"""Collectives through Horovod (MPI, Gloo or NCCL underneath, whichever horovodrun chose)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import horovod.torch as hvd
+import torch
+
+
+class HorovodBackend:
+    """Asynchronous Horovod collectives restricted to one process set.
+
+    Names are prefixed so they never collide with the user's own Horovod ops; Horovod matches
+    collectives across ranks by name, so every rank must pass the same names in any order.
+    """
+
+    def __init__(self, process_set: Any = None) -> None:
+        self.process_set = hvd.global_process_set if process_set is None else process_set
+
+    def rank(self) -> int:
+        return self.process_set.rank()
+
+    def size(self) -> int:
+        return self.process_set.size()
+
+    def allreduce_async(self, tensor: torch.Tensor, name: str, average: bool) -> Any:
+        return hvd.allreduce_async(tensor, name=f"grace.ar.{name}", op=hvd.Average if average else hvd.Sum,
+                                   process_set=self.process_set)
+
+    def allgather_async(self, tensor: torch.Tensor, name: str) -> Any:
+        return hvd.allgather_async(tensor, name=f"grace.ag.{name}", process_set=self.process_set)
+
+    def broadcast_async(self, tensor: torch.Tensor, root_rank: int, name: str) -> Any:
+        return hvd.broadcast_async(tensor, root_rank, name=f"grace.bc{root_rank}.{name}",
+                                   process_set=self.process_set)
+
+    def wait(self, handle: Any) -> torch.Tensor:
+        return hvd.synchronize(handle)

@@ -1,0 +1,5 @@
+"""Communicators: move payloads between ranks through a backend and aggregate them."""
+
+from grace_legacy.communicators.collectives import Allgather, Allreduce
+
+__all__ = ["Allgather", "Allreduce"]

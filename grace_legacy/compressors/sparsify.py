@@ -1,0 +1,164 @@
+"""Sparsifiers that keep a fixed fraction of the entries: Top-k and Random-k."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import math
+from collections.abc import Sequence
+from fractions import Fraction
+from typing import Any, NamedTuple
+
+import torch
+
+from grace_legacy.core import Compressor, Knob, Payload, check_gradient
+
+DENSITY = Knob("ratio", low=0.0, high=1.0, low_inclusive=False, high_inclusive=True, dense=1.0)
+
+_INT32_LIMIT = 2**31
+
+
+@functools.lru_cache(maxsize=65536)
+def kept_count(ratio: float, numel: int) -> int:
+    """``k = max(1, floor(ratio * numel))``, with ``ratio`` read as the decimal the user wrote.
+
+    ``0.29 * 100`` is ``28.999999999999996`` in binary floating point; reading ``repr(0.29)`` as
+    the exact fraction 29/100 gives the 29 the user meant.
+    """
+    return max(1, math.floor(Fraction(repr(float(ratio))) * numel))
+
+
+def index_dtype(numel: int) -> torch.dtype:
+    """int32 indices halve their bytes; int64 only where int32 cannot address the tensor."""
+    return torch.int32 if numel < _INT32_LIMIT else torch.int64
+
+
+class SparseContext(NamedTuple):
+    shape: torch.Size
+    numel: int
+    dtype: torch.dtype
+    device: torch.device
+
+
+def scatter_sum(payloads: Sequence[Payload], ctx: SparseContext, average: bool) -> torch.Tensor:
+    """``sum_r scatter(values_r at indices_r)`` as one ``index_add_`` over all ranks' entries.
+
+    Entries are added in rank order into zeros, the same additions a rank-by-rank sum of the
+    decompressed tensors performs, so the result is identical to that reference.
+    """
+    values = torch.cat([payload[0] for payload in payloads])
+    indices = torch.cat([payload[1] for payload in payloads])
+    out = torch.zeros(ctx.numel, dtype=ctx.dtype, device=ctx.device)
+    out.index_add_(0, indices, values)
+    if average:
+        out /= len(payloads)
+    return out.view(ctx.shape)
+
+
+class TopK(Compressor):
+    """Keeps the ``k = max(1, floor(ratio * n))`` entries of largest magnitude.
+
+    Payload: ``[values, indices]`` with the signed values in the gradient's dtype and int32 indices
+    (int64 for tensors of 2**31 elements or more): ``8k`` bytes for fp32. Not additive (every rank
+    picks different indices), so it is gathered. Any floating dtype; pairs with ``Residual``.
+    """
+
+    knob = DENSITY
+
+    def __init__(self, ratio: float | None = None) -> None:
+        super().__init__()
+        self._set_knob(ratio)
+
+    @property
+    def ratio(self) -> float | None:
+        return self.knob_value
+
+    def compress(self, tensor: torch.Tensor, name: str) -> tuple[Payload, Any]:
+        check_gradient(tensor, "TopK")
+        self.check_ready()
+        flat = tensor.reshape(-1)
+        k = kept_count(self.ratio, flat.numel())
+        _, indices = torch.topk(flat.abs(), k, sorted=False)
+        values = flat[indices]
+        ctx = SparseContext(tensor.shape, flat.numel(), tensor.dtype, tensor.device)
+        return [values, indices.to(index_dtype(flat.numel()))], ctx
+
+    def decompress(self, payload: Payload, ctx: SparseContext) -> torch.Tensor:
+        values, indices = payload
+        out = torch.zeros(ctx.numel, dtype=ctx.dtype, device=ctx.device)
+        out.index_put_((indices,), values)
+        return out.view(ctx.shape)
+
+    def aggregate(self, payloads: Sequence[Payload], ctx: SparseContext, average: bool) -> torch.Tensor:
+        return scatter_sum(payloads, ctx, average)
+
+    def recommended_memory(self):
+        from grace_legacy.memories import Residual
+
+        return Residual()
+
+
+def _seed_for(seed: int, name: str, step: int) -> int:
+    digest = hashlib.blake2b(f"{seed}\0{name}\0{step}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & (2**63 - 1)
+
+
+class RandomK(Compressor):
+    """Keeps ``k = max(1, floor(ratio * n))`` entries chosen uniformly at random, unscaled.
+
+    The indices are a function of ``(seed, name, step)`` alone, drawn from a private
+    ``torch.Generator`` (the global RNG is never touched), so every rank picks the same ones: only
+    the values travel, and they can be summed by an allreduce. ``step`` counts this tensor's
+    compressions and is saved by :meth:`state_dict`. Pairs with ``Residual``.
+    """
+
+    knob = DENSITY
+    additive = True
+
+    def __init__(self, ratio: float | None = None, seed: int = 0) -> None:
+        super().__init__()
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise TypeError(f"RandomK: seed must be an int, got {seed!r}")
+        self._set_knob(ratio)
+        self.seed = seed
+        self._steps: dict[str, int] = {}
+
+    @property
+    def ratio(self) -> float | None:
+        return self.knob_value
+
+    def indices(self, name: str, step: int, numel: int) -> torch.Tensor:
+        """The indices kept for tensor ``name`` at its ``step``-th compression (int64)."""
+        generator = torch.Generator(device="cpu")
+        generator.manual_seed(_seed_for(self.seed, name, step))
+        k = kept_count(self.ratio, numel)
+        return torch.randperm(numel, generator=generator)[:k]
+
+    def compress(self, tensor: torch.Tensor, name: str) -> tuple[Payload, Any]:
+        check_gradient(tensor, "RandomK")
+        self.check_ready()
+        step = self._steps.get(name, 0)
+        self._steps[name] = step + 1
+        flat = tensor.reshape(-1)
+        indices = self.indices(name, step, flat.numel()).to(tensor.device)
+        ctx = (indices, SparseContext(tensor.shape, flat.numel(), tensor.dtype, tensor.device))
+        return [flat[indices]], ctx
+
+    def decompress(self, payload: Payload, ctx: Any) -> torch.Tensor:
+        indices, shape = ctx
+        out = torch.zeros(shape.numel, dtype=shape.dtype, device=shape.device)
+        out.index_put_((indices,), payload[0])
+        return out.view(shape.shape)
+
+    def recommended_memory(self):
+        from grace_legacy.memories import Residual
+
+        return Residual()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "steps": dict(self._steps)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self._steps.clear()
+        self._steps.update(state["steps"])

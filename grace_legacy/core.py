@@ -1,0 +1,278 @@
+"""The three GRACE interfaces (compressor, memory, communicator) and the backend they talk to.
+
+Data flows one way through a training step, for every gradient tensor ``g`` named ``name``:
+
+    compensated = memory.compensate(g, name)            # e.g. g + e  (error feedback)
+    c           = compressor.resolve(compensated, name) # which concrete compressor acts now
+    payload, ctx = c.compress(compensated, name)         # list of tensors + rank-local context
+    memory.update(compensated, name, c, payload, ctx)    # e.g. e <- compensated - D(payload)
+    pending     = communicator.start(payload, ctx, name, c, backend, average)
+    g_sync      = pending()                              # waits, then aggregates
+
+``payload`` is the only thing that leaves the rank; ``ctx`` never does. A compressor knows nothing
+of Horovod, a communicator knows a compressor only through ``decompress``/``aggregate``, and a
+backend moves tensors without knowing what they mean.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import numbers
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol
+
+import torch
+
+from grace_legacy.stats import TrafficStats
+
+Payload = list[torch.Tensor]
+
+_UNSET: Any = object()
+
+
+@dataclass(frozen=True)
+class Knob:
+    """The one parameter of a compressor that LEGACY schedules.
+
+    ``low``/``high`` bound the accepted range (``None`` = unbounded), ``integer`` asks for whole
+    numbers, and ``dense`` is the value that means "send this tensor uncompressed" (``None``
+    always means that too).
+    """
+
+    name: str
+    low: float | None = None
+    high: float | None = None
+    low_inclusive: bool = True
+    high_inclusive: bool = True
+    integer: bool = False
+    dense: Any = None
+
+    def describe_range(self) -> str:
+        if self.integer and self.high is None and self.low is not None:
+            return f"an integer >= {int(self.low)}"
+        left = ("[" if self.low_inclusive else "(") + ("-inf" if self.low is None else f"{self.low:g}")
+        right = ("inf" if self.high is None else f"{self.high:g}") + ("]" if self.high_inclusive else ")")
+        kind = "an integer" if self.integer else "a number"
+        return f"{kind} in {left}, {right}"
+
+    def check(self, value: Any, owner: str) -> Any:
+        """Return ``value`` if it is valid for this knob, else raise naming ``owner``'s argument."""
+        if value is None:
+            return None
+        where = f"{owner}: {self.name}"
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise TypeError(f"{where} must be {self.describe_range()}, got {value!r} "
+                            f"of type {type(value).__name__}")
+        if isinstance(value, torch.Tensor):  # a 0-dim tensor is a Real only by accident
+            raise TypeError(f"{where} must be a Python number, got a tensor")
+        if not math.isfinite(float(value)):
+            raise ValueError(f"{where} must be {self.describe_range()}, got {value!r}")
+        if self.integer:
+            if float(value) != int(value):
+                raise ValueError(f"{where} must be {self.describe_range()}, got {value!r}")
+            value = int(value)
+        else:
+            value = float(value)
+        too_low = self.low is not None and (value < self.low or (value == self.low and not self.low_inclusive))
+        too_high = self.high is not None and (value > self.high or (value == self.high and not self.high_inclusive))
+        if too_low or too_high:
+            raise ValueError(f"{where} must be {self.describe_range()}, got {value!r}")
+        return value
+
+    def is_dense(self, value: Any) -> bool:
+        return value is None or (self.dense is not None and value == self.dense)
+
+
+def check_gradient(tensor: torch.Tensor, owner: str) -> None:
+    """Reject what no compressor can encode, with an error that says what was wrong."""
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"{owner}: expected a torch.Tensor, got {type(tensor).__name__}")
+    if not tensor.is_floating_point():
+        raise TypeError(f"{owner}: gradients must be floating point, got dtype {tensor.dtype}")
+    if tensor.numel() == 0:
+        raise ValueError(f"{owner}: cannot compress an empty tensor (shape {tuple(tensor.shape)})")
+    if tensor.is_sparse:
+        raise TypeError(f"{owner}: sparse tensors are not supported; densify the gradient first")
+
+
+class Compressor(ABC):
+    """Turns a gradient into a small payload and back.
+
+    Subclasses set the class attributes below and implement :meth:`compress` and
+    :meth:`decompress`; :meth:`aggregate` combines the payloads of all ranks.
+
+    ``additive``: payloads of all ranks may be summed element-wise by an allreduce *before*
+    decompressing, i.e. ``D(sum_r p_r) == sum_r D(p_r)`` and the context is identical on every
+    rank. Otherwise the payloads must be gathered.
+
+    ``uniform_payload``: every rank's payload has the same shapes for the same tensor and step,
+    so a gather needs no per-rank size header.
+
+    ``lossless``: ``D(C(x)) == x`` exactly, so error feedback has nothing to keep.
+    """
+
+    knob: ClassVar[Knob | None] = None
+    additive: ClassVar[bool] = False
+    uniform_payload: ClassVar[bool] = True
+    lossless: ClassVar[bool] = False
+
+    def __init__(self) -> None:
+        self._knob_value: Any = None
+        self._traffic = TrafficStats()
+
+    # -- the knob ---------------------------------------------------------------------------
+    @property
+    def knob_value(self) -> Any:
+        return self._knob_value
+
+    def _set_knob(self, value: Any) -> None:
+        assert self.knob is not None
+        self._knob_value = self.knob.check(value, type(self).__name__)
+
+    def with_knob(self, value: Any) -> Compressor:
+        """A copy with its knob set to ``value``. The copy shares this one's per-tensor state
+        (step counters, generators), so a schedule that changes the knob does not reset it."""
+        if self.knob is None:
+            raise ValueError(f"{type(self).__name__} has no parameter to schedule")
+        clone = copy.copy(self)
+        clone._set_knob(value)
+        return clone
+
+    def check_ready(self) -> None:
+        """Raise if this compressor cannot be used on its own (its knob was never set)."""
+        if self.knob is not None and self._knob_value is None:
+            raise ValueError(
+                f"{type(self).__name__}() was built without its {self.knob.name}: pass one, e.g. "
+                f"{type(self).__name__}({self.knob.name}=...), or wrap it in Legacy(...) which sets it")
+
+    def resolve(self, tensor: torch.Tensor, name: str) -> Compressor | None:
+        """The compressor that encodes ``tensor`` now, or ``None`` to send it dense.
+
+        Must depend only on facts every rank shares (shape, name, training progress), so that all
+        ranks take the same route for the same tensor.
+        """
+        self.check_ready()
+        if self.knob is not None and self.knob.is_dense(self._knob_value):
+            return None
+        return self
+
+    # -- encoding ---------------------------------------------------------------------------
+    @abstractmethod
+    def compress(self, tensor: torch.Tensor, name: str) -> tuple[Payload, Any]:
+        """Encode ``tensor``; return (payload, ctx). Only the payload leaves the rank."""
+
+    @abstractmethod
+    def decompress(self, payload: Payload, ctx: Any) -> torch.Tensor:
+        """Decode one payload into a tensor of the original shape and dtype."""
+
+    def aggregate(self, payloads: Sequence[Payload], ctx: Any, average: bool) -> torch.Tensor:
+        """Combine every rank's payload: ``sum_r D(p_r)``, divided by the number of ranks when
+        ``average``. Compressors override this for a faster exact sum or another rule (vote)."""
+        total = self.decompress(payloads[0], ctx).clone()
+        for payload in payloads[1:]:
+            total += self.decompress(payload, ctx)
+        if average:
+            total /= len(payloads)
+        return total
+
+    # -- bookkeeping ------------------------------------------------------------------------
+    def record_traffic(self, name: str, tensor: torch.Tensor, sent_bytes: int, route: str) -> None:
+        self._traffic.record(dense_bytes=tensor.numel() * tensor.element_size(),
+                             sent_bytes=sent_bytes, route=route)
+
+    @property
+    def stats(self) -> dict[str, Any]:
+        """Bytes this rank handed to collectives so far, vs a dense send of the same tensors."""
+        return self._traffic.as_dict()
+
+    def reset_stats(self) -> None:
+        self._traffic.reset()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"traffic": self._traffic.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._traffic.load_state_dict(state["traffic"])
+
+    def recommended_memory(self) -> Memory:
+        """The memory GRACE pairs with this compressor when the user names none."""
+        from grace_legacy.memories import NoMemory
+
+        return NoMemory()
+
+    def __repr__(self) -> str:
+        if self.knob is None:
+            return f"{type(self).__name__}()"
+        return f"{type(self).__name__}({self.knob.name}={self._knob_value!r})"
+
+
+class Memory(ABC):
+    """Per-tensor state carried between steps (error feedback and its relatives)."""
+
+    @abstractmethod
+    def compensate(self, tensor: torch.Tensor, name: str) -> torch.Tensor:
+        """Return what should be compressed this step, e.g. ``g + e``."""
+
+    @abstractmethod
+    def update(self, compensated: torch.Tensor, name: str, compressor: Compressor,
+               payload: Payload, ctx: Any) -> None:
+        """Learn from what was actually sent, e.g. ``e <- compensated - D(payload)``."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state:
+            raise ValueError(f"{type(self).__name__} keeps no state, got keys {sorted(state)}")
+
+
+class Backend(Protocol):
+    """What a communicator needs from a collective library (Horovod, later others)."""
+
+    def rank(self) -> int: ...
+    def size(self) -> int: ...
+    def allreduce_async(self, tensor: torch.Tensor, name: str, average: bool) -> Any: ...
+    def allgather_async(self, tensor: torch.Tensor, name: str) -> Any: ...
+    def broadcast_async(self, tensor: torch.Tensor, root_rank: int, name: str) -> Any: ...
+    def wait(self, handle: Any) -> torch.Tensor: ...
+
+
+class Pending:
+    """A gradient on its way: ``pending()`` waits for the collectives and returns the result.
+
+    ``bytes_sent`` is the size of what this rank handed to the backend.
+    """
+
+    __slots__ = ("bytes_sent", "_finish", "_result")
+
+    def __init__(self, finish: Callable[[], torch.Tensor], bytes_sent: int) -> None:
+        self._finish: Callable[[], torch.Tensor] | None = finish
+        self._result: torch.Tensor | None = None
+        self.bytes_sent = bytes_sent
+
+    def __call__(self) -> torch.Tensor:
+        if self._finish is not None:
+            self._result = self._finish()
+            self._finish = None
+        assert self._result is not None
+        return self._result
+
+
+class Communicator(ABC):
+    """Moves payloads between ranks and turns them into the aggregated gradient."""
+
+    #: False for communicators that sum payloads and so cannot carry indices, signs or codes.
+    carries_non_additive: ClassVar[bool] = True
+    #: The label byte accounting files this communicator's traffic under.
+    route: ClassVar[str]
+
+    @abstractmethod
+    def start(self, payload: Payload, ctx: Any, name: str, compressor: Compressor,
+              backend: Backend, average: bool) -> Pending:
+        """Launch the collectives for one tensor without waiting for them."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"

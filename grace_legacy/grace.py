@@ -1,0 +1,82 @@
+"""The ``Grace`` bundle: one compressor, one memory, one communicator, run for every tensor."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from grace_legacy.communicators import Allgather, Allreduce
+from grace_legacy.compressors import NoCompression
+from grace_legacy.core import Backend, Communicator, Compressor, Memory, Pending
+
+_DENSE = NoCompression()
+_ALLREDUCE = Allreduce()
+_ALLGATHER = Allgather()
+
+
+class Grace:
+    """Compressor + memory + communicator, as in GRACE (Xu et al., 2021).
+
+    ``memory=None`` takes the compressor's recommended memory (``Residual`` for sparsifiers,
+    ``NoMemory`` otherwise). ``communicator=None`` picks, per tensor, what its payload needs: an
+    allreduce for additive payloads and an allgather for everything else. A tensor the compressor
+    leaves uncompressed (``resolve`` returns ``None``: density 1.0, a LEGACY ``None`` value, an
+    empty tensor) always takes a plain dense allreduce and leaves no residual behind.
+
+    Passing a ``Grace`` (or a bare compressor) as ``compression=`` to
+    ``hvd.DistributedOptimizer`` runs it on every gradient; ``.stats`` reports the bytes sent.
+    """
+
+    def __init__(self, compressor: Compressor, memory: Memory | None = None,
+                 communicator: Communicator | None = None) -> None:
+        if not isinstance(compressor, Compressor):
+            raise TypeError(f"Grace: compressor must be a grace_legacy Compressor, got {type(compressor).__name__}")
+        if memory is not None and not isinstance(memory, Memory):
+            raise TypeError(f"Grace: memory must be a grace_legacy Memory, got {type(memory).__name__}")
+        if communicator is not None and not isinstance(communicator, Communicator):
+            raise TypeError(f"Grace: communicator must be a grace_legacy Communicator, "
+                            f"got {type(communicator).__name__}")
+        compressor.check_ready()
+        if communicator is not None and not communicator.carries_non_additive and not compressor.additive:
+            raise ValueError(
+                f"Grace: {communicator!r} sums payloads, but {compressor!r} sends a non-additive payload "
+                f"(indices, signs or per-rank scales) that would be corrupted by summing; use Allgather() "
+                f"or leave communicator=None")
+        self.compressor = compressor
+        self.memory = memory if memory is not None else compressor.recommended_memory()
+        self.communicator = communicator
+
+    def start(self, tensor: torch.Tensor, name: str, backend: Backend, average: bool) -> Pending:
+        """Compress ``tensor`` and launch its collectives; call the result to get the gradient."""
+        compensated = self.memory.compensate(tensor, name)
+        concrete = self.compressor.resolve(compensated, name) if tensor.numel() else None
+        if concrete is None:
+            # Dense: the compensated gradient itself, so a residual left from compressed steps is
+            # delivered now rather than lost.
+            concrete, payload, ctx, communicator, route = _DENSE, [compensated], None, _ALLREDUCE, "dense"
+        else:
+            payload, ctx = concrete.compress(compensated, name)
+            communicator = self.communicator or (_ALLREDUCE if concrete.additive else _ALLGATHER)
+            route = communicator.route
+        self.memory.update(compensated, name, concrete, payload, ctx)
+        pending = communicator.start(payload, ctx, name, concrete, backend, average)
+        self.compressor.record_traffic(name, tensor, pending.bytes_sent, route)
+        return pending
+
+    @property
+    def stats(self) -> dict[str, Any]:
+        return self.compressor.stats
+
+    def reset_stats(self) -> None:
+        self.compressor.reset_stats()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"compressor": self.compressor.state_dict(), "memory": self.memory.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.compressor.load_state_dict(state["compressor"])
+        self.memory.load_state_dict(state["memory"])
+
+    def __repr__(self) -> str:
+        return f"Grace({self.compressor!r}, memory={self.memory!r}, communicator={self.communicator!r})"

@@ -1,0 +1,113 @@
+"""``hvd.DistributedOptimizer`` with grace_legacy compression.
+
+Horovod's optimizer hands every gradient to ``compression.compress`` and then to an
+*allreduce*, which would sum Top-k indices together. This module keeps everything else of
+Horovod's optimizer (gradient hooks that overlap communication with the backward pass,
+``backward_passes_per_step``, ``synchronize()``/``skip_synchronize()``, ``op``, process sets,
+unused parameters) and replaces only the step that launches a gradient's communication: it runs
+the ``Grace`` bundle, which picks the collective the payload needs. Horovod 0.28's
+``synchronize()`` already accepts a callable handle that returns the finished gradient, which is
+what ``Grace.start`` returns.
+
+``import grace_legacy`` calls :func:`install`, so the stock ``hvd.DistributedOptimizer`` accepts
+grace_legacy compressors and ``Grace`` bundles; any other ``compression`` (Horovod's own
+``Compression.none``/``fp16``) goes to Horovod's original function untouched.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import horovod.torch as hvd
+import horovod.torch.optimizer as _hvd_optimizer
+import torch
+from horovod.torch.compression import Compression
+from horovod.torch.mpi_ops import Adasum, Average, Sum, global_process_set
+
+from grace_legacy.backends.horovod import HorovodBackend
+from grace_legacy.core import Compressor
+from grace_legacy.grace import Grace
+
+_horovod_distributed_optimizer = _hvd_optimizer.DistributedOptimizer
+
+
+def is_grace_compression(compression: Any) -> bool:
+    return isinstance(compression, (Compressor, Grace))
+
+
+class _AlreadyAggregated:
+    """Stands in for ``compression`` inside Horovod's optimizer: our handles return the finished
+    gradient, so Horovod's final ``decompress`` must leave it alone."""
+
+    @staticmethod
+    def compress(tensor: torch.Tensor) -> Any:
+        raise AssertionError("grace_legacy launches communication itself; Horovod should not compress")
+
+    @staticmethod
+    def decompress(tensor: torch.Tensor, ctx: Any) -> torch.Tensor:
+        return tensor
+
+
+def _grace_allreduce_grad_async(self: Any, p: torch.Tensor) -> tuple[Any, None]:
+    if p.grad is None:
+        # Another rank may have computed this gradient (a branch not taken here); every rank must
+        # still take part in its collective, with zeros, exactly as Horovod does.
+        p.grad = p.data.new(p.size()).zero_()
+    tensor = p.grad
+    if tensor.is_sparse:
+        if not self.sparse_as_dense:
+            raise ValueError(f"parameter {self._parameter_names.get(p)!r} has a sparse gradient: grace_legacy "
+                             f"compresses dense tensors, pass sparse_as_dense=True")
+        tensor = tensor.to_dense()
+    pending = self._grace.start(tensor, self._parameter_names.get(p), self._grace_backend,
+                                average=self.op == Average)
+    return pending, None
+
+
+def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any = None,
+                         compression: Any = Compression.none, backward_passes_per_step: int = 1,
+                         op: Any = Average, gradient_predivide_factor: float = 1.0,
+                         num_groups: int = 0, groups: Any = None, sparse_as_dense: bool = False,
+                         process_set: Any = global_process_set) -> torch.optim.Optimizer:
+    """Horovod's ``DistributedOptimizer``, with the same signature and behaviour, that also takes
+    a grace_legacy ``Compressor`` or ``Grace`` bundle as ``compression``.
+
+    With grace_legacy compression, ``op`` may be ``hvd.Average`` (the aggregated gradient is
+    divided by the process set's size) or ``hvd.Sum``. ``gradient_predivide_factor`` only changes
+    where Horovod divides, so the result is the same. Raises ``ValueError`` at construction for
+    what compressed payloads cannot honour: ``op=hvd.Adasum`` and explicit ``groups``.
+    """
+    if not is_grace_compression(compression):
+        return _horovod_distributed_optimizer(
+            optimizer, named_parameters=named_parameters, compression=compression,
+            backward_passes_per_step=backward_passes_per_step, op=op,
+            gradient_predivide_factor=gradient_predivide_factor, num_groups=num_groups, groups=groups,
+            sparse_as_dense=sparse_as_dense, process_set=process_set)
+
+    if op not in (Average, Sum):
+        name = "hvd.Adasum" if op == Adasum else repr(op)
+        raise ValueError(f"op={name} cannot be used with grace_legacy compression: compressed payloads "
+                         f"are aggregated by sum or average only; use op=hvd.Average or op=hvd.Sum")
+    if groups is not None or num_groups:
+        raise ValueError("groups/num_groups cannot be used with grace_legacy compression: each gradient's "
+                         "payload takes its own collective; leave groups=None")
+    if backward_passes_per_step <= 0:
+        raise ValueError(f"backward_passes_per_step must be > 0, got {backward_passes_per_step}")
+    if gradient_predivide_factor != 1.0 and op != Average:
+        raise ValueError("gradient_predivide_factor not supported with op != Average")
+
+    bundle = compression if isinstance(compression, Grace) else Grace(compression)
+    members = dict(_hvd_optimizer._DistributedOptimizer.__dict__)
+    members["_allreduce_grad_async"] = _grace_allreduce_grad_async
+    cls = type(optimizer.__class__.__name__, (optimizer.__class__,), members)
+    distributed = cls(optimizer.param_groups, named_parameters, _AlreadyAggregated(), backward_passes_per_step,
+                      op, gradient_predivide_factor, None, sparse_as_dense, process_set)
+    distributed._grace = bundle
+    distributed._grace_backend = HorovodBackend(process_set)
+    return distributed
+
+
+def install() -> None:
+    """Make ``hvd.DistributedOptimizer`` accept grace_legacy compression (idempotent)."""
+    hvd.DistributedOptimizer = DistributedOptimizer
+    _hvd_optimizer.DistributedOptimizer = DistributedOptimizer

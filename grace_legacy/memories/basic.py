@@ -1,0 +1,59 @@
+"""The two memories every compressor can use: none, and residual error feedback."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from grace_legacy.core import Compressor, Memory, Payload
+
+
+class NoMemory(Memory):
+    """Compresses the gradient as it is and forgets what compression dropped."""
+
+    def compensate(self, tensor: torch.Tensor, name: str) -> torch.Tensor:
+        return tensor
+
+    def update(self, compensated: torch.Tensor, name: str, compressor: Compressor,
+               payload: Payload, ctx: Any) -> None:
+        pass
+
+
+class Residual(Memory):
+    """Error feedback (Seide et al. 2014; Karimireddy et al. 2019), one residual per tensor.
+
+    With ``C``/``D`` the compressor and ``e_0 = 0``:
+
+        sent_t   = C(g_t + e_t)
+        e_{t+1}  = (g_t + e_t) - D(sent_t)
+
+    so what compression dropped at one step is added to the next step's gradient, and
+    ``D(sent_t) + e_{t+1} == g_t + e_t`` holds exactly whenever ``D(sent_t)`` equals the
+    compensated gradient on the entries it keeps (sparsifiers).
+    """
+
+    def __init__(self) -> None:
+        self.residuals: dict[str, torch.Tensor] = {}
+
+    def compensate(self, tensor: torch.Tensor, name: str) -> torch.Tensor:
+        residual = self.residuals.get(name)
+        if residual is None:
+            return tensor
+        if residual.shape != tensor.shape or residual.dtype != tensor.dtype:
+            raise ValueError(f"Residual: tensor {name!r} changed from {tuple(residual.shape)} "
+                             f"{residual.dtype} to {tuple(tensor.shape)} {tensor.dtype}")
+        return tensor + residual
+
+    def update(self, compensated: torch.Tensor, name: str, compressor: Compressor,
+               payload: Payload, ctx: Any) -> None:
+        if compressor.lossless:
+            self.residuals.pop(name, None)
+            return
+        self.residuals[name] = compensated - compressor.decompress(payload, ctx)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"residuals": {name: r.detach().clone() for name, r in self.residuals.items()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.residuals = {name: r.clone() for name, r in state["residuals"].items()}

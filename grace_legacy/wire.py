@@ -1,0 +1,126 @@
+"""The byte layout in which a payload (a list of tensors) travels through one gather.
+
+A payload's parts usually differ in dtype (fp32 values, int32 indices), so instead of one
+collective per part they are packed into a single ``uint8`` buffer:
+
+    [header]  part_0 [pad] part_1 [pad] ... [pad to 8 bytes]
+
+* Each part starts at a multiple of its own element size, so the receiver can reinterpret the
+  bytes in place (``Tensor.view(dtype)``) without copying.
+* The buffer length is a multiple of 8, so every rank's buffer starts aligned inside the
+  concatenation an allgather produces.
+* ``header`` is present only when ranks may send payloads of different sizes. It is
+  ``1 + n_parts`` int64 words: the buffer's total length in bytes, then each part's leading
+  dimension. Otherwise every rank's buffer has the local layout and no header is needed.
+
+A receiver reconstructs each part with the local part's dtype and trailing dimensions; only the
+leading dimension may differ between ranks.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+_ALIGN = 8
+_HEADER_DTYPE = torch.int64
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def _leading(part: torch.Tensor) -> int:
+    return part.shape[0] if part.dim() > 0 else 1
+
+
+def _row_elements(part: torch.Tensor) -> int:
+    # math.prod, not part[0].numel(): a part may have zero rows (nothing above a threshold).
+    return math.prod(part.shape[1:]) if part.dim() > 0 else 1
+
+
+def layout(parts: Sequence[torch.Tensor], leading: Sequence[int], with_header: bool) -> tuple[list[int], int]:
+    """Byte offset of each part and the total buffer length, for parts with the given dtypes and
+    trailing shapes but leading dimensions ``leading``."""
+    offset = (1 + len(parts)) * 8 if with_header else 0
+    offsets = []
+    for part, rows in zip(parts, leading, strict=True):
+        offset = _round_up(offset, part.element_size())
+        offsets.append(offset)
+        offset += rows * _row_elements(part) * part.element_size()
+    return offsets, _round_up(offset, _ALIGN)
+
+
+def packed_size(parts: Sequence[torch.Tensor], with_header: bool) -> int:
+    """Length in bytes of ``pack(parts, with_header)``, without packing."""
+    return layout(parts, [_leading(p) for p in parts], with_header)[1]
+
+
+def pack(parts: Sequence[torch.Tensor], with_header: bool) -> torch.Tensor:
+    """Copy ``parts`` into one aligned ``uint8`` buffer (see the module docstring)."""
+    if not parts:
+        raise ValueError("a payload must have at least one part")
+    leading = [_leading(p) for p in parts]
+    offsets, total = layout(parts, leading, with_header)
+    device = parts[0].device
+    buffer = torch.zeros(total, dtype=torch.uint8, device=device)
+    if with_header:
+        header = torch.tensor([total, *leading], dtype=_HEADER_DTYPE, device=device)
+        buffer[: header.numel() * 8].copy_(header.view(torch.uint8))
+    for part, start in zip(parts, offsets, strict=True):
+        raw = part.contiguous().reshape(-1).view(torch.uint8)
+        buffer[start: start + raw.numel()].copy_(raw)
+    return buffer
+
+
+def _read(buffer: torch.Tensor, like: Sequence[torch.Tensor], leading: Sequence[int],
+          with_header: bool) -> tuple[list[torch.Tensor], int]:
+    offsets, total = layout(like, leading, with_header)
+    parts = []
+    for template, rows, start in zip(like, leading, offsets, strict=True):
+        trailing = tuple(template.shape[1:])
+        count = rows * _row_elements(template)
+        flat = buffer[start: start + count * template.element_size()].view(template.dtype)
+        parts.append(flat.view(rows, *trailing) if template.dim() > 0 else flat.view(()))
+    return parts, total
+
+
+def unpack_gathered(gathered: torch.Tensor, like: Sequence[torch.Tensor], world_size: int,
+                    with_header: bool, name: str) -> list[list[torch.Tensor]]:
+    """Split the concatenation of every rank's packed buffer back into one payload per rank.
+
+    ``like`` is the local payload: it gives each part's dtype and trailing shape (and, without a
+    header, its size on every rank). The parts returned are views into ``gathered``.
+    """
+    payloads: list[list[torch.Tensor]] = []
+    if not with_header:
+        local_leading = [_leading(p) for p in like]
+        _, chunk = layout(like, local_leading, False)
+        if gathered.numel() != chunk * world_size:
+            raise RuntimeError(
+                f"ranks disagree on the payload size of {name!r}: this rank sent {chunk} bytes, "
+                f"the gather returned {gathered.numel()} for {world_size} ranks. Every rank must use "
+                f"the same compressor configuration and model.")
+        for rank in range(world_size):
+            parts, _ = _read(gathered[rank * chunk: (rank + 1) * chunk], like, local_leading, False)
+            payloads.append(parts)
+        return payloads
+
+    offset = 0
+    header_bytes = (1 + len(like)) * 8
+    for rank in range(world_size):
+        if offset + header_bytes > gathered.numel():
+            raise RuntimeError(f"truncated gather for {name!r}: rank {rank}'s header is missing")
+        header = gathered[offset: offset + header_bytes].view(_HEADER_DTYPE).tolist()
+        total, leading = int(header[0]), [int(v) for v in header[1:]]
+        parts, expected = _read(gathered[offset: offset + total], like, leading, True)
+        if expected != total or offset + total > gathered.numel():
+            raise RuntimeError(f"corrupt gather for {name!r}: rank {rank}'s header says {total} "
+                               f"bytes, its parts need {expected}")
+        payloads.append(parts)
+        offset += total
+    if offset != gathered.numel():
+        raise RuntimeError(f"gather for {name!r} has {gathered.numel() - offset} unexplained bytes")
+    return payloads

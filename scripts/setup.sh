@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# One-time set-up of everything grace-legacy needs, in a virtualenv inside the repository:
+# Debian's Open MPI and cmake, PyTorch 2.13 (CPU), Horovod 0.28.1 built from source, the package.
+# Safe to run again: every step checks first and skips what is already there.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+VENV="$ROOT/.venv"
+cd "$ROOT"
+
+APT_PACKAGES=(libopenmpi-dev openmpi-bin cmake g++ make)
+missing=()
+for pkg in "${APT_PACKAGES[@]}"; do
+    dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    SUDO=""
+    [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+    echo "installing Debian packages: ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}" \
+        || { $SUDO apt-get update -q && $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"; }
+fi
+
+if [ ! -x "$VENV/bin/python" ]; then
+    python3 -m venv "$VENV"
+fi
+PY="$VENV/bin/python"
+
+# torch first and pinned: a bare `torch` requirement would pull a multi-GB CUDA build.
+"$PY" -c 'import torch, sys; sys.exit(torch.__version__.split("+")[0] != "2.13.0")' 2>/dev/null \
+    || "$PY" -m pip install --quiet torch==2.13.0
+"$PY" -m pip install --quiet numpy mpi4py cloudpickle psutil pyyaml packaging cffi
+
+"$ROOT/scripts/build_horovod.sh" "$PY"
+
+"$PY" -m pip install --quiet -e ".[horovod,examples,test]"
+"$VENV/bin/horovodrun" --check-build | grep -q '\[X\] PyTorch'
+echo "set-up complete: $("$PY" -c 'import torch, horovod; print("torch", torch.__version__, "horovod", horovod.__version__)')"

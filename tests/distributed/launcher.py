@@ -1,0 +1,59 @@
+"""Runs a worker script under a real ``horovodrun`` and collects what each rank reported."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+WORKERS = Path(__file__).resolve().parent / "workers"
+HOROVODRUN = Path(sys.executable).with_name("horovodrun")
+CONTROLLERS = ("gloo", "mpi")
+
+
+class WorkerFailure(AssertionError):
+    pass
+
+
+def horovodrun(script: str, np: int, controller: str, out_dir: Path, *args: str,
+               timeout: float = 300, extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Launch ``workers/<script>`` on ``np`` local processes; kill the whole job after ``timeout``."""
+    assert controller in CONTROLLERS
+    cmd = [str(HOROVODRUN), "-np", str(np), "-H", f"localhost:{np}", f"--{controller}",
+           sys.executable, str(WORKERS / script), "--out", str(out_dir), *args]
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{WORKERS}", "OMP_NUM_THREADS": "1",
+           "PYTHONUNBUFFERED": "1", **(extra_env or {})}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            start_new_session=True, cwd=REPO)
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        raise WorkerFailure(f"{' '.join(cmd)} did not finish in {timeout} s\n{output[-6000:]}") from None
+    return subprocess.CompletedProcess(cmd, proc.returncode, output, None)
+
+
+def run_checks(script: str, np: int, controller: str, tmp_path: Path, *args: str,
+               timeout: float = 300) -> dict[int, dict]:
+    """Run a worker that records named checks, and fail with every failing check's detail."""
+    result = horovodrun(script, np, controller, tmp_path, *args, timeout=timeout)
+    if result.returncode != 0:
+        raise WorkerFailure(f"{script} exited {result.returncode}\n{result.stdout[-8000:]}")
+    reports = {}
+    for rank in range(np):
+        path = tmp_path / f"rank{rank}.json"
+        if not path.exists():
+            raise WorkerFailure(f"rank {rank} wrote no report\n{result.stdout[-8000:]}")
+        reports[rank] = json.loads(path.read_text())
+    failures = [f"rank {rank}: {check['name']}: {check['detail']}"
+                for rank, report in reports.items() for check in report["checks"] if not check["ok"]]
+    if failures:
+        raise WorkerFailure("\n".join(failures))
+    if not any(report["checks"] for report in reports.values()):
+        raise WorkerFailure(f"{script} recorded no checks")
+    return reports

@@ -1,0 +1,106 @@
+"""What worker scripts share: argument parsing, a check recorder, and reference math.
+
+The reference functions here are written independently of grace_legacy (sorting instead of
+``torch.topk``, dense masks instead of scatters) so that a test compares two implementations.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import itertools
+import json
+import math
+import traceback
+from fractions import Fraction
+from pathlib import Path
+
+import horovod.torch as hvd
+import torch
+
+
+def parse_args(extra=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, required=True)
+    for args, kwargs in extra or []:
+        parser.add_argument(*args, **kwargs)
+    return parser.parse_args()
+
+
+class Recorder:
+    """Collects named pass/fail checks and writes them to ``<out>/rank<r>.json``."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        self.checks: list[dict] = []
+        self.extra: dict = {}
+
+    def check(self, name: str, ok: bool, detail: str = "") -> None:
+        self.checks.append({"name": name, "ok": bool(ok), "detail": detail})
+
+    def close(self, actual: torch.Tensor, expected: torch.Tensor, name: str, rtol=1e-6, atol=1e-7) -> None:
+        try:
+            torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol)
+        except AssertionError as err:
+            self.check(name, False, str(err)[:1500])
+        else:
+            self.check(name, True)
+
+    def equal(self, actual: torch.Tensor, expected: torch.Tensor, name: str) -> None:
+        same = actual.shape == expected.shape and torch.equal(actual, expected)
+        self.check(name, same, "" if same else f"max |diff| {(actual - expected).abs().max().item():.3e}")
+
+    def guard(self, name: str, fn, *args, **kwargs):
+        """Run ``fn``; an exception becomes a failed check instead of a crashed rank."""
+        try:
+            return fn(*args, **kwargs)
+        except Exception:
+            self.check(name, False, traceback.format_exc()[-1500:])
+            return None
+
+    def write(self) -> None:
+        self.out.mkdir(parents=True, exist_ok=True)
+        path = self.out / f"rank{hvd.rank()}.json"
+        path.write_text(json.dumps({"checks": self.checks, **self.extra}, indent=1))
+
+
+_reference_calls = itertools.count()
+
+
+def gather_from_ranks(tensor: torch.Tensor, process_set=None) -> list[torch.Tensor]:
+    """Every rank's copy of ``tensor``, through a plain (uncompressed) Horovod allgather.
+
+    Workers call this in the same order on every rank, so a call counter names it consistently.
+    """
+    process_set = process_set or hvd.global_process_set
+    stacked = hvd.allgather(tensor.detach().reshape(1, -1).clone(), name=f"reference.{next(_reference_calls)}",
+                            process_set=process_set)
+    return [row.view(tensor.shape) for row in stacked]
+
+
+def kept(ratio: float, numel: int) -> int:
+    return max(1, math.floor(Fraction(repr(ratio)) * numel))
+
+
+def topk_reference(tensor: torch.Tensor, ratio: float) -> torch.Tensor:
+    """Dense tensor keeping the k largest magnitudes of ``tensor`` (by a full sort)."""
+    flat = tensor.reshape(-1)
+    k = kept(ratio, flat.numel())
+    order = torch.sort(flat.abs(), descending=True, stable=True).indices
+    mask = torch.zeros_like(flat, dtype=torch.bool)
+    mask[order[:k]] = True
+    return torch.where(mask, flat, torch.zeros_like(flat)).view(tensor.shape)
+
+
+def randomk_indices_reference(seed: int, name: str, step: int, numel: int, ratio: float) -> torch.Tensor:
+    """The documented Random-k rule: randperm from a generator seeded by blake2b(seed, name, step)."""
+    digest = hashlib.blake2b(f"{seed}\0{name}\0{step}".encode(), digest_size=8).digest()
+    generator = torch.Generator().manual_seed(int.from_bytes(digest, "little") & (2**63 - 1))
+    return torch.randperm(numel, generator=generator)[: kept(ratio, numel)]
+
+
+def mean_of(tensors: list[torch.Tensor]) -> torch.Tensor:
+    total = torch.zeros_like(tensors[0])
+    for t in tensors:
+        total = total + t
+    return total / len(tensors)

@@ -1,0 +1,194 @@
+"""Foundation checks, run on every rank under horovodrun.
+
+For each compression configuration the worker trains a small model for a few steps through the
+*stock* ``hvd.DistributedOptimizer`` and, at every step, compares the synchronized gradient of
+every parameter with a reference computed here from each rank's own local gradient (obtained by
+a separate autograd pass and exchanged with a plain, uncompressed allgather).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import horovod.torch as hvd
+import torch
+from checks import Recorder, gather_from_ranks, kept, mean_of, parse_args, randomk_indices_reference, topk_reference
+from torch import nn
+
+import grace_legacy
+from grace_legacy import FP16, Grace, NoCompression, NoMemory, RandomK, Residual, TopK
+
+RATIO = 0.05
+STEPS = 3
+
+
+class Net(nn.Module):
+    """Parameters of many shapes, a 0-dim one and a 1-element one among them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv1d(2, 4, 3)
+        self.fc1 = nn.Linear(24, 40)
+        self.fc2 = nn.Linear(40, 5)
+        self.scale = nn.Parameter(torch.tensor(1.5))
+        self.shift = nn.Parameter(torch.tensor([0.25]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.conv(x)).flatten(1)
+        return self.fc2(torch.tanh(self.fc1(h))) * self.scale + self.shift
+
+
+def batch(step: int, rank: int, pass_index: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1000 * step + 17 * rank + pass_index)
+    return torch.randn(8, 2, 8, generator=g), torch.randint(0, 5, (8,), generator=g)
+
+
+def loss_of(model: nn.Module, data) -> torch.Tensor:
+    x, y = data
+    return nn.functional.cross_entropy(model(x), y)
+
+
+def local_gradients(model: nn.Module, step: int, passes: int) -> dict[str, torch.Tensor]:
+    """This rank's own gradient, summed over ``passes`` backward passes, on a private copy."""
+    twin = copy.deepcopy(model)
+    total = {name: torch.zeros_like(p) for name, p in twin.named_parameters()}
+    for i in range(passes):
+        grads = torch.autograd.grad(loss_of(twin, batch(step, hvd.rank(), i)), list(twin.parameters()))
+        for (name, _), g in zip(twin.named_parameters(), grads, strict=True):
+            total[name] += g
+    return total
+
+
+def train_and_compare(rec: Recorder, label: str, compression, reference, *, op=hvd.Average, passes=1,
+                      process_set=hvd.global_process_set, expected_bytes=None, rtol=1e-6, atol=1e-7) -> None:
+    """``reference(name, local_grad, step) -> expected synchronized gradient``."""
+    torch.manual_seed(0)
+    model = Net()
+    sgd = torch.optim.SGD(model.parameters(), lr=0.05)
+    opt = hvd.DistributedOptimizer(sgd, named_parameters=model.named_parameters(), compression=compression,
+                                   op=op, backward_passes_per_step=passes, process_set=process_set)
+    for step in range(STEPS):
+        opt.zero_grad()
+        local = local_gradients(model, step, passes)
+        for i in range(passes):
+            loss_of(model, batch(step, hvd.rank(), i)).backward()
+        opt.synchronize()
+        for name, p in model.named_parameters():
+            rec.close(p.grad, reference(name, local[name], step), f"{label}: step {step} {name}", rtol, atol)
+        with opt.skip_synchronize():
+            opt.step()
+    if expected_bytes is not None:
+        dense = sum(p.numel() * 4 for p in model.parameters()) * STEPS
+        sent = sum(expected_bytes(p) for p in model.parameters()) * STEPS
+        stats = compression.stats
+        rec.check(f"{label}: stats bytes_sent", stats["bytes_sent"] == sent, f"{stats['bytes_sent']} != {sent}")
+        rec.check(f"{label}: stats bytes_dense", stats["bytes_dense"] == dense, f"{stats['bytes_dense']} != {dense}")
+        rec.check(f"{label}: stats volume", abs(stats["volume"] - sent / dense) < 1e-12,
+                  f"{stats['volume']} != {sent / dense}")
+
+
+def mean_over_ranks(transform, process_set=hvd.global_process_set, op=hvd.Average):
+    def reference(name, grad, step):
+        contributions = gather_from_ranks(transform(name, grad, step), process_set)
+        total = mean_of(contributions)
+        return total * len(contributions) if op == hvd.Sum else total
+    return reference
+
+
+def main() -> None:
+    args = parse_args()
+    hvd.init(process_sets="dynamic")
+    torch.set_num_threads(1)
+    rec = Recorder(args.out)
+    size = hvd.size()
+
+    rec.check("hvd.DistributedOptimizer is grace_legacy's after import",
+              hvd.DistributedOptimizer is grace_legacy.horovod.DistributedOptimizer)
+
+    # Top-k without memory: mean over ranks of each rank's own top-k.
+    topk = Grace(TopK(RATIO), memory=NoMemory())
+    rec.guard("topk/no-memory", train_and_compare, rec, "topk/no-memory", topk,
+              mean_over_ranks(lambda n, g, s: topk_reference(g, RATIO)),
+              expected_bytes=lambda p: 8 * kept(RATIO, p.numel()))
+
+    # Top-k with op=Sum and with gradient accumulation over two backward passes.
+    rec.guard("topk/sum", train_and_compare, rec, "topk/sum", Grace(TopK(RATIO), memory=NoMemory()),
+              mean_over_ranks(lambda n, g, s: topk_reference(g, RATIO), op=hvd.Sum), op=hvd.Sum)
+    rec.guard("topk/bpps2", train_and_compare, rec, "topk/bpps2", Grace(TopK(RATIO), memory=NoMemory()),
+              mean_over_ranks(lambda n, g, s: topk_reference(g, RATIO)), passes=2)
+
+    # Top-k with error feedback: the test carries its own residuals.
+    residual_ref: dict[str, torch.Tensor] = {}
+
+    def topk_residual(name, grad, step):
+        compensated = grad + residual_ref.get(name, torch.zeros_like(grad))
+        sent = topk_reference(compensated, RATIO)
+        residual_ref[name] = compensated - sent
+        return sent
+
+    topk_ef = Grace(TopK(RATIO), memory=Residual())
+    rec.guard("topk/residual", train_and_compare, rec, "topk/residual", topk_ef, mean_over_ranks(topk_residual))
+    for name, expected in residual_ref.items():
+        rec.close(topk_ef.memory.residuals[name], expected, f"topk/residual: carried residual {name}")
+
+    # A bare compressor gets its recommended memory (Residual for Top-k) and keeps .stats.
+    bare = TopK(RATIO)
+    residual_ref.clear()
+    rec.guard("topk/bare", train_and_compare, rec, "topk/bare", bare, mean_over_ranks(topk_residual),
+              expected_bytes=lambda p: 8 * kept(RATIO, p.numel()))
+
+    # Random-k: indices from the documented (seed, name, step) rule, identical on every rank.
+    def randomk_mask(name, grad, step):
+        flat = grad.reshape(-1)
+        idx = randomk_indices_reference(7, name, step, flat.numel(), RATIO)
+        out = torch.zeros_like(flat)
+        out[idx] = flat[idx]
+        return out.view(grad.shape)
+
+    rec.guard("randomk", train_and_compare, rec, "randomk", Grace(RandomK(RATIO, seed=7), memory=NoMemory()),
+              mean_over_ranks(randomk_mask), expected_bytes=lambda p: 4 * kept(RATIO, p.numel()))
+
+    # FP16 and NoCompression.
+    # Horovod sums fp16 payloads in fp16, rounding at each addition: compare at fp16 precision.
+    rec.guard("fp16", train_and_compare, rec, "fp16", FP16(), mean_over_ranks(lambda n, g, s: g.half().float()),
+              expected_bytes=lambda p: 2 * p.numel(), rtol=2e-3, atol=1e-4)
+    none = NoCompression()
+    rec.guard("none", train_and_compare, rec, "none", none, mean_over_ranks(lambda n, g, s: g),
+              expected_bytes=lambda p: 4 * p.numel())
+
+    # Horovod's own compression classes take Horovod's own path, unchanged.
+    rec.guard("hvd.Compression.none", train_and_compare, rec, "hvd.Compression.none", hvd.Compression.none,
+              mean_over_ranks(lambda n, g, s: g))
+    torch.manual_seed(0)
+    plain = hvd.DistributedOptimizer(torch.optim.SGD(Net().parameters(), lr=0.1), compression=hvd.Compression.fp16)
+    rec.check("hvd.Compression.fp16 keeps Horovod's allreduce path",
+              "grace" not in plain._allreduce_grad_async.__qualname__ and not hasattr(plain, "_grace"))
+
+    # Process sets: each half of the ranks averages only among itself.
+    if size >= 4 and size % 2 == 0:
+        half = size // 2
+        lower = hvd.add_process_set(list(range(half)))
+        upper = hvd.add_process_set(list(range(half, size)))
+        mine = lower if hvd.rank() < half else upper
+        rec.guard("topk/process-set", train_and_compare, rec, "topk/process-set",
+                  Grace(TopK(RATIO), memory=NoMemory()),
+                  mean_over_ranks(lambda n, g, s: topk_reference(g, RATIO), process_set=mine), process_set=mine)
+        hvd.remove_process_set(lower)
+        hvd.remove_process_set(upper)
+
+    # What compressed payloads cannot honour fails at construction.
+    model = Net()
+    for label, kwargs in [("op=Adasum", {"op": hvd.Adasum}), ("groups", {"groups": 2}),
+                          ("backward_passes_per_step=0", {"backward_passes_per_step": 0})]:
+        try:
+            hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                     named_parameters=model.named_parameters(), compression=TopK(RATIO), **kwargs)
+        except ValueError as err:
+            rec.check(f"{label} is refused", True, str(err))
+        else:
+            rec.check(f"{label} is refused", False, "no ValueError")
+    rec.write()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,74 @@
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from grace_legacy import wire
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int32, torch.int64, torch.uint8,
+          torch.int8]
+
+
+def make_part(dtype, rows, trailing, seed):
+    g = torch.Generator().manual_seed(seed)
+    shape = (rows, *trailing)
+    if dtype.is_floating_point:
+        return torch.randn(shape, generator=g).to(dtype)
+    return torch.randint(0, 100, shape, generator=g).to(dtype)
+
+
+part_specs = st.lists(st.tuples(st.sampled_from(DTYPES), st.lists(st.integers(1, 3), max_size=2)),
+                      min_size=1, max_size=4)
+
+
+@given(specs=part_specs, rows=st.lists(st.lists(st.integers(0, 9), min_size=4, max_size=4), min_size=1,
+                                        max_size=4))
+@settings(max_examples=80, deadline=None)
+def test_header_layout_round_trips_ranks_with_different_sizes(specs, rows):
+    specs = specs[: len(rows[0])]
+    payloads = [[make_part(dtype, rank_rows[i], trailing, 31 * r + i) for i, (dtype, trailing) in enumerate(specs)]
+                for r, rank_rows in enumerate(rows)]
+    buffers = [wire.pack(p, with_header=True) for p in payloads]
+    assert all(b.numel() % 8 == 0 for b in buffers)
+    back = wire.unpack_gathered(torch.cat(buffers), payloads[0], len(payloads), True, "t")
+    for sent, received in zip(payloads, back, strict=True):
+        for a, b in zip(sent, received, strict=True):
+            assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+
+
+@given(specs=part_specs, world=st.integers(1, 5), rows=st.integers(0, 7))
+@settings(max_examples=60, deadline=None)
+def test_headerless_layout_round_trips_uniform_payloads(specs, world, rows):
+    payloads = [[make_part(dtype, rows, trailing, 7 * r + i) for i, (dtype, trailing) in enumerate(specs)]
+                for r in range(world)]
+    buffers = [wire.pack(p, with_header=False) for p in payloads]
+    assert buffers[0].numel() == wire.packed_size(payloads[0], with_header=False)
+    back = wire.unpack_gathered(torch.cat(buffers), payloads[0], world, False, "t")
+    for sent, received in zip(payloads, back, strict=True):
+        for a, b in zip(sent, received, strict=True):
+            assert torch.equal(a, b) and a.shape == b.shape
+
+
+def test_scalar_parts_keep_zero_dims():
+    payload = [torch.tensor(2.5), torch.tensor([1, 2, 3], dtype=torch.int32)]
+    back = wire.unpack_gathered(wire.pack(payload, True), payload, 1, True, "t")
+    assert back[0][0].shape == () and back[0][0].item() == 2.5
+
+
+def test_topk_fp32_payload_needs_no_padding():
+    k = 5
+    payload = [torch.randn(k), torch.arange(k, dtype=torch.int32)]
+    assert wire.packed_size(payload, with_header=False) == 8 * k
+
+
+def test_size_disagreement_between_ranks_is_reported():
+    mine = [torch.randn(4)]
+    theirs = [torch.randn(6)]
+    gathered = torch.cat([wire.pack(mine, False), wire.pack(theirs, False)])
+    with pytest.raises(RuntimeError, match="ranks disagree on the payload size of 'w'"):
+        wire.unpack_gathered(gathered, mine, 2, False, "w")
+
+
+def test_empty_payload_is_refused():
+    with pytest.raises(ValueError, match="at least one part"):
+        wire.pack([], True)
