@@ -1,10 +1,14 @@
-"""Data-parallel training of a small CNN on scikit-learn's digits with compressed gradients.
+"""Data-parallel training of a small CNN on scikit-learn's digits with LEGACY-compressed gradients.
 
     horovodrun -np 4 -H localhost:4 python examples/train_digits.py
+    horovodrun -np 4 -H localhost:4 python examples/train_digits.py --legacy-by epoch --group-compressions 5,1,0.5
 
-Each worker trains on its own quarter of the training set; gradients are compressed with
-Top-k and error feedback before they cross the network. At the end rank 0 prints the
-test accuracy and the bytes this rank sent compared with an uncompressed allreduce.
+Each worker trains on its own quarter of the training set. Gradients are compressed with Top-k
+and error feedback, its density set by LEGACY from the layer's size and the epoch; the flags use
+the reference implementation's format (densities in percent, comma-separated, ';' between phases
+for --legacy-by both). By default layers under 1,000 elements are sent dense, those under 10,000
+at 10% and larger ones at 1%. At the end rank 0 prints the test accuracy and the bytes this rank
+sent compared with an uncompressed allreduce.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from torch import nn
 from tqdm import tqdm
 
 import grace_legacy  # noqa: F401  (makes hvd.DistributedOptimizer accept grace_legacy compression)
-from grace_legacy import Grace, Residual, TopK
+from grace_legacy import Grace, Legacy, NoMemory, Residual, TopK
 
 
 class DigitsCNN(nn.Module):
@@ -48,7 +52,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--epochs", type=int, default=20)
     parser.add_argument("--batch-size", type=int, default=32, help="per worker")
     parser.add_argument("--lr", type=float, default=0.05, help="per worker; scaled by the number of workers")
-    parser.add_argument("--ratio", type=float, default=0.01, help="Top-k density")
+    parser.add_argument("--legacy-by", choices=["uniform", "layer", "epoch", "both"], default="layer")
+    parser.add_argument("--group-compressions", default="100,10,1",
+                        help="Top-k densities in percent per size group (';' separates phases for 'both')")
+    parser.add_argument("--group-splits", default="1000,10000", help="size-group thresholds in elements")
+    parser.add_argument("--no-memory", action="store_true", help="turn error feedback off")
     parser.add_argument("--seed", type=int, default=0)
     return parser.parse_args()
 
@@ -64,7 +72,12 @@ def main() -> None:
     x_train, y_train = x_train[shard], y_train[shard]
 
     model = DigitsCNN()
-    compression = Grace(TopK(args.ratio), memory=Residual())
+    schedule = Legacy.from_strings(TopK(), args.legacy_by, group_compressions=args.group_compressions,
+                                   group_splits=args.group_splits if args.legacy_by != "epoch" else "",
+                                   epochs=args.epochs)
+    compression = Grace(schedule, memory=NoMemory() if args.no_memory else Residual())
+    if hvd.rank() == 0:
+        print(compression)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * hvd.size(), momentum=0.9)
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
                                          compression=compression)
@@ -75,7 +88,8 @@ def main() -> None:
     steps = len(y_train) // args.batch_size
     generator = torch.Generator().manual_seed(args.seed + hvd.rank())
     epochs = tqdm(range(args.epochs), desc="epochs", disable=hvd.rank() != 0)
-    for _epoch in epochs:
+    for epoch in epochs:
+        compression.set_epoch(epoch)
         model.train()
         order = torch.randperm(len(y_train), generator=generator)
         for step in range(steps):
@@ -91,6 +105,9 @@ def main() -> None:
         accuracy = (model(x_test).argmax(1) == y_test).float().mean().item()
     stats = compression.stats
     if hvd.rank() == 0:
+        for dimension in ("group", "phase"):
+            for key, part in stats.get(dimension, {}).items():
+                print(f"  {dimension} {key}: {part['tensors']} tensors sent, volume {part['volume']:.2%}")
         print(f"test accuracy {accuracy:.2%} | {hvd.size()} workers | rank 0 sent {stats['bytes_sent'] / 1e6:.3f} MB "
               f"vs {stats['bytes_dense'] / 1e6:.3f} MB dense: volume {stats['volume']:.2%}")
 

@@ -159,6 +159,14 @@ class Compressor(ABC):
             return None
         return self
 
+    # -- training progress (schedules use it; plain compressors ignore it) ---------------------
+    # Optional hooks, deliberately empty here: only schedules act on progress.
+    def set_epoch(self, epoch: int) -> None:  # noqa: B027
+        """Enter epoch ``epoch``, like ``DistributedSampler.set_epoch``."""
+
+    def end_step(self) -> None:  # noqa: B027
+        """One optimizer step has been synchronized."""
+
     # -- encoding ---------------------------------------------------------------------------
     @abstractmethod
     def compress(self, tensor: torch.Tensor, name: str) -> tuple[Payload, Any]:
@@ -177,6 +185,11 @@ class Compressor(ABC):
         if average:
             total /= len(payloads)
         return total
+
+    def payload_spec(self, numel: int, dtype: torch.dtype) -> list[tuple[int, torch.dtype]]:
+        """(element count, dtype) of each payload part for a tensor of ``numel`` elements, as
+        configured now; used to predict bytes (budget matching) without compressing anything."""
+        raise NotImplementedError(f"{type(self).__name__} does not describe its payload size")
 
     # -- bookkeeping ------------------------------------------------------------------------
     def record_traffic(self, name: str, tensor: torch.Tensor, sent_bytes: int, route: str) -> None:
@@ -227,6 +240,9 @@ class Memory(ABC):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state:
             raise ValueError(f"{type(self).__name__} keeps no state, got keys {sorted(state)}")
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
 
 
 class Backend(Protocol):

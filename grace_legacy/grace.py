@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 
+from grace_legacy import wire
 from grace_legacy.communicators import Allgather, Allreduce
 from grace_legacy.compressors import NoCompression
 from grace_legacy.core import Backend, Communicator, Compressor, Memory, Pending
@@ -13,6 +14,17 @@ from grace_legacy.core import Backend, Communicator, Compressor, Memory, Pending
 _DENSE = NoCompression()
 _ALLREDUCE = Allreduce()
 _ALLGATHER = Allgather()
+
+
+def bytes_sent(concrete: Compressor | None, numel: int, dtype: torch.dtype) -> int:
+    """Bytes a rank hands to the backend for one tensor on the default route: the dense size when
+    ``concrete`` is ``None``, the raw parts for an allreduce, the packed buffer for an allgather."""
+    if concrete is None:
+        return numel * torch.empty((), dtype=dtype).element_size()
+    spec = concrete.payload_spec(numel, dtype)
+    if concrete.additive:
+        return sum(n * torch.empty((), dtype=d).element_size() for n, d in spec)
+    return wire.packed_size_of(spec, with_header=not concrete.uniform_payload)
 
 
 class Grace:
@@ -63,6 +75,14 @@ class Grace:
         pending = communicator.start(payload, ctx, name, concrete, backend, average)
         self.compressor.record_traffic(name, tensor, pending.bytes_sent, route)
         return pending
+
+    def set_epoch(self, epoch: int) -> None:
+        """Enter epoch ``epoch``, like ``DistributedSampler.set_epoch`` (schedules change phase)."""
+        self.compressor.set_epoch(epoch)
+
+    def end_step(self) -> None:
+        """Count one synchronized optimizer step (the distributed optimizer calls this)."""
+        self.compressor.end_step()
 
     @property
     def stats(self) -> dict[str, Any]:

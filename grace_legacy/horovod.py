@@ -64,6 +64,11 @@ def _grace_allreduce_grad_async(self: Any, p: torch.Tensor) -> tuple[Any, None]:
     return pending, None
 
 
+def _grace_synchronize(self: Any) -> None:
+    _hvd_optimizer._DistributedOptimizer.synchronize(self)
+    self._grace.end_step()
+
+
 def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any = None,
                          compression: Any = Compression.none, backward_passes_per_step: int = 1,
                          op: Any = Average, gradient_predivide_factor: float = 1.0,
@@ -99,6 +104,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
     bundle = compression if isinstance(compression, Grace) else Grace(compression)
     members = dict(_hvd_optimizer._DistributedOptimizer.__dict__)
     members["_allreduce_grad_async"] = _grace_allreduce_grad_async
+    members["synchronize"] = _grace_synchronize
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), members)
     distributed = cls(optimizer.param_groups, named_parameters, _AlreadyAggregated(), backward_passes_per_step,
                       op, gradient_predivide_factor, None, sparse_as_dense, process_set)

@@ -41,21 +41,36 @@ def _row_elements(part: torch.Tensor) -> int:
     return math.prod(part.shape[1:]) if part.dim() > 0 else 1
 
 
+def _place(parts: Sequence[tuple[int, int]], with_header: bool) -> tuple[list[int], int]:
+    """Offsets and total length for parts given as (byte length, element size)."""
+    offset = (1 + len(parts)) * 8 if with_header else 0
+    offsets = []
+    for nbytes, element_size in parts:
+        offset = _round_up(offset, element_size)
+        offsets.append(offset)
+        offset += nbytes
+    return offsets, _round_up(offset, _ALIGN)
+
+
 def layout(parts: Sequence[torch.Tensor], leading: Sequence[int], with_header: bool) -> tuple[list[int], int]:
     """Byte offset of each part and the total buffer length, for parts with the given dtypes and
     trailing shapes but leading dimensions ``leading``."""
-    offset = (1 + len(parts)) * 8 if with_header else 0
-    offsets = []
-    for part, rows in zip(parts, leading, strict=True):
-        offset = _round_up(offset, part.element_size())
-        offsets.append(offset)
-        offset += rows * _row_elements(part) * part.element_size()
-    return offsets, _round_up(offset, _ALIGN)
+    return _place([(rows * _row_elements(p) * p.element_size(), p.element_size())
+                   for p, rows in zip(parts, leading, strict=True)], with_header)
 
 
 def packed_size(parts: Sequence[torch.Tensor], with_header: bool) -> int:
     """Length in bytes of ``pack(parts, with_header)``, without packing."""
     return layout(parts, [_leading(p) for p in parts], with_header)[1]
+
+
+def packed_size_of(spec: Sequence[tuple[int, torch.dtype]], with_header: bool) -> int:
+    """Length in bytes of a packed payload whose parts have these (element count, dtype)."""
+    sizes = []
+    for numel, dtype in spec:
+        element_size = torch.empty((), dtype=dtype).element_size()
+        sizes.append((numel * element_size, element_size))
+    return _place(sizes, with_header)[1]
 
 
 def pack(parts: Sequence[torch.Tensor], with_header: bool) -> torch.Tensor:

@@ -23,6 +23,9 @@ class NoCompression(Compressor):
     def decompress(self, payload: Payload, ctx: Any) -> torch.Tensor:
         return payload[0]
 
+    def payload_spec(self, numel: int, dtype: torch.dtype) -> list[tuple[int, torch.dtype]]:
+        return [(numel, dtype)]
+
 
 class FP16(Compressor):
     """Casts to IEEE half precision for the wire and back to the gradient's dtype on arrival.
@@ -40,3 +43,6 @@ class FP16(Compressor):
 
     def decompress(self, payload: Payload, ctx: Any) -> torch.Tensor:
         return payload[0].to(ctx)
+
+    def payload_spec(self, numel: int, dtype: torch.dtype) -> list[tuple[int, torch.dtype]]:
+        return [(numel, torch.float16)]

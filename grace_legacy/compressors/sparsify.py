@@ -92,6 +92,10 @@ class TopK(Compressor):
     def aggregate(self, payloads: Sequence[Payload], ctx: SparseContext, average: bool) -> torch.Tensor:
         return scatter_sum(payloads, ctx, average)
 
+    def payload_spec(self, numel: int, dtype: torch.dtype) -> list[tuple[int, torch.dtype]]:
+        k = kept_count(self.ratio, numel)
+        return [(k, dtype), (k, index_dtype(numel))]
+
     def recommended_memory(self):
         from grace_legacy.memories import Residual
 
@@ -149,6 +153,9 @@ class RandomK(Compressor):
         out = torch.zeros(shape.numel, dtype=shape.dtype, device=shape.device)
         out.index_put_((indices,), payload[0])
         return out.view(shape.shape)
+
+    def payload_spec(self, numel: int, dtype: torch.dtype) -> list[tuple[int, torch.dtype]]:
+        return [(kept_count(self.ratio, numel), dtype)]
 
     def recommended_memory(self):
         from grace_legacy.memories import Residual

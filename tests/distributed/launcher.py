@@ -39,9 +39,9 @@ def horovodrun(script: str, np: int, controller: str, out_dir: Path, *args: str,
 
 
 def run_checks(script: str, np: int, controller: str, tmp_path: Path, *args: str,
-               timeout: float = 300) -> dict[int, dict]:
+               timeout: float = 300, extra_env: dict[str, str] | None = None) -> dict[int, dict]:
     """Run a worker that records named checks, and fail with every failing check's detail."""
-    result = horovodrun(script, np, controller, tmp_path, *args, timeout=timeout)
+    result = horovodrun(script, np, controller, tmp_path, *args, timeout=timeout, extra_env=extra_env)
     if result.returncode != 0:
         raise WorkerFailure(f"{script} exited {result.returncode}\n{result.stdout[-8000:]}")
     reports = {}

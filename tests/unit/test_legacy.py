@@ -1,0 +1,219 @@
+from fractions import Fraction
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from grace_legacy import FP16, Grace, Legacy, NoMemory, RandomK, Residual, TopK
+from grace_legacy.grace import bytes_sent
+
+SPLITS = [10_000, 1_000_000]
+
+
+def layer_schedule():
+    return Legacy(TopK(), by="layer", values=[1.0, 0.01, 0.001], splits=SPLITS)
+
+
+@pytest.mark.parametrize("numel,group", [
+    (1, 0), (9_999, 0), (10_000, 1), (10_001, 1), (999_999, 1), (1_000_000, 2), (1_000_001, 2)])
+def test_layer_rule_at_every_split(numel, group):
+    schedule = layer_schedule()
+    assert schedule.group_of(numel) == group
+    assert schedule.knob_for(numel) == [1.0, 0.01, 0.001][group]
+
+
+@pytest.mark.parametrize("epoch,phase", [(0, 0), (29, 0), (30, 1), (31, 1), (59, 1), (60, 2), (89, 2), (90, 2),
+                                         (500, 2)])
+def test_equal_phases_at_every_edge(epoch, phase):
+    schedule = Legacy(TopK(), by="epoch", values=[0.01, 0.005, 0.001], epochs=90)
+    assert schedule.phase_of(epoch) == phase
+    schedule.set_epoch(epoch)
+    assert schedule.knob_for(123) == [0.01, 0.005, 0.001][phase]
+
+
+def test_equal_phases_follow_the_reference_rule_exactly():
+    # e uses the first i with e < (i + 1) * E / P, checked against the literal formula.
+    for epochs in range(1, 12):
+        for phases in range(1, 6):
+            schedule = Legacy(TopK(), by="epoch", values=[0.1] * phases, epochs=epochs)
+            for e in range(epochs + 3):
+                expected = next((i for i in range(phases) if e < (i + 1) * epochs / phases), phases - 1)
+                assert schedule.phase_of(e) == expected, (epochs, phases, e)
+
+
+@pytest.mark.parametrize("epoch,phase", [(0, 0), (29, 0), (30, 1), (59, 1), (60, 2), (100, 2)])
+def test_explicit_boundaries(epoch, phase):
+    schedule = Legacy(TopK(), by="epoch", values=[0.01, 0.005, 0.001], boundaries=[30, 60])
+    assert schedule.phase_of(epoch) == phase
+
+
+def test_steps_per_epoch_counts_steps_and_set_epoch_stays_compatible():
+    schedule = Legacy(TopK(), by="epoch", values=[0.1, 0.01], epochs=2, steps_per_epoch=4)
+    seen = []
+    for _ in range(10):
+        seen.append(schedule.knob_for(100))
+        schedule.end_step()
+    assert seen == [0.1] * 4 + [0.01] * 6
+    assert schedule.epoch == 2
+    schedule.set_epoch(0)
+    assert schedule.steps == 0 and schedule.knob_for(100) == 0.1
+
+
+def test_fractional_progress_with_more_phases_than_epochs():
+    schedule = Legacy(TopK(), by="epoch", values=[0.3, 0.2, 0.1], epochs=1, steps_per_epoch=6)
+    assert [schedule.phase_of(Fraction(s, 6)) for s in range(6)] == [0, 0, 1, 1, 2, 2]
+
+
+def test_both_is_a_phase_by_group_table():
+    schedule = Legacy(TopK(), by="both", values=[[1.0, 0.01], [1.0, 0.001]], splits=[10_000], epochs=90)
+    assert schedule.knob_for(9_999, 0) == 1.0 and schedule.knob_for(10_000, 0) == 0.01
+    assert schedule.knob_for(9_999, 45) == 1.0 and schedule.knob_for(10_000, 45) == 0.001
+    assert schedule.knob_for(10_000, 44) == 0.01
+
+
+def test_dense_values_take_the_dense_route():
+    schedule = Legacy(TopK(), by="layer", values=[None, 1.0, 0.1], splits=[10, 100])
+    assert schedule.resolve(torch.zeros(5), "a") is None
+    assert schedule.resolve(torch.zeros(50), "b") is None
+    chosen = schedule.resolve(torch.zeros(500), "c")
+    assert isinstance(chosen, TopK) and chosen.ratio == 0.1
+
+
+def test_schedules_any_knob_and_its_memory():
+    schedule = Legacy(RandomK(seed=3), by="layer", values=[0.5, 0.1], splits=[100])
+    assert schedule.additive and isinstance(Grace(schedule).memory, Residual)
+    assert schedule.resolve(torch.zeros(1000), "w").ratio == 0.1
+    Grace(schedule, memory=NoMemory())
+
+
+@pytest.mark.parametrize("kwargs,argument", [
+    (dict(by="layer", values=[1.0, 0.1], splits=[10, 5]), "splits"),
+    (dict(by="layer", values=[1.0, 0.1], splits=[10, 10]), "splits"),
+    (dict(by="layer", values=[1.0, 0.1], splits=[0]), "splits"),
+    (dict(by="layer", values=[1.0, 0.1], splits=[-5]), "splits"),
+    (dict(by="layer", values=[1.0, 0.1, 0.01], splits=[10]), "values"),
+    (dict(by="layer", values=[1.0], splits=[10]), "values"),
+    (dict(by="layer", values=[1.0, 1.5], splits=[10]), r"values\[1\]"),
+    (dict(by="layer", values=[0.0, 0.1], splits=[10]), r"values\[0\]"),
+    (dict(by="epoch", values=[0.1, 0.01]), "epochs"),
+    (dict(by="epoch", values=[0.1, 0.01], epochs=0), "epochs"),
+    (dict(by="epoch", values=[0.1, 0.01], epochs=10, boundaries=[3, 5]), "boundaries"),
+    (dict(by="epoch", values=[0.1, 0.01], epochs=10, boundaries=[12]), "boundaries"),
+    (dict(by="epoch", values=[0.1, 0.01], epochs=10, splits=[5]), "splits"),
+    (dict(by="layer", values=[0.1], epochs=10), "epochs"),
+    (dict(by="both", values=[[1.0, 0.1], [1.0]], splits=[10], epochs=4), r"values\[1\]"),
+    (dict(by="both", values=[0.1, 0.2], splits=[10], epochs=4), "rows"),
+    (dict(by="both", values=[[1.0, 0.1], [1.0, 2.0]], splits=[10], epochs=4), r"values\[1\]\[1\]"),
+    (dict(by="size", values=[0.1]), "by"),
+    (dict(by="layer", values=[]), "values"),
+    (dict(by="epoch", values=[0.1], epochs=3, steps_per_epoch=0), "steps_per_epoch"),
+])
+def test_invalid_configurations_name_the_argument(kwargs, argument):
+    with pytest.raises(ValueError, match=argument):
+        Legacy(TopK(), **kwargs)
+
+
+def test_invalid_base_and_types():
+    with pytest.raises(TypeError, match="base"):
+        Legacy("topk", by="layer", values=[0.1])
+    with pytest.raises(ValueError, match="no parameter"):
+        Legacy(FP16(), by="layer", values=[0.1])
+    with pytest.raises(ValueError, match="would be ignored"):
+        Legacy(TopK(0.1), by="layer", values=[0.1])
+    with pytest.raises(TypeError, match="splits"):
+        Legacy(TopK(), by="layer", values=[0.1, 0.2], splits=[1.5])
+    with pytest.raises(TypeError, match="ratio"):
+        Legacy(TopK(), by="layer", values=["0.1"])
+    with pytest.raises(ValueError, match="epoch"):
+        layer_schedule().set_epoch(-1)
+
+
+@pytest.mark.parametrize("by,text,splits,epochs,expected", [
+    ("layer", "100,1,0.1", "10000,1000000", None, [1.0, 0.01, 0.001]),
+    ("epoch", "1,0.5,0.1", "", 90, [0.01, 0.005, 0.001]),
+    ("both", "100,1;100,0.1", "10000", 90, [[1.0, 0.01], [1.0, 0.001]]),
+    ("layer", "none,0.1", "600", None, [None, 0.001]),
+])
+def test_from_strings_reads_the_reference_format_and_round_trips(by, text, splits, epochs, expected):
+    schedule = Legacy.from_strings(TopK(), by, group_compressions=text, group_splits=splits, epochs=epochs)
+    table = schedule.table if by == "both" else ([r[0] for r in schedule.table] if by == "epoch" else schedule.table[0])
+    assert table == expected
+    again = Legacy.from_strings(TopK(), **schedule.to_strings())
+    assert again.table == schedule.table and again.splits == schedule.splits and again.epochs == schedule.epochs
+
+
+def test_from_strings_uniform_uses_the_first_value():
+    schedule = Legacy.from_strings(TopK(), "uniform", group_compressions="0.1,5", group_splits="100")
+    assert schedule.knob_for(10) == schedule.knob_for(10**7) == 0.001
+
+
+@pytest.mark.parametrize("text", ["1,abc", "", "1;2"])
+def test_from_strings_rejects_bad_text(text):
+    with pytest.raises(ValueError, match="group_compressions"):
+        Legacy.from_strings(TopK(), "layer", group_compressions=text, group_splits="")
+
+
+def test_state_dict_restores_progress_and_stats():
+    schedule = Legacy(TopK(), by="epoch", values=[0.1, 0.01], epochs=4, steps_per_epoch=3)
+    for _ in range(7):
+        schedule.end_step()
+    schedule.record_traffic("w", torch.zeros(100), 80, "allgather")
+    fresh = Legacy(TopK(), by="epoch", values=[0.1, 0.01], epochs=4, steps_per_epoch=3)
+    fresh.load_state_dict(schedule.state_dict())
+    assert (fresh.steps, fresh.epoch, fresh.progress) == (7, 2, Fraction(7, 3))
+    assert fresh.stats == schedule.stats and fresh.stats["phase"][1]["bytes_sent"] == 80
+
+
+def test_stats_break_down_by_group_and_phase():
+    schedule = Legacy(TopK(), by="both", values=[[1.0, 0.1], [1.0, 0.01]], splits=[100], epochs=2)
+    for epoch in range(2):
+        schedule.set_epoch(epoch)
+        schedule.record_traffic("small", torch.zeros(10), 40, "dense")
+        schedule.record_traffic("large", torch.zeros(1000), 800 // (10**epoch), "allgather")
+    stats = schedule.stats
+    assert stats["group"][0]["volume"] == 1.0 and stats["group"][1]["bytes_sent"] == 880
+    assert stats["phase"][0]["bytes_sent"] == 840 and stats["phase"][1]["bytes_sent"] == 120
+
+
+MODEL_SIZES = [64, 576, 64, 36_864, 64, 73_728, 128, 147_456, 128, 8_192, 128, 2_359_296, 512, 5_130, 10]
+
+
+@pytest.mark.parametrize("by,kwargs", [
+    ("layer", dict(splits=[10_000], layer_factors=[10, 1])),
+    ("epoch", dict(phase_factors=[2, 1, 0.5], epochs=90)),
+    ("both", dict(splits=[10_000, 1_000_000], layer_factors=[10, 3, 1], phase_factors=[2, 1, 0.5], epochs=90)),
+    ("epoch", dict(phase_factors=[4, 1], boundaries=[10], epochs=90)),
+])
+@pytest.mark.parametrize("target", [0.001, 0.01])
+def test_budget_matched_schedule_spends_the_uniform_budget(by, kwargs, target):
+    schedule = Legacy.budget_matched(TopK(), target, by=by, sizes=MODEL_SIZES, **kwargs)
+    uniform = sum(bytes_sent(TopK(target), n, torch.float32) for n in MODEL_SIZES)
+    spent = sum(w * bytes_sent(schedule._concrete(p, schedule.group_of(n)), n, torch.float32)
+                for p, w in enumerate(schedule.phase_weights()) for n in MODEL_SIZES)
+    assert abs(spent - uniform) / uniform < 0.01
+    # The shape is kept: where nothing is clipped, ratios between groups are the factors.
+    if by == "layer":
+        assert schedule.table[0][0] == pytest.approx(10 * schedule.table[0][1])
+
+
+def test_budget_matched_accepts_named_parameters():
+    model = torch.nn.Sequential(torch.nn.Linear(100, 200), torch.nn.Linear(200, 10))
+    schedule = Legacy.budget_matched(TopK(), 0.01, by="layer", sizes=model.named_parameters(), splits=[1000],
+                                     layer_factors=[5, 1])
+    assert schedule.by == "layer" and schedule.table[0][0] > schedule.table[0][1]
+
+
+def test_budget_matched_refuses_an_impossible_shape():
+    with pytest.raises(ValueError, match="no scale"):
+        Legacy.budget_matched(TopK(), 0.9, by="layer", sizes=[10, 10**6], splits=[100], layer_factors=[1, 1000])
+
+
+@given(numel=st.integers(1, 10**8), epoch=st.integers(0, 1000))
+@settings(max_examples=200, deadline=None)
+def test_choice_is_a_function_of_size_and_phase_only(numel, epoch):
+    a = Legacy(TopK(), by="both", values=[[1.0, 0.1, 0.01], [0.5, 0.05, 0.005]], splits=SPLITS, epochs=100)
+    b = Legacy(TopK(), by="both", values=[[1.0, 0.1, 0.01], [0.5, 0.05, 0.005]], splits=SPLITS, epochs=100)
+    a.set_epoch(epoch)
+    b.set_epoch(epoch)
+    assert a.knob_for(numel) == b.knob_for(numel)
