@@ -17,6 +17,7 @@ backend moves tensors without knowing what they mean.
 from __future__ import annotations
 
 import copy
+import hashlib
 import math
 import numbers
 from abc import ABC, abstractmethod
@@ -86,6 +87,12 @@ class Knob:
         return value is None or (self.dense is not None and value == self.dense)
 
 
+def derived_seed(*parts: object) -> int:
+    """A 63-bit seed from any values, the same in every process (unlike Python's ``hash``)."""
+    digest = hashlib.blake2b("\0".join(map(str, parts)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & (2**63 - 1)
+
+
 def check_gradient(tensor: torch.Tensor, owner: str) -> None:
     """Reject what no compressor can encode, with an error that says what was wrong."""
     if not isinstance(tensor, torch.Tensor):
@@ -112,16 +119,48 @@ class Compressor(ABC):
     so a gather needs no per-rank size header.
 
     ``lossless``: ``D(C(x)) == x`` exactly, so error feedback has nothing to keep.
+
+    ``rounds``: how many allreduces an additive payload needs. After round ``r``'s sum arrives,
+    :meth:`next_round` turns it into round ``r + 1``'s local payload (PowerSGD: P, then Q).
+
+    Randomness: stochastic compressors draw from :meth:`generator`, a private generator seeded
+    from ``(seed, rank, name, step)``, never from the global RNG, so a run is reproducible and a
+    test can replay any rank's draws. ``rank`` is set by the bundle that runs the compressor.
     """
 
     knob: ClassVar[Knob | None] = None
     additive: ClassVar[bool] = False
     uniform_payload: ClassVar[bool] = True
     lossless: ClassVar[bool] = False
+    rounds: ClassVar[int] = 1
 
     def __init__(self) -> None:
         self._knob_value: Any = None
         self._traffic = TrafficStats()
+        # Shared (not copied) by with_knob copies, so a schedule changing the knob keeps counting.
+        self._steps: dict[str, int] = {}
+        self.rank = 0
+
+    # -- per-tensor steps and randomness ----------------------------------------------------
+    def set_rank(self, rank: int) -> None:
+        """This process's rank among those it exchanges gradients with."""
+        self.rank = rank
+
+    def next_step(self, name: str) -> int:
+        """How many times ``name`` was compressed before (0 the first time), then count this one."""
+        step = self._steps.get(name, 0)
+        self._steps[name] = step + 1
+        return step
+
+    def generator(self, seed: int, name: str, step: int, *, per_rank: bool = True,
+                  device: torch.device | str = "cpu") -> torch.Generator:
+        """A fresh generator for tensor ``name`` at its ``step``, seeded with
+        ``derived_seed(seed, rank, name, step)``; without ``per_rank``, with
+        ``derived_seed(seed, name, step)`` so that every rank draws the same numbers."""
+        generator = torch.Generator(device=device)
+        parts = (seed, self.rank, name, step) if per_rank else (seed, name, step)
+        generator.manual_seed(derived_seed(*parts))
+        return generator
 
     # -- the knob ---------------------------------------------------------------------------
     @property
@@ -176,6 +215,10 @@ class Compressor(ABC):
     def decompress(self, payload: Payload, ctx: Any) -> torch.Tensor:
         """Decode one payload into a tensor of the original shape and dtype."""
 
+    def next_round(self, reduced: Payload, ctx: Any) -> tuple[Payload, Any]:
+        """For multi-round compressors: the next local payload, given the previous round's sum."""
+        raise NotImplementedError(f"{type(self).__name__} sends a single round")
+
     def aggregate(self, payloads: Sequence[Payload], ctx: Any, average: bool) -> torch.Tensor:
         """Combine every rank's payload: ``sum_r D(p_r)``, divided by the number of ranks when
         ``average``. Compressors override this for a faster exact sum or another rule (vote)."""
@@ -205,10 +248,13 @@ class Compressor(ABC):
         self._traffic.reset()
 
     def state_dict(self) -> dict[str, Any]:
-        return {"traffic": self._traffic.state_dict()}
+        return {"traffic": self._traffic.state_dict(), "steps": dict(self._steps)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._traffic.load_state_dict(state["traffic"])
+        # Update in place: with_knob copies share this dict.
+        self._steps.clear()
+        self._steps.update(state["steps"])
 
     def recommended_memory(self) -> Memory:
         """The memory GRACE pairs with this compressor when the user names none."""
@@ -286,9 +332,13 @@ class Communicator(ABC):
     route: ClassVar[str]
 
     @abstractmethod
-    def start(self, payload: Payload, ctx: Any, name: str, compressor: Compressor,
-              backend: Backend, average: bool) -> Pending:
-        """Launch the collectives for one tensor without waiting for them."""
+    def start(self, payload: Payload, ctx: Any, name: str, compressor: Compressor, backend: Backend,
+              average: bool, on_final_payload: Callable[[Payload, Any], None] | None = None) -> Pending:
+        """Launch the collectives for one tensor without waiting for them.
+
+        ``on_final_payload(payload, ctx)`` is called with the last round's *local* payload once it
+        exists (at once for single-round compressors): error feedback learns from it.
+        """
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"

@@ -9,7 +9,7 @@ import torch
 from grace_legacy import wire
 from grace_legacy.communicators import Allgather, Allreduce
 from grace_legacy.compressors import NoCompression
-from grace_legacy.core import Backend, Communicator, Compressor, Memory, Pending
+from grace_legacy.core import Backend, Communicator, Compressor, Memory, Payload, Pending
 
 _DENSE = NoCompression()
 _ALLREDUCE = Allreduce()
@@ -61,6 +61,8 @@ class Grace:
 
     def start(self, tensor: torch.Tensor, name: str, backend: Backend, average: bool) -> Pending:
         """Compress ``tensor`` and launch its collectives; call the result to get the gradient."""
+        if backend.rank() != self.compressor.rank:
+            self.compressor.set_rank(backend.rank())
         compensated = self.memory.compensate(tensor, name)
         concrete = self.compressor.resolve(compensated, name) if tensor.numel() else None
         if concrete is None:
@@ -71,10 +73,19 @@ class Grace:
             payload, ctx = concrete.compress(compensated, name)
             communicator = self.communicator or (_ALLREDUCE if concrete.additive else _ALLGATHER)
             route = communicator.route
-        self.memory.update(compensated, name, concrete, payload, ctx)
-        pending = communicator.start(payload, ctx, name, concrete, backend, average)
-        self.compressor.record_traffic(name, tensor, pending.bytes_sent, route)
-        return pending
+
+        def learn(final_payload: Payload, final_ctx: Any) -> None:
+            self.memory.update(compensated, name, concrete, final_payload, final_ctx)
+
+        inner = communicator.start(payload, ctx, name, concrete, backend, average, on_final_payload=learn)
+
+        def finish() -> torch.Tensor:
+            result = inner()
+            # Recorded on arrival: a multi-round payload's later rounds are only sent in inner().
+            self.compressor.record_traffic(name, tensor, inner.bytes_sent, route)
+            return result
+
+        return Pending(finish, inner.bytes_sent)
 
     def set_epoch(self, epoch: int) -> None:
         """Enter epoch ``epoch``, like ``DistributedSampler.set_epoch`` (schedules change phase)."""

@@ -165,6 +165,16 @@ class Legacy(Compressor):
     def check_ready(self) -> None:
         pass
 
+    def set_rank(self, rank: int) -> None:
+        super().set_rank(rank)
+        self.base.set_rank(rank)
+        for configured in self._configured.values():
+            configured.set_rank(rank)
+
+    @property
+    def rounds(self) -> int:  # type: ignore[override]
+        return self.base.rounds
+
     def with_knob(self, value: Any) -> Compressor:
         raise ValueError("Legacy sets its base's knob itself; change values= instead")
 
@@ -247,11 +257,12 @@ class Legacy(Compressor):
                              route=route, labels=labels)
 
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "epoch": self.epoch, "steps": self.steps, "base": self.base.state_dict()}
+        return {**super().state_dict(), "epoch": self.epoch, "optimizer_steps": self.steps,
+                "base": self.base.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
-        self.epoch, self.steps = state["epoch"], state["steps"]
+        self.epoch, self.steps = state["epoch"], state["optimizer_steps"]
         self.base.load_state_dict(state["base"])
 
     def __repr__(self) -> str:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import hashlib
 import math
 from collections.abc import Sequence
 from fractions import Fraction
@@ -102,18 +101,13 @@ class TopK(Compressor):
         return Residual()
 
 
-def _seed_for(seed: int, name: str, step: int) -> int:
-    digest = hashlib.blake2b(f"{seed}\0{name}\0{step}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") & (2**63 - 1)
-
-
 class RandomK(Compressor):
     """Keeps ``k = max(1, floor(ratio * n))`` entries chosen uniformly at random, unscaled.
 
-    The indices are a function of ``(seed, name, step)`` alone, drawn from a private
-    ``torch.Generator`` (the global RNG is never touched), so every rank picks the same ones: only
-    the values travel, and they can be summed by an allreduce. ``step`` counts this tensor's
-    compressions and is saved by :meth:`state_dict`. Pairs with ``Residual``.
+    The indices are a function of ``(seed, name, step)`` alone (not of the rank), drawn from a
+    private ``torch.Generator`` (the global RNG is never touched), so every rank picks the same
+    ones: only the values travel, and they can be summed by an allreduce. ``step`` counts this
+    tensor's compressions and is saved by :meth:`state_dict`. Pairs with ``Residual``.
     """
 
     knob = DENSITY
@@ -125,7 +119,6 @@ class RandomK(Compressor):
             raise TypeError(f"RandomK: seed must be an int, got {seed!r}")
         self._set_knob(ratio)
         self.seed = seed
-        self._steps: dict[str, int] = {}
 
     @property
     def ratio(self) -> float | None:
@@ -133,16 +126,14 @@ class RandomK(Compressor):
 
     def indices(self, name: str, step: int, numel: int) -> torch.Tensor:
         """The indices kept for tensor ``name`` at its ``step``-th compression (int64)."""
-        generator = torch.Generator(device="cpu")
-        generator.manual_seed(_seed_for(self.seed, name, step))
+        generator = self.generator(self.seed, name, step, per_rank=False)
         k = kept_count(self.ratio, numel)
         return torch.randperm(numel, generator=generator)[:k]
 
     def compress(self, tensor: torch.Tensor, name: str) -> tuple[Payload, Any]:
         check_gradient(tensor, "RandomK")
         self.check_ready()
-        step = self._steps.get(name, 0)
-        self._steps[name] = step + 1
+        step = self.next_step(name)
         flat = tensor.reshape(-1)
         indices = self.indices(name, step, flat.numel()).to(tensor.device)
         ctx = (indices, SparseContext(tensor.shape, flat.numel(), tensor.dtype, tensor.device))
@@ -161,11 +152,3 @@ class RandomK(Compressor):
         from grace_legacy.memories import Residual
 
         return Residual()
-
-    def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "steps": dict(self._steps)}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
-        self._steps.clear()
-        self._steps.update(state["steps"])
