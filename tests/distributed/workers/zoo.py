@@ -1,0 +1,49 @@
+"""Cases for the generic compressor worker (``zoo_worker.py``).
+
+A case builds two identical compression set-ups: one run by ``hvd.DistributedOptimizer`` and a
+*twin* (compressor + memory) that the worker drives by hand on the same local gradient, rank and
+seed. The twin's decompressed payloads are exchanged with a plain allgather and combined by the
+case's rule, written independently here; the optimizer's synchronized gradient must equal it.
+
+Each compressor family registers its cases in its own ``zoo_cases_<family>.py`` module, as a
+module-level ``CASES`` list.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+def mean_rule(decompressed: list[torch.Tensor]) -> torch.Tensor:
+    total = torch.zeros_like(decompressed[0])
+    for d in decompressed:
+        total = total + d
+    return total / len(decompressed)
+
+
+def sum_rule(decompressed: list[torch.Tensor]) -> torch.Tensor:
+    return mean_rule(decompressed) * len(decompressed)
+
+
+def majority_vote_rule(decompressed: list[torch.Tensor]) -> torch.Tensor:
+    """Sign of the sum of the ranks' signs; 0 where the vote ties."""
+    votes = torch.zeros_like(decompressed[0])
+    for d in decompressed:
+        votes = votes + torch.sign(d)
+    return torch.sign(votes)
+
+
+@dataclass
+class Case:
+    label: str
+    #: () -> (compression for the optimizer, twin compressor, twin memory)
+    build: Callable[[], tuple[Any, Any, Any]]
+    rule: Callable[[list[torch.Tensor]], torch.Tensor] = mean_rule
+    rtol: float = 1e-6
+    atol: float = 1e-7
+    #: route names the case must have used at least once (e.g. {"allgather"})
+    routes: set[str] = field(default_factory=set)

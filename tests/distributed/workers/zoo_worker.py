@@ -1,0 +1,85 @@
+"""Every registered compressor case, trained through the stock ``hvd.DistributedOptimizer`` and
+compared at every step with an independent aggregation of its twin's decompressed payloads.
+
+Run with ``--cases NAME`` to pick case modules (``zoo_cases_NAME.py``); all of them by default.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+import horovod.torch as hvd
+import torch
+from checks import Recorder, gather_from_ranks, parse_args
+from harness import STEPS, Net, batch, local_gradients, loss_of
+
+from grace_legacy import wire
+from grace_legacy.grace import _DENSE
+
+HERE = Path(__file__).resolve().parent
+
+
+def twin_step(twin, memory, grad: torch.Tensor, name: str) -> tuple[torch.Tensor, int, str]:
+    """What this rank contributes for ``grad``: the decompressed payload, its bytes and route."""
+    compensated = memory.compensate(grad, name)
+    concrete = twin.resolve(compensated, name)
+    if concrete is None:
+        memory.update(compensated, name, _DENSE, [compensated], None)
+        return compensated, compensated.numel() * compensated.element_size(), "dense"
+    payload, ctx = concrete.compress(compensated, name)
+    memory.update(compensated, name, concrete, payload, ctx)
+    if concrete.additive:
+        sent, route = sum(p.numel() * p.element_size() for p in payload), "allreduce"
+    else:
+        sent, route = wire.packed_size(payload, with_header=not concrete.uniform_payload), "allgather"
+    return concrete.decompress(payload, ctx), sent, route
+
+
+def run_case(rec: Recorder, case) -> None:
+    compression, twin, twin_memory = case.build()
+    twin.set_rank(hvd.rank())
+    torch.manual_seed(0)
+    model = Net()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                                   named_parameters=model.named_parameters(), compression=compression)
+    expected_bytes, routes = 0, set()
+    for step in range(STEPS + 1):
+        opt.zero_grad()
+        local = local_gradients(model, step, 1)
+        loss_of(model, batch(step, hvd.rank())).backward()
+        opt.synchronize()
+        for name, p in model.named_parameters():
+            contribution, sent, route = twin_step(twin, twin_memory, local[name], name)
+            expected_bytes += sent
+            routes.add(route)
+            expected = case.rule(gather_from_ranks(contribution))
+            rec.close(p.grad, expected, f"{case.label}: step {step} {name}", case.rtol, case.atol)
+            rec.check(f"{case.label}: step {step} {name} shape and dtype",
+                      p.grad.shape == p.shape and p.grad.dtype == p.dtype)
+        twin.end_step()
+        with opt.skip_synchronize():
+            opt.step()
+    stats = compression.stats
+    rec.check(f"{case.label}: stats bytes_sent equals the twin's payload bytes", stats["bytes_sent"] == expected_bytes,
+              f"{stats['bytes_sent']} != {expected_bytes}")
+    rec.check(f"{case.label}: routes used", case.routes <= routes, f"used {routes}, expected {case.routes}")
+
+
+def main() -> None:
+    args = parse_args([(("--cases",), {"nargs": "*", "default": None})])
+    hvd.init()
+    torch.set_num_threads(1)
+    rec = Recorder(args.out)
+    names = args.cases or sorted(p.stem.removeprefix("zoo_cases_") for p in HERE.glob("zoo_cases_*.py"))
+    labels = []
+    for module_name in names:
+        for case in importlib.import_module(f"zoo_cases_{module_name}").CASES:
+            labels.append(case.label)
+            rec.guard(case.label, run_case, rec, case)
+    rec.extra["cases"] = labels
+    rec.write()
+
+
+if __name__ == "__main__":
+    main()
