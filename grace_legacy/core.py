@@ -262,6 +262,9 @@ class Compressor(ABC):
 
         return NoMemory()
 
+    def check_memory(self, memory: Memory) -> None:  # noqa: B027 (optional hook)
+        """Raise ``ValueError`` if this compressor cannot work with ``memory``."""
+
     def __repr__(self) -> str:
         if self.knob is None:
             return f"{type(self).__name__}()"
@@ -279,6 +282,11 @@ class Memory(ABC):
     def update(self, compensated: torch.Tensor, name: str, compressor: Compressor,
                payload: Payload, ctx: Any) -> None:
         """Learn from what was actually sent, e.g. ``e <- compensated - D(payload)``."""
+
+    def aggregated(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
+        """The gradient to apply, given the aggregate of what all ranks sent. The identity for
+        error feedback; EF21 adds the aggregate to its running estimate of the gradient."""
+        return tensor
 
     def state_dict(self) -> dict[str, Any]:
         return {}

@@ -57,6 +57,7 @@ class Grace:
                 f"or leave communicator=None")
         self.compressor = compressor
         self.memory = memory if memory is not None else compressor.recommended_memory()
+        compressor.check_memory(self.memory)
         self.communicator = communicator
 
     def start(self, tensor: torch.Tensor, name: str, backend: Backend, average: bool) -> Pending:
@@ -80,7 +81,7 @@ class Grace:
         inner = communicator.start(payload, ctx, name, concrete, backend, average, on_final_payload=learn)
 
         def finish() -> torch.Tensor:
-            result = inner()
+            result = self.memory.aggregated(name, inner())
             # Recorded on arrival: a multi-round payload's later rounds are only sent in inner().
             self.compressor.record_traffic(name, tensor, inner.bytes_sent, route)
             return result

@@ -181,6 +181,9 @@ class Legacy(Compressor):
     def recommended_memory(self):
         return self.base.recommended_memory()
 
+    def check_memory(self, memory) -> None:
+        self.base.check_memory(memory)
+
     # -- progress -------------------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
         """Enter epoch ``epoch`` (0-based), like ``DistributedSampler.set_epoch``."""
