@@ -219,6 +219,10 @@ class Compressor(ABC):
         """For multi-round compressors: the next local payload, given the previous round's sum."""
         raise NotImplementedError(f"{type(self).__name__} sends a single round")
 
+    def end_exchange(self, reduced: Payload, ctx: Any) -> None:  # noqa: B027 (optional hook)
+        """For multi-round compressors: the last round's reduced payload, before it is decoded
+        (PowerSGD keeps the aggregated Q to warm-start the next step)."""
+
     def aggregate(self, payloads: Sequence[Payload], ctx: Any, average: bool) -> torch.Tensor:
         """Combine every rank's payload: ``sum_r D(p_r)``, divided by the number of ranks when
         ``average``. Compressors override this for a faster exact sum or another rule (vote)."""
@@ -233,6 +237,10 @@ class Compressor(ABC):
         """(element count, dtype) of each payload part for a tensor of ``numel`` elements, as
         configured now; used to predict bytes (budget matching) without compressing anything."""
         raise NotImplementedError(f"{type(self).__name__} does not describe its payload size")
+
+    def payload_spec_for(self, shape: torch.Size, dtype: torch.dtype) -> list[tuple[int, torch.dtype]]:
+        """:meth:`payload_spec` for a tensor of this shape; override where the shape matters."""
+        return self.payload_spec(shape.numel(), dtype)
 
     # -- bookkeeping ------------------------------------------------------------------------
     def record_traffic(self, name: str, tensor: torch.Tensor, sent_bytes: int, route: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -16,12 +17,14 @@ _ALLREDUCE = Allreduce()
 _ALLGATHER = Allgather()
 
 
-def bytes_sent(concrete: Compressor | None, numel: int, dtype: torch.dtype) -> int:
-    """Bytes a rank hands to the backend for one tensor on the default route: the dense size when
-    ``concrete`` is ``None``, the raw parts for an allreduce, the packed buffer for an allgather."""
+def bytes_sent(concrete: Compressor | None, shape: int | Sequence[int], dtype: torch.dtype) -> int:
+    """Bytes a rank hands to the backend for one tensor (an element count or a shape) on the
+    default route: the dense size when ``concrete`` is ``None``, the raw parts of every round for
+    an allreduce, the packed buffer for an allgather."""
+    shape = torch.Size([shape]) if isinstance(shape, int) else torch.Size(shape)
     if concrete is None:
-        return numel * torch.empty((), dtype=dtype).element_size()
-    spec = concrete.payload_spec(numel, dtype)
+        return shape.numel() * torch.empty((), dtype=dtype).element_size()
+    spec = concrete.payload_spec_for(shape, dtype)
     if concrete.additive:
         return sum(n * torch.empty((), dtype=d).element_size() for n, d in spec)
     return wire.packed_size_of(spec, with_header=not concrete.uniform_payload)

@@ -230,7 +230,9 @@ class Legacy(Compressor):
         return None if self.base.knob.is_dense(value) else self._configured[value]
 
     def resolve(self, tensor: torch.Tensor, name: str) -> Compressor | None:
-        return self._concrete(self.phase_of(self.progress), self.group_of(tensor.numel()))
+        chosen = self._concrete(self.phase_of(self.progress), self.group_of(tensor.numel()))
+        # The configured base has the last word: PowerSGD, say, sends 1-D tensors dense.
+        return None if chosen is None else chosen.resolve(tensor, name)
 
     def compress(self, tensor: torch.Tensor, name: str) -> tuple[Payload, Any]:
         concrete = self.resolve(tensor, name)

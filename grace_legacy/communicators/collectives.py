@@ -40,6 +40,8 @@ class Allreduce(Communicator):
                 if round_index == compressor.rounds - 1 and on_final_payload is not None:
                     on_final_payload(local, ctx)
                 reduced = [backend.wait(h) for h in launch(local, round_index)]
+            if compressor.rounds > 1:
+                compressor.end_exchange(reduced, ctx)
             return compressor.decompress(reduced, ctx)
 
         pending = Pending(finish, _nbytes(payload))

@@ -52,8 +52,8 @@ def local_gradients(model: nn.Module, step: int, passes: int) -> dict[str, torch
 
 def train_and_compare(rec: Recorder, label: str, compression, reference, *, op=hvd.Average, passes=1,
                       process_set=hvd.global_process_set, expected_bytes=None, rtol=1e-6, atol=1e-7,
-                      before_step=None, exact=frozenset()) -> None:
-    """Train STEPS steps; at each compare every synchronized gradient with
+                      before_step=None, exact=frozenset(), steps=STEPS) -> None:
+    """Train ``steps`` steps; at each compare every synchronized gradient with
     ``reference(name, local_grad, step)`` (``None``: train only). ``before_step(step)`` runs first (e.g. set_epoch);
     parameters named in ``exact`` must match bit for bit."""
     torch.manual_seed(0)
@@ -61,7 +61,7 @@ def train_and_compare(rec: Recorder, label: str, compression, reference, *, op=h
     sgd = torch.optim.SGD(model.parameters(), lr=0.05)
     opt = hvd.DistributedOptimizer(sgd, named_parameters=model.named_parameters(), compression=compression,
                                    op=op, backward_passes_per_step=passes, process_set=process_set)
-    for step in range(STEPS):
+    for step in range(steps):
         if before_step is not None:
             before_step(step)
         opt.zero_grad()

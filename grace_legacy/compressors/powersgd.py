@@ -1,0 +1,141 @@
+"""PowerSGD: rank-r approximation by one step of power iteration, warm-started across steps."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from grace_legacy.core import Compressor, Knob, Payload, check_gradient
+
+RANK = Knob("rank", low=1, integer=True)
+
+
+def matrix_shape(shape: torch.Size) -> tuple[int, int]:
+    """The matrix a tensor is viewed as: its first dimension by the product of the others."""
+    return shape[0], (shape.numel() // shape[0]) if shape[0] else 0
+
+
+def orthonormal_columns(p: torch.Tensor) -> torch.Tensor:
+    """An orthonormal basis of ``p``'s column space (reduced QR). Every rank holds the same
+    reduced ``p`` and runs the same deterministic routine, so every rank gets the same basis."""
+    return torch.linalg.qr(p, mode="reduced").Q
+
+
+@dataclass
+class PowerContext:
+    name: str
+    shape: torch.Size
+    dtype: torch.dtype
+    matrix: torch.Tensor         # M: this rank's compensated gradient as an n x m matrix
+    p_hat: torch.Tensor | None = None
+
+
+class PowerSGD(Compressor):
+    """Rank-``r`` PowerSGD (Vogels, Karimireddy and Jaggi, 2019).
+
+    A gradient viewed as an ``n x m`` matrix ``M_w`` on worker ``w`` is approximated with one step
+    of subspace iteration from the previous step's ``Q`` (``m x r``):
+
+        P   = sum_w M_w Q               allreduce 1: n*r values
+        P^  = orthonormal_columns(P)
+        Q_w = M_w^T P^                  allreduce 2: m*r values
+        M'  = P^ (sum_w Q_w)^T          the aggregated gradient (divided by the world size for
+                                        op=Average; P^ does not depend on that scale)
+
+    ``sum_w Q_w`` is kept to start the next step (warm start), so the power iteration keeps
+    converging across steps. Error feedback (``PowerSGDMemory``) keeps ``M_w - P^ Q_w^T``, this
+    worker's share of what the approximation missed.
+
+    The first ``Q`` of a tensor is drawn from ``N(0, 1)`` by a generator seeded with
+    ``derived_seed(seed, name, 0)`` and no rank, so every rank starts from the same ``Q``; a
+    change of rank (a LEGACY schedule) draws a new one from ``derived_seed(seed, name, step)``.
+
+    Sent dense instead: tensors of fewer than 2 dimensions, and matrices for which rank-``r``
+    factors are not smaller than the matrix, ``(n + m) * r >= n * m``. Works for fp32 and fp64;
+    fp16/bf16 gradients are factored and sent in fp32 (QR needs it) and returned in their dtype.
+    Bytes: ``(n + m) * r`` elements per matrix per step, in two allreduces.
+    """
+
+    knob = RANK
+    additive = True
+    rounds = 2
+
+    def __init__(self, rank: int | None = None, seed: int = 0) -> None:
+        super().__init__()
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise TypeError(f"PowerSGD: seed must be an int, got {seed!r}")
+        self._set_knob(rank)
+        self.seed = seed
+        # Shared with with_knob copies (a shallow copy keeps the dict), like the step counters.
+        self._warm_q: dict[str, torch.Tensor] = {}
+
+    @property
+    def rank_r(self) -> int | None:
+        """The approximation rank (``rank`` is this process's rank among the workers)."""
+        return self.knob_value
+
+    def resolve(self, tensor: torch.Tensor, name: str) -> Compressor | None:
+        chosen = super().resolve(tensor, name)
+        if chosen is None or tensor.dim() < 2:
+            return None
+        n, m = matrix_shape(tensor.shape)
+        return None if (n + m) * self.rank_r >= n * m else chosen
+
+    @staticmethod
+    def _work_dtype(dtype: torch.dtype) -> torch.dtype:
+        return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+    def _start_q(self, name: str, m: int, dtype: torch.dtype, device: torch.device, step: int) -> torch.Tensor:
+        q = self._warm_q.get(name)
+        if q is not None and q.shape == (m, self.rank_r) and q.dtype == dtype:
+            return q
+        generator = self.generator(self.seed, name, step, per_rank=False)
+        return torch.randn(m, self.rank_r, generator=generator, dtype=dtype).to(device)
+
+    def compress(self, tensor: torch.Tensor, name: str) -> tuple[Payload, Any]:
+        check_gradient(tensor, "PowerSGD")
+        self.check_ready()
+        if tensor.dim() < 2:
+            raise ValueError(f"PowerSGD: {name!r} has {tensor.dim()} dimension(s); tensors of fewer than 2 are "
+                             f"sent dense (resolve() returns None for them)")
+        step = self.next_step(name)
+        work = self._work_dtype(tensor.dtype)
+        matrix = tensor.reshape(matrix_shape(tensor.shape)).to(work)
+        q = self._start_q(name, matrix.shape[1], work, tensor.device, step)
+        return [matrix @ q], PowerContext(name, tensor.shape, tensor.dtype, matrix)
+
+    def next_round(self, reduced: Payload, ctx: PowerContext) -> tuple[Payload, PowerContext]:
+        ctx.p_hat = orthonormal_columns(reduced[0])
+        return [ctx.matrix.t() @ ctx.p_hat], ctx
+
+    def end_exchange(self, reduced: Payload, ctx: PowerContext) -> None:
+        self._warm_q[ctx.name] = reduced[0].clone()
+
+    def decompress(self, payload: Payload, ctx: PowerContext) -> torch.Tensor:
+        if ctx.p_hat is None:
+            raise ValueError("PowerSGD: decompress needs the second round's payload (Q), after next_round")
+        return (ctx.p_hat @ payload[0].t()).reshape(ctx.shape).to(ctx.dtype)
+
+    def payload_spec(self, numel: int, dtype: torch.dtype) -> list[tuple[int, torch.dtype]]:
+        raise NotImplementedError("PowerSGD's payload depends on the matrix shape, not only on its element count; "
+                                  "use payload_spec_for(shape, dtype)")
+
+    def payload_spec_for(self, shape: torch.Size, dtype: torch.dtype) -> list[tuple[int, torch.dtype]]:
+        n, m = matrix_shape(torch.Size(shape))
+        work = self._work_dtype(dtype)
+        return [(n * self.rank_r, work), (m * self.rank_r, work)]
+
+    def recommended_memory(self):
+        from grace_legacy.memories import PowerSGDMemory
+
+        return PowerSGDMemory()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "warm_q": {k: q.clone() for k, q in self._warm_q.items()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self._warm_q.clear()
+        self._warm_q.update({k: q.clone() for k, q in state["warm_q"].items()})

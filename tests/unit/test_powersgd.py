@@ -1,0 +1,102 @@
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from grace_legacy import Grace, Legacy, PowerSGD, PowerSGDMemory
+from grace_legacy.grace import bytes_sent
+
+
+def one_worker_step(compressor: PowerSGD, matrix: torch.Tensor, name: str = "w") -> torch.Tensor:
+    """Both rounds on a single worker: the 'sums' are this worker's own payloads."""
+    (p,), ctx = compressor.compress(matrix, name)
+    (q,), ctx = compressor.next_round([p], ctx)
+    compressor.end_exchange([q], ctx)
+    return compressor.decompress([q], ctx)
+
+
+@given(n=st.integers(8, 40), m=st.integers(8, 40), true_rank=st.integers(1, 3), extra=st.integers(0, 2),
+       seed=st.integers(0, 1000))
+@settings(max_examples=40, deadline=None)
+def test_rank_at_least_the_true_rank_reconstructs_a_low_rank_matrix(n, m, true_rank, extra, seed):
+    g = torch.Generator().manual_seed(seed)
+    matrix = torch.randn(n, true_rank, generator=g, dtype=torch.float64) @ torch.randn(true_rank, m, generator=g,
+                                                                                        dtype=torch.float64)
+    rank = true_rank + extra
+    if (n + m) * rank >= n * m:
+        return
+    out = one_worker_step(PowerSGD(rank), matrix)
+    torch.testing.assert_close(out, matrix, rtol=1e-9, atol=1e-9)
+
+
+def test_warm_start_converges_on_a_full_rank_matrix():
+    torch.manual_seed(0)
+    matrix = torch.randn(60, 50, dtype=torch.float64)
+    best = torch.linalg.svdvals(matrix)
+    optimal_error = best[2:].pow(2).sum().sqrt()
+    compressor = PowerSGD(2)
+    errors = [(one_worker_step(compressor, matrix) - matrix).norm() for _ in range(30)]
+    assert errors[-1] < errors[0]
+    assert errors[-1] <= optimal_error * 1.01  # power iteration reaches the best rank-2 approximation
+
+
+def test_what_goes_dense():
+    c = PowerSGD(4)
+    assert c.resolve(torch.zeros(100), "bias") is None
+    assert c.resolve(torch.zeros(()), "scalar") is None
+    assert c.resolve(torch.zeros(6, 6), "small") is None          # (6 + 6) * 4 >= 36
+    assert c.resolve(torch.zeros(20, 3, 3), "conv") is c          # 20 x 9: (20 + 9) * 4 < 180
+    with pytest.raises(ValueError, match="sent dense"):
+        c.compress(torch.zeros(10), "bias")
+
+
+def test_legacy_keeps_the_base_rule_for_what_goes_dense():
+    schedule = Legacy(PowerSGD(), by="epoch", values=[6, 2], epochs=2)
+    assert schedule.resolve(torch.zeros(100), "bias") is None
+    assert schedule.resolve(torch.zeros(8, 8), "m") is None       # (8 + 8) * 6 >= 64: dense in phase 0
+    schedule.set_epoch(1)
+    assert schedule.resolve(torch.zeros(8, 8), "m").rank_r == 2
+
+
+def test_rank_change_redraws_q_and_state_round_trips():
+    c = PowerSGD(3, seed=1)
+    x = torch.randn(20, 10)
+    one_worker_step(c, x)
+    assert c.state_dict()["warm_q"]["w"].shape == (10, 3)
+    lower = c.with_knob(2)
+    one_worker_step(lower, x)
+    assert c.state_dict()["warm_q"]["w"].shape == (10, 2)  # shared with the copy
+    restored = PowerSGD(2, seed=1)
+    restored.load_state_dict(lower.state_dict())
+    assert torch.equal(one_worker_step(restored, x), one_worker_step(lower, x))
+
+
+def test_half_precision_is_factored_in_fp32_and_returned_in_its_dtype():
+    x = torch.randn(16, 12).to(torch.bfloat16)
+    c = PowerSGD(2)
+    (p,), _ = c.compress(x, "w")
+    assert p.dtype == torch.float32
+    assert one_worker_step(PowerSGD(2), x).dtype == torch.bfloat16
+
+
+def test_never_touches_the_global_rng_and_first_q_is_shared_by_ranks():
+    x = torch.randn(20, 10)
+    before = torch.random.get_rng_state()
+    a, b = PowerSGD(2, seed=9), PowerSGD(2, seed=9)
+    b.set_rank(3)
+    (pa,), _ = a.compress(x, "w")
+    (pb,), _ = b.compress(x, "w")
+    assert torch.equal(pa, pb)
+    assert torch.equal(torch.random.get_rng_state(), before)
+
+
+def test_bytes_and_memory():
+    c = PowerSGD(2)
+    assert bytes_sent(c, (30, 4, 5), torch.float32) == 4 * (30 + 20) * 2
+    assert isinstance(Grace(c).memory, PowerSGDMemory)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, float("nan")])
+def test_invalid_rank(bad):
+    with pytest.raises(ValueError, match="PowerSGD: rank must be an integer >= 1"):
+        PowerSGD(bad)
