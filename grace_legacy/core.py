@@ -255,6 +255,14 @@ class Compressor(ABC):
     def reset_stats(self) -> None:
         self._traffic.reset()
 
+    # -- skipped steps -----------------------------------------------------------------------
+    def rollback(self, name: str) -> None:  # noqa: B027 (optional hook)
+        """Undo this step's change to ``name``'s state: some rank's gradient was not finite, so
+        the step will be skipped (``GradScaler``) and must leave no trace."""
+
+    def commit(self) -> None:  # noqa: B027 (optional hook)
+        """The step is over: what :meth:`rollback` would restore can be let go."""
+
     def state_dict(self) -> dict[str, Any]:
         return {"traffic": self._traffic.state_dict(), "steps": dict(self._steps)}
 
@@ -295,6 +303,15 @@ class Memory(ABC):
         """The gradient to apply, given the aggregate of what all ranks sent. The identity for
         error feedback; EF21 adds the aggregate to its running estimate of the gradient."""
         return tensor
+
+    def rollback(self, name: str) -> None:
+        """Undo this step's update of ``name`` (the step will be skipped: some rank's gradient
+        was not finite). Memories with state must override this; stateless ones need not."""
+        if self.state_dict():
+            raise NotImplementedError(f"{type(self).__name__} keeps state but cannot roll a step back")
+
+    def commit(self) -> None:  # noqa: B027 (optional hook)
+        """The step is over: what :meth:`rollback` would restore can be let go."""
 
     def state_dict(self) -> dict[str, Any]:
         return {}

@@ -62,11 +62,15 @@ class Grace:
         self.memory = memory if memory is not None else compressor.recommended_memory()
         compressor.check_memory(self.memory)
         self.communicator = communicator
+        # Per tensor of the current step: did this rank's gradient hold an inf or NaN?
+        self._nonfinite: dict[str, torch.Tensor] = {}
 
     def start(self, tensor: torch.Tensor, name: str, backend: Backend, average: bool) -> Pending:
         """Compress ``tensor`` and launch its collectives; call the result to get the gradient."""
         if backend.rank() != self.compressor.rank:
             self.compressor.set_rank(backend.rank())
+        # A sparsifier or a sign may drop an inf; the flag makes sure every rank still sees it.
+        self._nonfinite[name] = ~torch.isfinite(tensor).all()
         compensated = self.memory.compensate(tensor, name)
         concrete = self.compressor.resolve(compensated, name) if tensor.numel() else None
         if concrete is None:
@@ -91,12 +95,35 @@ class Grace:
 
         return Pending(finish, inner.bytes_sent)
 
+    # -- the end of a step ------------------------------------------------------------------
+    def nonfinite_names(self, names: Sequence[str], backend: Backend) -> set[str]:
+        """Which of ``names`` held an inf or NaN on *any* rank this step: one small allreduce of
+        one flag per name. Every rank must pass the same ``names`` in the same order."""
+        flags = torch.stack([self._nonfinite.get(n, torch.tensor(False)) for n in names]).to(torch.float32)
+        self._nonfinite.clear()
+        summed = backend.wait(backend.allreduce_async(flags, "nonfinite-flags", average=False))
+        return {n for n, flagged in zip(names, summed.tolist(), strict=True) if flagged > 0}
+
+    def discard(self, name: str) -> None:
+        """Undo this step's changes to ``name``'s memory and compressor state (skipped step)."""
+        self.memory.rollback(name)
+        self.compressor.rollback(name)
+
+    def describe(self) -> dict[str, str]:
+        """What every rank must agree on, as text (see :mod:`grace_legacy.consistency`)."""
+        progress = getattr(self.compressor, "progress", None)
+        return {"compressor": repr(self.compressor), "memory": repr(self.memory),
+                "communicator": repr(self.communicator),
+                "schedule progress (epochs)": "none" if progress is None else str(progress)}
+
     def set_epoch(self, epoch: int) -> None:
         """Enter epoch ``epoch``, like ``DistributedSampler.set_epoch`` (schedules change phase)."""
         self.compressor.set_epoch(epoch)
 
     def end_step(self) -> None:
         """Count one synchronized optimizer step (the distributed optimizer calls this)."""
+        self.memory.commit()
+        self.compressor.commit()
         self.compressor.end_step()
 
     @property

@@ -9,6 +9,13 @@ the ``Grace`` bundle, which picks the collective the payload needs. Horovod 0.28
 ``synchronize()`` already accepts a callable handle that returns the finished gradient, which is
 what ``Grace.start`` returns.
 
+Two checks guard every run. Before the first gradient collective the ranks compare a digest of
+their parameters, compression set-up and schedule position (:mod:`grace_legacy.consistency`) and
+all raise the same error if they differ. After every synchronization one small allreduce tells
+every rank which gradients held an inf or NaN on any rank; those are made NaN everywhere (so
+``torch.amp.GradScaler`` skips the step on every rank, as it would without compression) and
+their memory and compressor state is rolled back to before the step.
+
 ``import grace_legacy`` calls :func:`install`, so the stock ``hvd.DistributedOptimizer`` accepts
 grace_legacy compressors and ``Grace`` bundles; any other ``compression`` (Horovod's own
 ``Compression.none``/``fp16``) goes to Horovod's original function untouched.
@@ -16,6 +23,7 @@ grace_legacy compressors and ``Grace`` bundles; any other ``compression`` (Horov
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import horovod.torch as hvd
@@ -25,7 +33,8 @@ from horovod.torch.compression import Compression
 from horovod.torch.mpi_ops import Adasum, Average, Sum, global_process_set
 
 from grace_legacy.backends.horovod import HorovodBackend
-from grace_legacy.core import Compressor
+from grace_legacy.consistency import verify_ranks_agree
+from grace_legacy.core import Compressor, derived_seed
 from grace_legacy.grace import Grace
 
 _horovod_distributed_optimizer = _hvd_optimizer.DistributedOptimizer
@@ -48,7 +57,25 @@ class _AlreadyAggregated:
         return tensor
 
 
+def _description(self: Any) -> dict[str, str]:
+    """What every rank of the process set must agree on before exchanging gradients."""
+    tensors = sorted((self._parameter_names[p], tuple(p.shape), str(p.dtype)) for p in self._requires_update)
+    layout = "\n".join(f"{name}{list(shape)} {dtype}" for name, shape, dtype in tensors)
+    return {
+        "parameters": f"{len(tensors)} tensors, {sum(math.prod(s) for _, s, _ in tensors)} elements "
+                      f"(layout digest {derived_seed(layout):016x})",
+        "op": "Average" if self.op == Average else "Sum",
+        "backward_passes_per_step": str(self.backward_passes_per_step),
+        **self._grace.describe(),
+    }
+
+
 def _grace_allreduce_grad_async(self: Any, p: torch.Tensor) -> tuple[Any, None]:
+    if not self._grace_verified:
+        # Before the first gradient collective, so that a misconfigured rank raises instead of
+        # sending collectives the others never match.
+        verify_ranks_agree(self._grace_backend, _description(self))
+        self._grace_verified = True
     if p.grad is None:
         # Another rank may have computed this gradient (a branch not taken here); every rank must
         # still take part in its collective, with zeros, exactly as Horovod does.
@@ -66,6 +93,14 @@ def _grace_allreduce_grad_async(self: Any, p: torch.Tensor) -> tuple[Any, None]:
 
 def _grace_synchronize(self: Any) -> None:
     _hvd_optimizer._DistributedOptimizer.synchronize(self)
+    if self._requires_update and self.process_set.included():
+        by_name = {self._parameter_names[p]: p for p in self._requires_update}
+        for name in self._grace.nonfinite_names(sorted(by_name), self._grace_backend):
+            grad = by_name[name].grad
+            # A compressor may have dropped the inf; make sure GradScaler sees it on every rank.
+            if grad is not None and bool(torch.isfinite(grad).all()):
+                grad.fill_(float("nan"))
+            self._grace.discard(name)
     self._grace.end_step()
 
 
@@ -110,6 +145,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
                       op, gradient_predivide_factor, None, sparse_as_dense, process_set)
     distributed._grace = bundle
     distributed._grace_backend = HorovodBackend(process_set)
+    distributed._grace_verified = False
     return distributed
 
 

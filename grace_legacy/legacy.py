@@ -184,6 +184,13 @@ class Legacy(Compressor):
     def check_memory(self, memory) -> None:
         self.base.check_memory(memory)
 
+    # Configured copies share the base's per-tensor state, so the base speaks for them all.
+    def rollback(self, name: str) -> None:
+        self.base.rollback(name)
+
+    def commit(self) -> None:
+        self.base.commit()
+
     # -- progress -------------------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
         """Enter epoch ``epoch`` (0-based), like ``DistributedSampler.set_epoch``."""

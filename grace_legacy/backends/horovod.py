@@ -12,7 +12,10 @@ class HorovodBackend:
     """Asynchronous Horovod collectives restricted to one process set.
 
     Names are prefixed so they never collide with the user's own Horovod ops; Horovod matches
-    collectives across ranks by name, so every rank must pass the same names in any order.
+    collectives across ranks by name, so every rank must pass the same names in any order. The
+    prefix does not depend on the kind of collective: ranks that disagree on how to send a tensor
+    then meet under one name, and Horovod reports the mismatched operation instead of waiting
+    for a name nobody else sends.
     """
 
     def __init__(self, process_set: Any = None) -> None:
@@ -25,11 +28,11 @@ class HorovodBackend:
         return self.process_set.size()
 
     def allreduce_async(self, tensor: torch.Tensor, name: str, average: bool) -> Any:
-        return hvd.allreduce_async(tensor, name=f"grace.ar.{name}", op=hvd.Average if average else hvd.Sum,
+        return hvd.allreduce_async(tensor, name=f"grace.{name}", op=hvd.Average if average else hvd.Sum,
                                    process_set=self.process_set)
 
     def allgather_async(self, tensor: torch.Tensor, name: str) -> Any:
-        return hvd.allgather_async(tensor, name=f"grace.ag.{name}", process_set=self.process_set)
+        return hvd.allgather_async(tensor, name=f"grace.{name}", process_set=self.process_set)
 
     def broadcast_async(self, tensor: torch.Tensor, root_rank: int, name: str) -> Any:
         return hvd.broadcast_async(tensor, root_rank, name=f"grace.bc{root_rank}.{name}",

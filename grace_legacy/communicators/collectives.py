@@ -62,7 +62,7 @@ class Allgather(Communicator):
             on_final_payload(payload, ctx)
         with_header = not compressor.uniform_payload
         buffer = wire.pack(payload, with_header)
-        handle = backend.allgather_async(buffer, name)
+        handle = backend.allgather_async(buffer, f"{name}.r0.0")
 
         def finish():
             gathered = backend.wait(handle)
