@@ -5,11 +5,11 @@ compressors and ``Grace`` bundles (see :mod:`grace_legacy.horovod`) when Horovod
 """
 
 from grace_legacy.communicators import Allgather, Allreduce
-from grace_legacy.compressors import FP16, NoCompression, RandomK, TopK
+from grace_legacy.compressors import FP16, EFSignSGD, NoCompression, OneBit, RandomK, SignSGD, Signum, TopK
 from grace_legacy.core import Communicator, Compressor, Knob, Memory
 from grace_legacy.grace import Grace
 from grace_legacy.legacy import Legacy
-from grace_legacy.memories import NoMemory, Residual
+from grace_legacy.memories import EFSignSGDMemory, NoMemory, Residual
 
 try:
     import horovod.torch  # noqa: F401
@@ -25,4 +25,5 @@ __version__ = "0.1.0"
 __all__ = [
     "FP16", "Allgather", "Allreduce", "Communicator", "Compressor", "Grace", "Knob", "Memory",
     "Legacy", "NoCompression", "NoMemory", "RandomK", "Residual", "TopK",
+    "EFSignSGD", "EFSignSGDMemory", "OneBit", "SignSGD", "Signum",
 ]
