@@ -1,0 +1,26 @@
+"""Zoo cases for the sign family of issue 4: signSGD, Signum, EF-signSGD and 1-bit SGD."""
+
+import torch
+from zoo import Case, majority_vote_rule, mean_rule
+from zoo_cases_core import pair
+
+from grace_legacy import EFSignSGD, EFSignSGDMemory, NoMemory, OneBit, Residual, SignSGD, Signum
+
+#: The worker's SGD learning rate, which EF-signSGD's memory must share.
+LR = 0.05
+
+
+def ef_signsgd_rule(decompressed: list[torch.Tensor]) -> torch.Tensor:
+    """EF-signSGD's step in gradient units: the mean over ranks of each rank's own
+    ``scale_r * sign_r`` (its decompressed payload, in units of ``lr * gradient``), divided by lr."""
+    return mean_rule(decompressed) / LR
+
+
+CASES = [
+    Case("SignSGD", lambda: pair(SignSGD, NoMemory), rule=majority_vote_rule, routes={"allgather"}),
+    Case("Signum(0.9)", lambda: pair(lambda: Signum(0.9), NoMemory), rule=majority_vote_rule,
+         routes={"allgather"}),
+    Case("EFSignSGD+EFSignSGDMemory", lambda: pair(lambda: EFSignSGD(LR), lambda: EFSignSGDMemory(LR)),
+         rule=ef_signsgd_rule, routes={"allgather"}),
+    Case("OneBit+Residual", lambda: pair(OneBit, Residual), rule=mean_rule, routes={"allgather"}),
+]
