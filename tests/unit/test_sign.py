@@ -7,7 +7,19 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from grace_legacy import EFSignSGD, EFSignSGDMemory, Grace, NoMemory, OneBit, Residual, SignSGD, Signum, TopK, wire
+from grace_legacy import (
+    EFSignSGD,
+    EFSignSGDMemory,
+    Grace,
+    NoCompression,
+    NoMemory,
+    OneBit,
+    Residual,
+    SignSGD,
+    Signum,
+    TopK,
+    wire,
+)
 from grace_legacy.compressors.bits import pack_bits, packed_length, unpack_bits
 from grace_legacy.grace import bytes_sent
 
@@ -257,8 +269,6 @@ def test_efsignsgd_memory_divides_the_aggregate_by_lr_and_forgets_dense_sends():
     memory.residuals["w"] = tensor_of([1.0, 1.0])
     compensated = memory.compensate(tensor_of([4.0, 8.0]), "w")
     assert torch.equal(compensated, tensor_of([2.0, 3.0]))
-    from grace_legacy import NoCompression
-
     memory.update(compensated, "w", NoCompression(), [compensated], None)
     assert "w" not in memory.residuals
 
