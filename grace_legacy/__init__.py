@@ -1,15 +1,21 @@
 """grace-legacy: compressed gradient communication for data-parallel PyTorch, with LEGACY.
 
+The public names are the compressors, memories and communicators of the subpackages, plus
+``Grace`` (a compressor + memory + communicator bundle) and ``Legacy`` (the scheduler).
 Importing this package makes ``horovod.torch.DistributedOptimizer`` accept grace_legacy
 compressors and ``Grace`` bundles (see :mod:`grace_legacy.horovod`) when Horovod is installed.
 """
 
-from grace_legacy.communicators import Allgather, Allreduce
-from grace_legacy.compressors import FP16, NoCompression, PowerSGD, RandomK, TopK
-from grace_legacy.core import Communicator, Compressor, Knob, Memory
-from grace_legacy.grace import Grace
-from grace_legacy.legacy import Legacy
-from grace_legacy.memories import NoMemory, PowerSGDMemory, Residual
+from grace_legacy import communicators, compressors, memories
+from grace_legacy.communicators import *  # noqa: F403  (each subpackage's __all__ is public)
+from grace_legacy.compressors import *  # noqa: F403
+from grace_legacy.core import Communicator as Communicator
+from grace_legacy.core import Compressor as Compressor
+from grace_legacy.core import Knob as Knob
+from grace_legacy.core import Memory as Memory
+from grace_legacy.grace import Grace as Grace
+from grace_legacy.legacy import Legacy as Legacy
+from grace_legacy.memories import *  # noqa: F403
 
 try:
     import horovod.torch  # noqa: F401
@@ -22,7 +28,7 @@ else:
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "FP16", "Allgather", "Allreduce", "Communicator", "Compressor", "Grace", "Knob", "Memory",
-    "Legacy", "NoCompression", "NoMemory", "PowerSGD", "PowerSGDMemory", "RandomK", "Residual", "TopK",
-]
+__all__ = sorted([
+    "Communicator", "Compressor", "Grace", "Knob", "Legacy", "Memory",
+    *communicators.__all__, *compressors.__all__, *memories.__all__,
+])

@@ -2,6 +2,17 @@
 
 from grace_legacy.compressors.dense import FP16, NoCompression
 from grace_legacy.compressors.powersgd import PowerSGD
+from grace_legacy.compressors.sign import EFSignSGD, OneBit, SignSGD, Signum
 from grace_legacy.compressors.sparsify import RandomK, TopK
 
-__all__ = ["FP16", "NoCompression", "PowerSGD", "RandomK", "TopK"]
+__all__ = [
+    "EFSignSGD",
+    "FP16",
+    "NoCompression",
+    "OneBit",
+    "PowerSGD",
+    "RandomK",
+    "SignSGD",
+    "Signum",
+    "TopK",
+]
