@@ -1,6 +1,7 @@
 """Compressors: each turns a gradient into a payload (a list of tensors) and back."""
 
 from grace_legacy.compressors.dense import FP16, NoCompression
+from grace_legacy.compressors.quantize import QSGD, Natural, TernGrad
 from grace_legacy.compressors.sparsify import RandomK, TopK
 
-__all__ = ["FP16", "NoCompression", "RandomK", "TopK"]
+__all__ = ["FP16", "QSGD", "Natural", "NoCompression", "RandomK", "TernGrad", "TopK"]
