@@ -54,8 +54,9 @@ class Knob:
     def describe_range(self) -> str:
         if self.integer and self.high is None and self.low is not None:
             return f"an integer >= {int(self.low)}"
-        left = ("[" if self.low_inclusive else "(") + ("-inf" if self.low is None else f"{self.low:g}")
-        right = ("inf" if self.high is None else f"{self.high:g}") + ("]" if self.high_inclusive else ")")
+        show = (lambda v: str(int(v))) if self.integer else (lambda v: f"{v:g}")
+        left = ("[" if self.low_inclusive else "(") + ("-inf" if self.low is None else show(self.low))
+        right = ("inf" if self.high is None else show(self.high)) + ("]" if self.high_inclusive else ")")
         kind = "an integer" if self.integer else "a number"
         return f"{kind} in {left}, {right}"
 

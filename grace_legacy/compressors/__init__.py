@@ -2,17 +2,21 @@
 
 from grace_legacy.compressors.dense import FP16, NoCompression
 from grace_legacy.compressors.powersgd import PowerSGD
+from grace_legacy.compressors.quantize import QSGD, Natural, TernGrad
 from grace_legacy.compressors.sign import EFSignSGD, OneBit, SignSGD, Signum
 from grace_legacy.compressors.sparsify import RandomK, TopK
 
 __all__ = [
     "EFSignSGD",
     "FP16",
+    "Natural",
     "NoCompression",
     "OneBit",
     "PowerSGD",
+    "QSGD",
     "RandomK",
     "SignSGD",
     "Signum",
+    "TernGrad",
     "TopK",
 ]

@@ -1,0 +1,333 @@
+"""Unbiased stochastic quantizers: QSGD, TernGrad and natural compression.
+
+Each one rounds every element at random to one of two neighbouring points of a coarse grid, with
+the probabilities that make the expected value the input, so the compressed gradient is an
+unbiased estimate and needs no error feedback (their recommended memory is ``NoMemory``).
+
+Shared conventions:
+
+* The draws come from :meth:`Compressor.generator` with ``(seed, rank, name, step)``: every rank
+  draws its own numbers, the global RNG is never touched, and a test can replay any rank.
+* Arithmetic runs in float64 for float64 gradients and in float32 for float32, float16 and bfloat16
+  ones (which float32 holds exactly); :meth:`decompress` returns the gradient's own dtype, so a
+  decoded value is finally rounded to it (for float16, one beyond 65504 becomes inf, as with
+  ``FP16``).
+* QSGD and TernGrad send their scale as float32, rounded *up* from the exact one, so a
+  probability never exceeds 1 and the estimate stays unbiased with respect to the scale actually
+  sent. A gradient that holds inf or NaN, or whose scale exceeds float32's range (about 3.4e38),
+  decodes to NaN everywhere, so a loss scaler still sees the overflow. Natural compression marks
+  such elements one by one (see :class:`Natural`).
+* Unbiasedness holds up to the resolution of the uniform draws (2**-24 in float32, 2**-53 in
+  float64) and the rounding of one division per element.
+* Payloads differ between ranks (each has its own scale), so they are gathered; every part's size
+  is a function of the element count alone, so the gather needs no size header. The per-tensor
+  scalar comes first in the payload, so the packed buffer is its size plus the elements' bytes,
+  rounded up to a multiple of 8, with no padding in between.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import torch
+
+from grace_legacy.core import Compressor, Knob, Memory, Payload, check_gradient
+
+LEVELS = Knob("levels", low=1, high=2**31 - 1, integer=True)
+
+#: The most levels QSGD accepts: signed levels travel as at most int32.
+MAX_LEVELS = 2**31 - 1
+
+#: TernGrad clips at ``CLIP_SIGMAS`` standard deviations, as Wen et al. do.
+CLIP_SIGMAS = 2.5
+
+_INF = float("inf")
+
+
+def _check_seed(seed: Any, owner: str) -> int:
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"{owner}: seed must be an int, got {seed!r}")
+    return seed
+
+
+def _work_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float64 stays float64; float32, float16 and bfloat16 are all exact in float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _float32_at_least(value: torch.Tensor) -> torch.Tensor:
+    """``value`` as float32, rounded toward +inf: a scale that is never below the exact one keeps
+    every probability ``|x| / scale`` at most 1. inf and NaN stay what they are."""
+    rounded = value.to(torch.float32)
+    below = rounded.to(value.dtype) < value
+    return torch.where(below, torch.nextafter(rounded, rounded.new_tensor(_INF)), rounded)
+
+
+def _uniform(compressor: Compressor, seed: int, name: str, tensor: torch.Tensor,
+             dtype: torch.dtype) -> torch.Tensor:
+    generator = compressor.generator(seed, name, compressor.next_step(name), device=tensor.device)
+    return torch.rand(tensor.numel(), generator=generator, dtype=dtype, device=tensor.device)
+
+
+class ScaledContext(NamedTuple):
+    shape: torch.Size
+    dtype: torch.dtype
+    work: torch.dtype
+
+
+def _scale_part(scale: torch.Tensor) -> torch.Tensor:
+    return scale.reshape(1)
+
+
+# -- QSGD ---------------------------------------------------------------------------------------
+
+
+def level_dtype(levels: int) -> torch.dtype:
+    """The smallest signed integer dtype holding ``[-levels, levels]``."""
+    if levels <= 127:
+        return torch.int8
+    if levels <= 32767:
+        return torch.int16
+    if levels <= MAX_LEVELS:
+        return torch.int32
+    raise ValueError(f"QSGD: levels must be at most {MAX_LEVELS}, got {levels}")
+
+
+class QSGDContext(NamedTuple):
+    shape: torch.Size
+    dtype: torch.dtype
+    work: torch.dtype
+    levels: int
+
+
+class QSGD(Compressor):
+    """QSGD (Alistarh et al., 2017) with ``s = levels`` quantization levels.
+
+    With ``r_i = |v_i| / ||v||_2 * s`` in ``[0, s]``, element ``i`` becomes the integer
+    ``l_i = ceil(r_i)`` with probability ``r_i - floor(r_i)`` and ``floor(r_i)`` otherwise, and is
+    decoded as ``||v|| * sign(v_i) * l_i / s``. So ``E[decoded] = v`` and
+    ``E||decoded - v||^2 <= min(n / s^2, sqrt(n) / s) * ||v||^2``.
+
+    Payload: ``[norm, signed_levels]``: the norm as one float32 (rounded up, see the module
+    docstring) and ``sign(v_i) * l_i`` in the smallest signed integer dtype holding ``[-s, s]``:
+    int8 for ``s <= 127`` (1 byte per element), int16 for ``s <= 32767`` (2 bytes), int32 up to
+    ``s = 2**31 - 1`` (4 bytes; more levels are refused). Packed: ``4 + n * bytes`` rounded up to
+    a multiple of 8. A zero tensor sends norm 0 and levels 0 and decodes to zeros.
+
+    Any floating dtype. With more than ``2**24`` levels the arithmetic runs in float64, because
+    float32 no longer holds every level exactly. ``levels`` is the knob ``Legacy`` schedules.
+    """
+
+    knob = LEVELS
+
+    def __init__(self, levels: int | None = None, seed: int = 0) -> None:
+        super().__init__()
+        self._set_knob(levels)
+        self.seed = _check_seed(seed, "QSGD")
+
+    @property
+    def levels(self) -> int | None:
+        return self.knob_value
+
+    def _work(self, dtype: torch.dtype) -> torch.dtype:
+        return torch.float64 if self.levels > 2**24 else _work_dtype(dtype)
+
+    def compress(self, tensor: torch.Tensor, name: str) -> tuple[Payload, Any]:
+        check_gradient(tensor, "QSGD")
+        self.check_ready()
+        s = self.levels
+        work = self._work(tensor.dtype)
+        x = tensor.detach().reshape(-1).to(work)
+        # float64 for the sum of squares: float32 squares overflow from |v_i| ~ 1.8e19 on.
+        norm = _float32_at_least(torch.linalg.vector_norm(x, dtype=torch.float64))
+        usable = torch.isfinite(norm) & (norm > 0)
+        # Divided first: an element equal to the norm (any 1-element tensor) gets exactly s.
+        # A zero or non-finite norm makes 0/0 or inf/inf NaN, which where() discards.
+        ratio = torch.where(usable, x.abs() / norm.to(work) * s, 0.0)
+        ratio = ratio.clamp_(0, s)  # only undoes a last-bit rounding of a float64 gradient's norm
+        lower = ratio.floor()
+        level = lower + (_uniform(self, self.seed, name, tensor, work) < ratio - lower).to(work)
+        signed = torch.where(x < 0, -level, level).to(level_dtype(s))
+        return [_scale_part(norm), signed], QSGDContext(tensor.shape, tensor.dtype, work, s)
+
+    def decompress(self, payload: Payload, ctx: QSGDContext) -> torch.Tensor:
+        norm, signed = payload
+        # l / s first: the extreme levels +-s then give the norm itself, with no rounding.
+        decoded = norm.to(ctx.work) * (signed.to(ctx.work) / ctx.levels)
+        return decoded.to(ctx.dtype).view(ctx.shape)
+
+    def payload_spec(self, numel: int, dtype: torch.dtype) -> list[tuple[int, torch.dtype]]:
+        return [(1, torch.float32), (numel, level_dtype(self.levels))]
+
+    def recommended_memory(self) -> Memory:
+        """``NoMemory``: the estimate is unbiased, so there is no systematic error to feed back."""
+        from grace_legacy.memories import NoMemory
+
+        return NoMemory()
+
+
+# -- TernGrad -----------------------------------------------------------------------------------
+
+
+class TernGrad(Compressor):
+    """TernGrad (Wen et al., 2017): a scale and one ternary digit per element.
+
+    Clipping (the paper's scalar clipping): with ``sigma`` the standard deviation of the gradient's
+    elements (about their mean, dividing by ``n``), ``g_c = clamp(g, -2.5 * sigma, 2.5 * sigma)``.
+    A tensor whose elements are all equal (every 1-element tensor among them) has ``sigma = 0``
+    and no outliers; clipping it would send zeros forever, so it is left unclipped (and is then
+    sent exactly).
+
+    With ``s = max_i |g_c,i|``, ``t_i = sign(g_c,i)`` with probability ``|g_c,i| / s`` and ``0``
+    otherwise; the decoded value is ``s * t_i``. So ``E[decoded] = g_c`` (unbiased with respect to
+    the *clipped* gradient) and ``E||decoded - g_c||^2 = sum_i |g_c,i| (s - |g_c,i|) <= s ||g_c||_1``.
+
+    Payload: ``[s, t]``: ``s`` as one float32 (rounded up for float64 gradients) and ``t`` as int8
+    in ``{-1, 0, 1}``: 1 byte per element, packed as ``4 + n`` rounded up to a multiple of 8.
+    A zero tensor sends ``s = 0`` and decodes to zeros. Any floating dtype. No knob.
+    """
+
+    def __init__(self, seed: int = 0) -> None:
+        super().__init__()
+        self.seed = _check_seed(seed, "TernGrad")
+
+    def clipped(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The clipped gradient ``g_c`` (flat, in the arithmetic dtype) that TernGrad estimates."""
+        x = tensor.detach().reshape(-1).to(_work_dtype(tensor.dtype))
+        sigma = torch.std(x, correction=0)
+        # Compared exactly, not as sigma == 0: a rounded sigma of an all-equal tensor may not be 0.
+        constant = x.amax() == x.amin()
+        bound = torch.where(constant, x.new_tensor(_INF), CLIP_SIGMAS * sigma)
+        return torch.clamp(x, min=-bound, max=bound)
+
+    def compress(self, tensor: torch.Tensor, name: str) -> tuple[Payload, Any]:
+        check_gradient(tensor, "TernGrad")
+        work = _work_dtype(tensor.dtype)
+        clipped = self.clipped(tensor)
+        # amax propagates NaN, and a NaN scale makes the whole tensor decode to NaN.
+        scale = _float32_at_least(clipped.abs().amax())
+        usable = torch.isfinite(scale) & (scale > 0)
+        probability = torch.where(usable, clipped.abs() / scale.to(work), 0.0)
+        keep = _uniform(self, self.seed, name, tensor, work) < probability
+        ternary = torch.where(keep, clipped.sign(), 0.0).to(torch.int8)
+        return [_scale_part(scale), ternary], ScaledContext(tensor.shape, tensor.dtype, work)
+
+    def decompress(self, payload: Payload, ctx: ScaledContext) -> torch.Tensor:
+        scale, ternary = payload
+        return (scale.to(ctx.work) * ternary.to(ctx.work)).to(ctx.dtype).view(ctx.shape)
+
+    def payload_spec(self, numel: int, dtype: torch.dtype) -> list[tuple[int, torch.dtype]]:
+        return [(1, torch.float32), (numel, torch.int8)]
+
+    def recommended_memory(self) -> Memory:
+        """``NoMemory``: unbiased for the clipped gradient, and clipping is deliberate, not an error
+        to carry over."""
+        from grace_legacy.memories import NoMemory
+
+        return NoMemory()
+
+
+# -- Natural compression ------------------------------------------------------------------------
+
+#: Exponents a code byte covers below the tensor's top exponent.
+NATURAL_SPAN = 127
+#: The code byte of an element that was inf or NaN.
+NON_FINITE_CODE = 0x80
+
+# Per float dtype: the integer dtype of its bits, mantissa bits, exponent bias, least exponent.
+_LAYOUT = {torch.float32: (torch.int32, 23, 127, -149), torch.float64: (torch.int64, 52, 1023, -1074)}
+
+
+def pow2(exponent: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``2 ** exponent`` exactly, as float32 or float64, built from its bits: subnormal powers
+    where the dtype has them, 0 below, inf above. (``torch.pow`` may miss by an ulp.)"""
+    int_dtype, mantissa_bits, bias, least = _LAYOUT[dtype]
+    k = exponent.to(int_dtype)
+    one = torch.ones_like(k)
+    normal = torch.bitwise_left_shift(k.clamp(1 - bias, bias) + bias, mantissa_bits)
+    subnormal = torch.bitwise_left_shift(one, (k - least).clamp(0, mantissa_bits - 1))
+    infinity = (2 * bias + 1) << mantissa_bits
+    bits = torch.where(k > bias, infinity,
+                       torch.where(k >= 1 - bias, normal, torch.where(k >= least, subnormal, 0)))
+    return bits.view(dtype)
+
+
+class Natural(Compressor):
+    """Natural compression (Horvath et al., 2019): each element rounded at random to one of the two
+    powers of two around it.
+
+    For ``2^a <= |x| < 2^(a+1)``, ``|x|`` becomes ``2^(a+1)`` with probability ``|x| / 2^a - 1`` and
+    ``2^a`` otherwise, keeping its sign: ``E[C(x)] = x`` and ``E[(C(x) - x)^2] <= x^2 / 8``.
+    Zeros stay zero; subnormal inputs follow the same rule (their exponents are exact).
+
+    On the wire: ``[top, codes]``. ``top`` (one int16) is ``a + 1`` for the largest finite
+    nonzero ``|x|``; an all-zero tensor sends 0. One byte per element: bit 7 is the sign and bits
+    0-6 a code ``c``:
+
+    * ``c = 0``: zero (``0x00``);
+    * ``c`` in ``1..127``: ``2^(top - 127 + c)``, so the byte covers the 127 binades
+      ``2^(top - 126) .. 2^top``: every power the rule can produce for elements within a factor
+      ``2^-126`` of the largest;
+    * ``0x80`` (negative zero's code): the element was inf or NaN; it decodes to NaN.
+
+    An element below the covered range (``|x| < 2^(top - 126)``: some 2^125 times smaller than
+    the largest, possible in float32, bfloat16 and float64 but not within float16's narrower
+    range) becomes ``2^(top - 126)`` with probability ``|x| / 2^(top - 126)`` and 0 otherwise:
+    still unbiased. Nothing is above the
+    range, since ``top`` follows the tensor; but an element in its dtype's last binade
+    (``|x| >= 2^15`` in float16, ``2^127`` in float32) may round up to a power the dtype cannot
+    hold and become inf.
+
+    Bytes: ``2 + n`` rounded up to a multiple of 8. Any floating dtype; pure tensor arithmetic
+    (``frexp`` and integer shifts), so it runs on CPU and GPU alike. No knob.
+    """
+
+    def __init__(self, seed: int = 0) -> None:
+        super().__init__()
+        self.seed = _check_seed(seed, "Natural")
+
+    def compress(self, tensor: torch.Tensor, name: str) -> tuple[Payload, Any]:
+        check_gradient(tensor, "Natural")
+        work = _work_dtype(tensor.dtype)
+        x = tensor.detach().reshape(-1).to(work)
+        magnitude = x.abs()
+        finite = torch.isfinite(x)
+        present = finite & (magnitude > 0)
+        # |x| = m * 2^e with m in [0.5, 1): a = e - 1, and the chance of rounding up, |x| / 2^a - 1,
+        # is 2m - 1, exact.
+        mantissa, exponent = torch.frexp(torch.where(finite, magnitude, 0.0))
+        a = exponent - 1
+        lowest = torch.iinfo(a.dtype).min
+        top = torch.where(present.any(), torch.where(present, a, lowest).amax() + 1, 0)
+        bottom = top - (NATURAL_SPAN - 1)
+        draw = _uniform(self, self.seed, name, tensor, work)
+
+        rounded = a + (draw < 2 * mantissa - 1).to(a.dtype)
+        in_range_code = rounded - bottom + 1
+        # Below the range the two neighbours are 0 and 2^bottom; e - bottom <= 0, so no overflow.
+        below_code = (draw < mantissa * pow2(exponent - bottom, work)).to(a.dtype)
+        code = torch.where(a >= bottom, in_range_code, below_code)
+        code = torch.where(present, code, 0)
+        # The sign bit only on nonzero codes: 0x80 is kept for inf and NaN.
+        code = torch.where((x < 0) & (code > 0), code | 0x80, code)
+        code = torch.where(finite, code, NON_FINITE_CODE)
+        return [top.to(torch.int16).reshape(1), code.to(torch.uint8)], ScaledContext(tensor.shape, tensor.dtype, work)
+
+    def decompress(self, payload: Payload, ctx: ScaledContext) -> torch.Tensor:
+        top, codes = payload
+        codes = codes.to(torch.int32)
+        magnitude_code = codes & 0x7F
+        value = pow2(top.to(torch.int32) - NATURAL_SPAN + magnitude_code, ctx.work)
+        value = torch.where(codes >= 0x80, -value, value)
+        value = torch.where(magnitude_code == 0, 0.0, value)
+        value = torch.where(codes == NON_FINITE_CODE, float("nan"), value)
+        return value.to(ctx.dtype).view(ctx.shape)
+
+    def payload_spec(self, numel: int, dtype: torch.dtype) -> list[tuple[int, torch.dtype]]:
+        return [(1, torch.int16), (numel, torch.uint8)]
+
+    def recommended_memory(self) -> Memory:
+        """``NoMemory``: the estimate is unbiased, so there is no systematic error to feed back."""
+        from grace_legacy.memories import NoMemory
+
+        return NoMemory()

@@ -1,0 +1,38 @@
+"""Zoo cases for the quantizers of issue 4: QSGD, TernGrad and natural compression.
+
+Every quantized tensor is gathered (each rank has its own scale) and the twin draws the same
+numbers as the optimizer's compressor (same seed, rank, tensor name and step); the optimizer then
+sums the decoded payloads in rank order, as the reference does, so the synchronized gradient must
+equal it bit for bit: the tolerances are zero. The Legacy case also sends tensors dense, through
+Horovod's allreduce, whose summation order (a ring under Gloo) differs from the reference's in
+the last bit; it keeps the harness's default tolerances, which are still far below one
+quantization step (``norm / levels / 4``), so a wrong draw on a quantized tensor fails it too.
+
+The test model's parameters have 24, 4, 960, 40, 200, 5, 1 and 1 elements. The Legacy case's
+splits put the 1- and 4-element ones in the dense group, 5, 24 and 40 in the 4-level group, 200 in
+the 16-level group and 960 in the 300-level group (int16 levels).
+"""
+
+from zoo import Case
+
+from grace_legacy import QSGD, Grace, Legacy, Natural, NoMemory, TernGrad
+
+
+def pair(make_compressor):
+    """The optimizer's Grace bundle and an identical, separate twin, without memory."""
+    return Grace(make_compressor(), memory=NoMemory()), make_compressor(), NoMemory()
+
+
+EXACT = {"rtol": 0.0, "atol": 0.0}
+
+CASES = [
+    Case("QSGD(levels=4)", lambda: pair(lambda: QSGD(4, seed=7)), routes={"allgather"}, **EXACT),
+    Case("QSGD(levels=300)", lambda: pair(lambda: QSGD(300, seed=8)), routes={"allgather"}, **EXACT),
+    Case("TernGrad", lambda: pair(lambda: TernGrad(seed=9)), routes={"allgather"}, **EXACT),
+    Case("Natural", lambda: pair(lambda: Natural(seed=10)), routes={"allgather"}, **EXACT),
+    # The recommended memory (NoMemory) is taken when Grace is given none.
+    Case("Legacy(QSGD) by layer", lambda: (
+        Grace(Legacy(QSGD(seed=11), by="layer", values=[None, 4, 16, 300], splits=[5, 100, 500])),
+        Legacy(QSGD(seed=11), by="layer", values=[None, 4, 16, 300], splits=[5, 100, 500]), NoMemory()),
+        routes={"allgather", "dense"}),
+]
