@@ -5,7 +5,7 @@ compressors and ``Grace`` bundles (see :mod:`grace_legacy.horovod`) when Horovod
 """
 
 from grace_legacy.communicators import Allgather, Allreduce
-from grace_legacy.compressors import FP16, NoCompression, RandomK, TopK
+from grace_legacy.compressors import FP16, NoCompression, RandomK, Threshold, TopK
 from grace_legacy.core import Communicator, Compressor, Knob, Memory
 from grace_legacy.grace import Grace
 from grace_legacy.legacy import Legacy
@@ -24,5 +24,5 @@ __version__ = "0.1.0"
 
 __all__ = [
     "FP16", "Allgather", "Allreduce", "Communicator", "Compressor", "Grace", "Knob", "Memory",
-    "Legacy", "NoCompression", "NoMemory", "RandomK", "Residual", "TopK",
+    "Legacy", "NoCompression", "NoMemory", "RandomK", "Residual", "Threshold", "TopK",
 ]

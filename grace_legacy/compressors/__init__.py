@@ -2,5 +2,6 @@
 
 from grace_legacy.compressors.dense import FP16, NoCompression
 from grace_legacy.compressors.sparsify import RandomK, TopK
+from grace_legacy.compressors.threshold import Threshold
 
-__all__ = ["FP16", "NoCompression", "RandomK", "TopK"]
+__all__ = ["FP16", "NoCompression", "RandomK", "Threshold", "TopK"]
