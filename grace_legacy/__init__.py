@@ -5,11 +5,11 @@ compressors and ``Grace`` bundles (see :mod:`grace_legacy.horovod`) when Horovod
 """
 
 from grace_legacy.communicators import Allgather, Allreduce
-from grace_legacy.compressors import FP16, NoCompression, RandomK, Threshold, TopK
+from grace_legacy.compressors import DGC, FP16, NoCompression, RandomK, Threshold, TopK
 from grace_legacy.core import Communicator, Compressor, Knob, Memory
 from grace_legacy.grace import Grace
 from grace_legacy.legacy import Legacy
-from grace_legacy.memories import NoMemory, Residual
+from grace_legacy.memories import DGCMemory, NoMemory, Residual
 
 try:
     import horovod.torch  # noqa: F401
@@ -23,6 +23,6 @@ else:
 __version__ = "0.1.0"
 
 __all__ = [
-    "FP16", "Allgather", "Allreduce", "Communicator", "Compressor", "Grace", "Knob", "Memory",
+    "DGC", "FP16", "Allgather", "Allreduce", "Communicator", "Compressor", "DGCMemory", "Grace", "Knob", "Memory",
     "Legacy", "NoCompression", "NoMemory", "RandomK", "Residual", "Threshold", "TopK",
 ]
