@@ -9,7 +9,7 @@ from grace_legacy.compressors import DGC, FP16, NoCompression, RandomK, Threshol
 from grace_legacy.core import Communicator, Compressor, Knob, Memory
 from grace_legacy.grace import Grace
 from grace_legacy.legacy import Legacy
-from grace_legacy.memories import DGCMemory, NoMemory, Residual
+from grace_legacy.memories import EF21, DGCMemory, NoMemory, Residual
 
 try:
     import horovod.torch  # noqa: F401
@@ -23,6 +23,6 @@ else:
 __version__ = "0.1.0"
 
 __all__ = [
-    "DGC", "FP16", "Allgather", "Allreduce", "Communicator", "Compressor", "DGCMemory", "Grace", "Knob", "Memory",
-    "Legacy", "NoCompression", "NoMemory", "RandomK", "Residual", "Threshold", "TopK",
+    "DGC", "EF21", "FP16", "Allgather", "Allreduce", "Communicator", "Compressor", "DGCMemory", "Grace",
+    "Knob", "Memory", "Legacy", "NoCompression", "NoMemory", "RandomK", "Residual", "Threshold", "TopK",
 ]
