@@ -4,7 +4,7 @@ Importing this package makes ``horovod.torch.DistributedOptimizer`` accept grace
 compressors and ``Grace`` bundles (see :mod:`grace_legacy.horovod`) when Horovod is installed.
 """
 
-from grace_legacy.communicators import Allgather, Allreduce
+from grace_legacy.communicators import Allgather, Allreduce, Broadcast
 from grace_legacy.compressors import DGC, FP16, NoCompression, RandomK, Threshold, TopK
 from grace_legacy.core import Communicator, Compressor, Knob, Memory
 from grace_legacy.grace import Grace
@@ -23,6 +23,6 @@ else:
 __version__ = "0.1.0"
 
 __all__ = [
-    "DGC", "EF21", "FP16", "Allgather", "Allreduce", "Communicator", "Compressor", "DGCMemory", "Grace",
+    "DGC", "EF21", "FP16", "Allgather", "Allreduce", "Broadcast", "Communicator", "Compressor", "DGCMemory", "Grace",
     "Knob", "Memory", "Legacy", "NoCompression", "NoMemory", "RandomK", "Residual", "Threshold", "TopK",
 ]
