@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from grace_legacy.compressors.sparsify import SparseContext, TopK, index_dtype, kept_count
-from grace_legacy.core import Payload, check_gradient
+from grace_legacy.core import Memory, Payload, check_gradient
 
 #: Standard deviations of the sampled count by which the threshold estimate is set low (see DGC).
 _MARGIN_SIGMAS = 3.0
@@ -47,16 +47,18 @@ class DGC(TopK):
     2. Of the ``mu = k s / n`` sampled entries expected among the top k, take the sample's
        ``r = ceil(mu + 3 sqrt(mu)) + 1``-th largest magnitude as the threshold: about three
        standard deviations of the sampled count below the k-th largest, so it rarely selects too
-       few, and the ``~ n r / s`` candidates above it stay close to ``k``.
+       few, while the ``n r / s ~ k + 3 sqrt(k n / s) + n / s`` candidates above it stay a small
+       fraction of ``n``.
     3. :func:`top_k_above` makes the selection exact: the result is the set ``torch.topk`` would
        pick (ties aside), whether the estimate selected too many or too few.
 
     Small tensors (``s >= n``) and densities for which the sample cannot help (``r >= s``) take a
     plain ``torch.topk``. Gradients are assumed finite (NaN has no magnitude order).
 
-    Payload and bytes as :class:`TopK`: ``[values, int32 indices]``, ``8k`` bytes for fp32, the
-    same size on every rank. Any floating dtype (fp32, fp16, bf16, fp64). Recommended memory:
-    :class:`~grace_legacy.memories.DGCMemory` (momentum correction and factor masking).
+    Payload as :class:`TopK`: ``[values, int32 indices]``, ``k * (element size + 4)`` bytes (``8k``
+    for fp32; int64 indices from 2**31 elements on), the same size on every rank. Any floating
+    dtype (fp32, fp16, bf16, fp64). Recommended memory: :class:`~grace_legacy.memories.DGCMemory`
+    (momentum correction and factor masking).
     """
 
     def __init__(self, ratio: float | None = None, *, seed: int = 0, sample_ratio: float = 0.01,
@@ -111,7 +113,7 @@ class DGC(TopK):
         ctx = SparseContext(tensor.shape, numel, tensor.dtype, tensor.device)
         return [flat[indices], indices.to(index_dtype(numel))], ctx
 
-    def recommended_memory(self):
+    def recommended_memory(self) -> Memory:
         from grace_legacy.memories import DGCMemory
 
         return DGCMemory()

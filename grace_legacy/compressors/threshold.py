@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from grace_legacy.compressors.sparsify import SparseContext, index_dtype, scatter_sum
-from grace_legacy.core import Compressor, Knob, Payload, check_gradient
+from grace_legacy.core import Compressor, Knob, Memory, Payload, check_gradient
 
 THRESHOLD = Knob("threshold", low=0.0, high=None, low_inclusive=False, high_inclusive=False, dense=None)
 
@@ -29,7 +29,7 @@ def smallest_at_least(threshold: float, dtype: torch.dtype) -> torch.Tensor:
 
 
 class Threshold(Compressor):
-    """Sends the entries with ``|g_i| >= threshold`` (Dryden et al. 2016; Aji & Heafield 2017),
+    """Sends the entries with ``|g_i| >= threshold`` (Strom 2015, without his 1-bit quantization),
     as ``[values, indices]``: signed values in the gradient's dtype, int32 indices in increasing
     order (int64 for tensors of 2**31 elements or more).
 
@@ -83,7 +83,7 @@ class Threshold(Compressor):
             "gradient's values, not only on the tensor's size: it cannot be predicted for budget matching. "
             "Use a compressor with a fixed size (TopK, DGC) for Legacy.budget_matched.")
 
-    def recommended_memory(self):
+    def recommended_memory(self) -> Memory:
         from grace_legacy.memories import Residual
 
         return Residual()
