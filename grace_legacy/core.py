@@ -94,6 +94,38 @@ def derived_seed(*parts: object) -> int:
     return int.from_bytes(digest, "little") & (2**63 - 1)
 
 
+_ABSENT = object()
+
+
+class StepJournal:
+    """What per-tensor state held before this step changed it, so that a skipped step (a
+    non-finite gradient on some rank) can be undone exactly.
+
+    Call :meth:`remember` before replacing ``store[name]``. Only references are kept, which is
+    sound because state is replaced out of place, never written into, and only until
+    :meth:`commit` at the end of the step: the cost is at most one extra copy of the state while
+    a step is in flight. A compressor or memory that owns ``self._journal`` gets working
+    ``rollback``/``commit`` from its base class.
+    """
+
+    def __init__(self) -> None:
+        self._before: dict[tuple[int, str], tuple[dict, Any]] = {}
+
+    def remember(self, store: dict, name: str) -> None:
+        self._before.setdefault((id(store), name), (store, store.get(name, _ABSENT)))
+
+    def rollback(self, name: str) -> None:
+        for key in [key for key in self._before if key[1] == name]:
+            store, previous = self._before.pop(key)
+            if previous is _ABSENT:
+                store.pop(name, None)
+            else:
+                store[name] = previous
+
+    def commit(self) -> None:
+        self._before.clear()
+
+
 def check_gradient(tensor: torch.Tensor, owner: str) -> None:
     """Reject what no compressor can encode, with an error that says what was wrong."""
     if not isinstance(tensor, torch.Tensor):
@@ -257,12 +289,18 @@ class Compressor(ABC):
         self._traffic.reset()
 
     # -- skipped steps -----------------------------------------------------------------------
-    def rollback(self, name: str) -> None:  # noqa: B027 (optional hook)
+    def rollback(self, name: str) -> None:
         """Undo this step's change to ``name``'s state: some rank's gradient was not finite, so
         the step will be skipped (``GradScaler``) and must leave no trace."""
+        journal = self.__dict__.get("_journal")
+        if journal is not None:
+            journal.rollback(name)
 
-    def commit(self) -> None:  # noqa: B027 (optional hook)
+    def commit(self) -> None:
         """The step is over: what :meth:`rollback` would restore can be let go."""
+        journal = self.__dict__.get("_journal")
+        if journal is not None:
+            journal.commit()
 
     def state_dict(self) -> dict[str, Any]:
         return {"traffic": self._traffic.state_dict(), "steps": dict(self._steps)}
@@ -307,12 +345,18 @@ class Memory(ABC):
 
     def rollback(self, name: str) -> None:
         """Undo this step's update of ``name`` (the step will be skipped: some rank's gradient
-        was not finite). Memories with state must override this; stateless ones need not."""
-        if self.state_dict():
-            raise NotImplementedError(f"{type(self).__name__} keeps state but cannot roll a step back")
+        was not finite). Memories with state keep a ``self._journal`` (:class:`StepJournal`)."""
+        journal = self.__dict__.get("_journal")
+        if journal is not None:
+            journal.rollback(name)
+        elif self.state_dict():
+            raise NotImplementedError(f"{type(self).__name__} keeps state but no StepJournal to roll a step back")
 
-    def commit(self) -> None:  # noqa: B027 (optional hook)
+    def commit(self) -> None:
         """The step is over: what :meth:`rollback` would restore can be let go."""
+        journal = self.__dict__.get("_journal")
+        if journal is not None:
+            journal.commit()
 
     def state_dict(self) -> dict[str, Any]:
         return {}

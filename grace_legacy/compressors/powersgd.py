@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from grace_legacy.core import Compressor, Knob, Payload, check_gradient
+from grace_legacy.core import Compressor, Knob, Payload, StepJournal, check_gradient
 
 RANK = Knob("rank", low=1, integer=True)
 
@@ -70,7 +70,7 @@ class PowerSGD(Compressor):
         self.seed = seed
         # Shared with with_knob copies (a shallow copy keeps the dict), like the step counters.
         self._warm_q: dict[str, torch.Tensor] = {}
-        self._q_before: dict[str, torch.Tensor | None] = {}
+        self._journal = StepJournal()
 
     @property
     def rank_r(self) -> int | None:
@@ -112,19 +112,8 @@ class PowerSGD(Compressor):
         return [ctx.matrix.t() @ ctx.p_hat], ctx
 
     def end_exchange(self, reduced: Payload, ctx: PowerContext) -> None:
-        self._q_before.setdefault(ctx.name, self._warm_q.get(ctx.name))
+        self._journal.remember(self._warm_q, ctx.name)
         self._warm_q[ctx.name] = reduced[0].clone()
-
-    def rollback(self, name: str) -> None:
-        if name in self._q_before:
-            previous = self._q_before.pop(name)
-            if previous is None:
-                self._warm_q.pop(name, None)
-            else:
-                self._warm_q[name] = previous
-
-    def commit(self) -> None:
-        self._q_before.clear()
 
     def decompress(self, payload: Payload, ctx: PowerContext) -> torch.Tensor:
         if ctx.p_hat is None:

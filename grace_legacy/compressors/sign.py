@@ -30,7 +30,7 @@ from typing import Any, NamedTuple
 import torch
 
 from grace_legacy.compressors.bits import pack_bits, packed_length, unpack_bits
-from grace_legacy.core import Compressor, Knob, Memory, Payload, check_gradient
+from grace_legacy.core import Compressor, Knob, Memory, Payload, StepJournal, check_gradient
 from grace_legacy.memories.efsignsgd import check_learning_rate
 
 SUPPORTED_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
@@ -118,8 +118,7 @@ class Signum(_MajorityVote):
             raise TypeError(f"Signum: momentum must be {MOMENTUM.describe_range()}, got None")
         self.momentum: float = MOMENTUM.check(momentum, "Signum")
         self.momentum_buffers: dict[str, torch.Tensor] = {}
-        # This step's replaced buffers (None: there was none), kept only until commit().
-        self._before: dict[str, torch.Tensor | None] = {}
+        self._journal = StepJournal()
 
     def compress(self, tensor: torch.Tensor, name: str) -> tuple[Payload, Any]:
         ctx = _check(tensor, "Signum")
@@ -128,24 +127,13 @@ class Signum(_MajorityVote):
         if previous is not None and (previous.shape != tensor.shape or previous.dtype != accumulator):
             raise ValueError(f"Signum: tensor {name!r} changed from {tuple(previous.shape)} {previous.dtype} "
                              f"momentum to a {tuple(tensor.shape)} {tensor.dtype} gradient")
-        self._before.setdefault(name, previous)
+        self._journal.remember(self.momentum_buffers, name)
         if previous is None:
             previous = torch.zeros(tensor.shape, dtype=accumulator, device=tensor.device)
         # Out of place, so that a skipped step can put the old buffer back.
         buffer = previous * self.momentum + tensor.to(accumulator) * (1.0 - self.momentum)
         self.momentum_buffers[name] = buffer
         return [pack_bits(buffer.reshape(-1) >= 0)], ctx
-
-    def rollback(self, name: str) -> None:
-        if name in self._before:
-            previous = self._before.pop(name)
-            if previous is None:
-                self.momentum_buffers.pop(name, None)
-            else:
-                self.momentum_buffers[name] = previous
-
-    def commit(self) -> None:
-        self._before.clear()
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(),

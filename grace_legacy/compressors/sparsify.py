@@ -88,6 +88,10 @@ class TopK(Compressor):
         out.index_put_((indices,), values)
         return out.view(ctx.shape)
 
+    def support(self, payload: Payload, ctx: SparseContext) -> torch.Tensor:
+        """The flat indices whose values ``payload`` carries (what DGC's factor masking zeroes)."""
+        return payload[1].long()
+
     def aggregate(self, payloads: Sequence[Payload], ctx: SparseContext, average: bool) -> torch.Tensor:
         return scatter_sum(payloads, ctx, average)
 
@@ -144,6 +148,10 @@ class RandomK(Compressor):
         out = torch.zeros(shape.numel, dtype=shape.dtype, device=shape.device)
         out.index_put_((indices,), payload[0])
         return out.view(shape.shape)
+
+    def support(self, payload: Payload, ctx: Any) -> torch.Tensor:
+        """The flat indices whose values ``payload`` carries (what DGC's factor masking zeroes)."""
+        return ctx[0]
 
     def payload_spec(self, numel: int, dtype: torch.dtype) -> list[tuple[int, torch.dtype]]:
         return [(kept_count(self.ratio, numel), dtype)]

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from grace_legacy.core import Compressor, Memory, Payload
+from grace_legacy.core import Compressor, Memory, Payload, StepJournal
 
 
 class NoMemory(Memory):
@@ -35,8 +35,7 @@ class Residual(Memory):
 
     def __init__(self) -> None:
         self.residuals: dict[str, torch.Tensor] = {}
-        # This step's replaced residuals (None: there was none), kept only until commit().
-        self._before: dict[str, torch.Tensor | None] = {}
+        self._journal = StepJournal()
 
     def compensate(self, tensor: torch.Tensor, name: str) -> torch.Tensor:
         residual = self.residuals.get(name)
@@ -49,24 +48,11 @@ class Residual(Memory):
 
     def update(self, compensated: torch.Tensor, name: str, compressor: Compressor,
                payload: Payload, ctx: Any) -> None:
-        if name not in self._before:
-            self._before[name] = self.residuals.get(name)
+        self._journal.remember(self.residuals, name)
         if compressor.lossless:
             self.residuals.pop(name, None)
             return
         self.residuals[name] = compensated - compressor.decompress(payload, ctx)
-
-    def rollback(self, name: str) -> None:
-        if name not in self._before:
-            return
-        previous = self._before.pop(name)
-        if previous is None:
-            self.residuals.pop(name, None)
-        else:
-            self.residuals[name] = previous
-
-    def commit(self) -> None:
-        self._before.clear()
 
     def state_dict(self) -> dict[str, Any]:
         return {"residuals": {name: r.detach().clone() for name, r in self.residuals.items()}}

@@ -47,3 +47,15 @@ class Case:
     atol: float = 1e-7
     #: route names the case must have used at least once (e.g. {"allgather"})
     routes: set[str] = field(default_factory=set)
+    #: after training: check(compression, observations) with one Observation per step and
+    #: parameter; an AssertionError fails the case
+    check: Callable[[Any, list[Observation]], None] | None = None
+
+
+@dataclass
+class Observation:
+    step: int
+    name: str
+    #: every rank's decompressed contribution, in rank order
+    contributions: list[torch.Tensor]
+    route: str

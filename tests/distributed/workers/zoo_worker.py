@@ -13,6 +13,7 @@ import horovod.torch as hvd
 import torch
 from checks import Recorder, gather_from_ranks, parse_args
 from harness import STEPS, Net, batch, local_gradients, loss_of
+from zoo import Observation
 
 from grace_legacy import wire
 from grace_legacy.grace import _DENSE
@@ -20,8 +21,11 @@ from grace_legacy.grace import _DENSE
 HERE = Path(__file__).resolve().parent
 
 
-def twin_step(twin, memory, grad: torch.Tensor, name: str) -> tuple[torch.Tensor, int, str]:
-    """What this rank contributes for ``grad``: the decompressed payload, its bytes and route."""
+def twin_step(twin, memory, grad: torch.Tensor, name: str, communicator) -> tuple[torch.Tensor, int, str]:
+    """What this rank contributes for ``grad``: the decompressed payload, its bytes and route.
+
+    Bytes are counted with the gather layout, which every non-additive route (Allgather,
+    Broadcast) hands to the backend byte for byte."""
     compensated = memory.compensate(grad, name)
     concrete = twin.resolve(compensated, name)
     if concrete is None:
@@ -29,10 +33,11 @@ def twin_step(twin, memory, grad: torch.Tensor, name: str) -> tuple[torch.Tensor
         return compensated, compensated.numel() * compensated.element_size(), "dense"
     payload, ctx = concrete.compress(compensated, name)
     memory.update(compensated, name, concrete, payload, ctx)
-    if concrete.additive:
+    if concrete.additive and communicator is None:
         sent, route = sum(p.numel() * p.element_size() for p in payload), "allreduce"
     else:
-        sent, route = wire.packed_size(payload, with_header=not concrete.uniform_payload), "allgather"
+        sent = wire.packed_size(payload, with_header=not concrete.uniform_payload)
+        route = communicator.route if communicator is not None else "allgather"
     return concrete.decompress(payload, ctx), sent, route
 
 
@@ -43,18 +48,21 @@ def run_case(rec: Recorder, case) -> None:
     model = Net()
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
                                    named_parameters=model.named_parameters(), compression=compression)
-    expected_bytes, routes = 0, set()
+    communicator = getattr(compression, "communicator", None)
+    expected_bytes, routes, observations = 0, set(), []
     for step in range(STEPS + 1):
         opt.zero_grad()
         local = local_gradients(model, step, 1)
         loss_of(model, batch(step, hvd.rank())).backward()
         opt.synchronize()
         for name, p in model.named_parameters():
-            contribution, sent, route = twin_step(twin, twin_memory, local[name], name)
+            contribution, sent, route = twin_step(twin, twin_memory, local[name], name, communicator)
             expected_bytes += sent
             routes.add(route)
+            contributions = gather_from_ranks(contribution)
+            observations.append(Observation(step, name, contributions, route))
             # As the bundle does: the memory turns the aggregate into the gradient (EF21, EF-signSGD).
-            expected = twin_memory.aggregated(name, case.rule(gather_from_ranks(contribution)))
+            expected = twin_memory.aggregated(name, case.rule(contributions))
             rec.close(p.grad, expected, f"{case.label}: step {step} {name}", case.rtol, case.atol)
             rec.check(f"{case.label}: step {step} {name} shape and dtype",
                       p.grad.shape == p.shape and p.grad.dtype == p.dtype)
@@ -65,6 +73,10 @@ def run_case(rec: Recorder, case) -> None:
     rec.check(f"{case.label}: stats bytes_sent equals the twin's payload bytes", stats["bytes_sent"] == expected_bytes,
               f"{stats['bytes_sent']} != {expected_bytes}")
     rec.check(f"{case.label}: routes used", case.routes <= routes, f"used {routes}, expected {case.routes}")
+    rec.check(f"{case.label}: the bundle's routes are the twin's", set(stats["tensors_by_route"]) == routes,
+              f"bundle {stats['tensors_by_route']}, twin {routes}")
+    if case.check is not None:
+        rec.guard(f"{case.label}: final check", case.check, compression, observations)
 
 
 def main() -> None:

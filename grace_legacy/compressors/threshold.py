@@ -1,0 +1,89 @@
+"""Threshold sparsification: send every entry whose magnitude reaches a fixed threshold."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from grace_legacy.compressors.sparsify import SparseContext, index_dtype, scatter_sum
+from grace_legacy.core import Compressor, Knob, Memory, Payload, check_gradient
+
+THRESHOLD = Knob("threshold", low=0.0, high=None, low_inclusive=False, high_inclusive=False, dense=None)
+
+
+def smallest_at_least(threshold: float, dtype: torch.dtype) -> torch.Tensor:
+    """The smallest value of ``dtype`` that is ``>= threshold`` (a 0-dim tensor, possibly ``inf``).
+
+    Comparing a half-precision tensor with the Python float ``0.1`` rounds ``0.1`` to the nearest
+    fp16, ``0.0999755859375``, which is *below* 0.1, so that value would pass ``x >= 0.1``. Rounding
+    the threshold up instead makes ``|x| >= t_dtype`` hold exactly when ``|x| >= threshold`` does
+    for every ``x`` the dtype can represent, with the comparison done in the gradient's own dtype.
+    """
+    exact = torch.tensor(threshold, dtype=torch.float64)
+    rounded = exact.to(dtype)
+    if rounded.to(torch.float64) < exact:
+        rounded = torch.nextafter(rounded, torch.tensor(float("inf"), dtype=dtype))
+    return rounded
+
+
+class Threshold(Compressor):
+    """Sends the entries with ``|g_i| >= threshold`` (Strom 2015, without his 1-bit quantization),
+    as ``[values, indices]``: signed values in the gradient's dtype, int32 indices in increasing
+    order (int64 for tensors of 2**31 elements or more).
+
+    Bytes: ``(element size + 4) * m`` where ``m = #{i : |g_i| >= threshold}`` (8 per kept entry for
+    fp32) plus the gather's per-rank size header. ``m`` depends on the gradient's values, so it
+    differs between ranks and steps and may be 0: ``uniform_payload`` is False, and an empty
+    payload decompresses to zeros. The comparison is exact in every floating dtype (fp32, fp16,
+    bf16, fp64; see :func:`smallest_at_least`). NaN entries are never sent (``NaN >= t`` is false).
+
+    Not additive (ranks keep different entries), so it is gathered. Pairs with ``Residual``: an
+    entry below the threshold accumulates until it crosses it. ``payload_spec`` cannot predict the
+    size, so budget matching refuses this compressor.
+    """
+
+    knob = THRESHOLD
+    uniform_payload = False
+
+    def __init__(self, threshold: float | None = None) -> None:
+        super().__init__()
+        self._set_knob(threshold)
+
+    @property
+    def threshold(self) -> float | None:
+        return self.knob_value
+
+    def compress(self, tensor: torch.Tensor, name: str) -> tuple[Payload, Any]:
+        check_gradient(tensor, "Threshold")
+        self.check_ready()
+        flat = tensor.reshape(-1)
+        bound = smallest_at_least(self.threshold, flat.dtype).to(flat.device)
+        indices = torch.nonzero(flat.abs() >= bound).reshape(-1)
+        ctx = SparseContext(tensor.shape, flat.numel(), tensor.dtype, tensor.device)
+        return [flat[indices], indices.to(index_dtype(flat.numel()))], ctx
+
+    def decompress(self, payload: Payload, ctx: SparseContext) -> torch.Tensor:
+        values, indices = payload
+        out = torch.zeros(ctx.numel, dtype=ctx.dtype, device=ctx.device)
+        out.index_put_((indices,), values)
+        return out.view(ctx.shape)
+
+    def support(self, payload: Payload, ctx: SparseContext) -> torch.Tensor:
+        """The flat indices whose values ``payload`` carries (what DGC's factor masking zeroes)."""
+        return payload[1].long()
+
+    def aggregate(self, payloads: Sequence[Payload], ctx: SparseContext, average: bool) -> torch.Tensor:
+        return scatter_sum(payloads, ctx, average)
+
+    def payload_spec(self, numel: int, dtype: torch.dtype) -> list[tuple[int, torch.dtype]]:
+        raise NotImplementedError(
+            "Threshold sends every entry with |g| >= threshold, so its payload size depends on the "
+            "gradient's values, not only on the tensor's size: it cannot be predicted for budget matching. "
+            "Use a compressor with a fixed size (TopK, DGC) for Legacy.budget_matched.")
+
+    def recommended_memory(self) -> Memory:
+        from grace_legacy.memories import Residual
+
+        return Residual()

@@ -1,0 +1,131 @@
+"""An in-process stand-in for Horovod: ``P`` threads, one per rank, and collectives between them.
+
+It implements the ``Backend`` protocol with the semantics the communicators rely on and the
+checks Horovod makes: a collective completes once every rank has submitted it under the same
+name; an allgather concatenates along dim 0 in rank order; a broadcast returns the root's tensor
+and fails, as Horovod does, when the ranks' tensors differ in shape or dtype.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+TIMEOUT_S = 20.0
+
+
+class World:
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._cond = threading.Condition()
+        self._submitted: dict[tuple, dict[int, tuple]] = {}
+        self._results: dict[tuple, Any] = {}
+
+    def submit(self, key: tuple, rank: int, tensor: torch.Tensor, extra: Any) -> tuple:
+        with self._cond:
+            entries = self._submitted.setdefault(key, {})
+            if rank in entries:
+                raise RuntimeError(f"rank {rank} submitted {key} twice")
+            entries[rank] = (tensor.detach().clone(), extra)
+            if len(entries) == self.size:
+                self._results[key] = self._complete(key, entries)
+                self._cond.notify_all()
+        return key
+
+    def _complete(self, key: tuple, entries: dict[int, tuple]) -> Any:
+        kind = key[0]
+        tensors = [entries[r][0] for r in range(self.size)]
+        if kind == "allgather":
+            if len({t.shape[1:] for t in tensors}) != 1 or len({t.dtype for t in tensors}) != 1:
+                return RuntimeError(f"allgather {key}: mismatched trailing shapes or dtypes")
+            return torch.cat(tensors)
+        if kind == "broadcast":
+            root = key[1]
+            if len({(tuple(t.shape), t.dtype) for t in tensors}) != 1:
+                return RuntimeError(f"broadcast {key}: mismatched shapes {[tuple(t.shape) for t in tensors]}")
+            return tensors[root]
+        if kind == "allreduce":
+            total = tensors[0].clone()
+            for t in tensors[1:]:
+                total += t
+            if entries[0][1]:
+                total /= self.size
+            return total
+        raise AssertionError(kind)
+
+    def wait(self, key: tuple) -> torch.Tensor:
+        with self._cond:
+            if not self._cond.wait_for(lambda: key in self._results, timeout=TIMEOUT_S):
+                raise TimeoutError(f"collective {key} never completed: only ranks "
+                                   f"{sorted(self._submitted.get(key, {}))} joined it")
+            result = self._results[key]
+        if isinstance(result, Exception):
+            raise result
+        return result.clone()
+
+
+class ThreadBackend:
+    """One rank's view of a :class:`World`; counts what it hands over, like ``bytes_sent``."""
+
+    def __init__(self, world: World, rank: int) -> None:
+        self.world = world
+        self._rank = rank
+        self.calls: list[tuple[str, int]] = []
+        # Horovod lets a name be reused once its collective is done; the n-th use of a name on
+        # one rank meets the n-th use on the others.
+        self._uses: dict[tuple, int] = {}
+
+    def _key(self, *key: Any) -> tuple:
+        use = self._uses.get(key, 0)
+        self._uses[key] = use + 1
+        return (*key, use)
+
+    def rank(self) -> int:
+        return self._rank
+
+    def size(self) -> int:
+        return self.world.size
+
+    def allreduce_async(self, tensor: torch.Tensor, name: str, average: bool) -> Any:
+        self.calls.append(("allreduce", tensor.numel() * tensor.element_size()))
+        return self.world.submit(self._key("allreduce", name), self._rank, tensor, average)
+
+    def allgather_async(self, tensor: torch.Tensor, name: str) -> Any:
+        self.calls.append(("allgather", tensor.numel() * tensor.element_size()))
+        return self.world.submit(self._key("allgather", name), self._rank, tensor, None)
+
+    def broadcast_async(self, tensor: torch.Tensor, root_rank: int, name: str) -> Any:
+        sent = tensor.numel() * tensor.element_size() if root_rank == self._rank else 0
+        self.calls.append(("broadcast", sent))
+        return self.world.submit(self._key("broadcast", root_rank, name), self._rank, tensor, None)
+
+    def wait(self, handle: Any) -> torch.Tensor:
+        return self.world.wait(handle)
+
+
+def run_ranks(size: int, body: Callable[[ThreadBackend], Any]) -> list[Any]:
+    """Run ``body(backend)`` on ``size`` threads, one per rank; return each rank's result."""
+    world = World(size)
+    backends = [ThreadBackend(world, r) for r in range(size)]
+    results: list[Any] = [None] * size
+    errors: list[BaseException] = []
+
+    def target(rank: int) -> None:
+        try:
+            results[rank] = body(backends[rank])
+        except BaseException as err:  # re-raised in the main thread
+            errors.append(err)
+
+    threads = [threading.Thread(target=target, args=(r,)) for r in range(size)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(TIMEOUT_S * 2)
+    if errors:
+        raise errors[0]
+    if any(t.is_alive() for t in threads):
+        raise TimeoutError("a rank never finished")
+    return results
