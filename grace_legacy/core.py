@@ -248,6 +248,16 @@ class Compressor(ABC):
     def decompress(self, payload: Payload, ctx: Any) -> torch.Tensor:
         """Decode one payload into a tensor of the original shape and dtype."""
 
+    def support(self, payload: Payload, ctx: Any) -> torch.Tensor:
+        """For sparsifiers: the flat indices whose values ``payload`` carries (the entries DGC's
+        factor masking zeroes)."""
+        raise NotImplementedError(f"{type(self).__name__} does not send a subset of entries")
+
+    @property
+    def sparsifies(self) -> bool:
+        """Whether :meth:`support` says which entries a payload carries."""
+        return type(self).support is not Compressor.support
+
     def next_round(self, reduced: Payload, ctx: Any) -> tuple[Payload, Any]:
         """For multi-round compressors: the next local payload, given the previous round's sum."""
         raise NotImplementedError(f"{type(self).__name__} sends a single round")
@@ -337,6 +347,9 @@ class Memory(ABC):
     def update(self, compensated: torch.Tensor, name: str, compressor: Compressor,
                payload: Payload, ctx: Any) -> None:
         """Learn from what was actually sent, e.g. ``e <- compensated - D(payload)``."""
+
+    def check_compressor(self, compressor: Compressor) -> None:  # noqa: B027 (optional hook)
+        """Raise ``ValueError`` if this memory cannot work with ``compressor``."""
 
     def aggregated(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
         """The gradient to apply, given the aggregate of what all ranks sent. The identity for

@@ -61,6 +61,7 @@ class Grace:
         self.compressor = compressor
         self.memory = memory if memory is not None else compressor.recommended_memory()
         compressor.check_memory(self.memory)
+        self.memory.check_compressor(compressor)
         self.communicator = communicator
         # Per tensor of the current step: did this rank's gradient hold an inf or NaN?
         self._nonfinite: dict[str, torch.Tensor] = {}

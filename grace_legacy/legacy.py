@@ -165,6 +165,10 @@ class Legacy(Compressor):
     def check_ready(self) -> None:
         pass
 
+    @property
+    def sparsifies(self) -> bool:
+        return self.base.sparsifies
+
     def set_rank(self, rank: int) -> None:
         super().set_rank(rank)
         self.base.set_rank(rank)
@@ -392,9 +396,10 @@ class Legacy(Compressor):
         ``ValueError`` if no scale meets the budget within ``tolerance`` (relative).
         """
         knob = base.knob
-        if knob is None or knob.integer:
-            raise ValueError(f"Legacy.budget_matched: needs a continuous knob (a density or threshold); "
-                             f"{type(base).__name__} has {knob.name if knob else 'none'}")
+        if knob is None or knob.integer or knob.high is None:
+            raise ValueError(f"Legacy.budget_matched: needs a bounded continuous knob whose bytes grow with it (a "
+                             f"density); {type(base).__name__}'s knob is "
+                             f"{f'{knob.name}, {knob.describe_range()}' if knob else 'missing'}")
         target = knob.check(target, "Legacy.budget_matched(target)")
         numels = [int(s[1].numel()) if isinstance(s, tuple) else int(s) for s in sizes]
         if not numels:
@@ -429,10 +434,14 @@ class Legacy(Compressor):
                        for phase, weight in enumerate(schedule.phase_weights()) for n in numels)
 
         uniform = None if knob.is_dense(target) else base.with_knob(target)
-        budget = sum(bytes_sent(uniform, n, dtype) for n in numels)
+        try:
+            budget = sum(bytes_sent(uniform, n, dtype) for n in numels)
+        except NotImplementedError as err:
+            raise ValueError(f"Legacy.budget_matched: {type(base).__name__} cannot predict its bytes, so no budget "
+                             f"can be matched ({err})") from None
         smallest = min(f * g for f in phase_factors for g in layer_factors)
         low = 0.0
-        high = (knob.high / smallest) if knob.high is not None else target / smallest * 1e6
+        high = knob.high / smallest
         best, best_error = None, math.inf
         for _ in range(200):
             scale = (low + high) / 2

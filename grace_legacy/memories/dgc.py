@@ -90,17 +90,17 @@ class DGCMemory(Memory):
             self.velocities.pop(name, None)
             self.accumulations.pop(name, None)
             return
-        support = getattr(compressor, "support", None)
-        if support is None:
-            raise TypeError(f"DGCMemory masks the entries a payload carried, but {compressor!r} does not say "
-                            f"which (it has no support(payload, ctx)); use a sparsifier (DGC, TopK, RandomK, "
-                            f"Threshold) or another memory")
-        sent = support(payload, ctx).to(device=compensated.device, dtype=torch.long)
+        sent = compressor.support(payload, ctx).to(device=compensated.device, dtype=torch.long)
         mask = torch.zeros(compensated.numel(), dtype=torch.bool, device=compensated.device)
         mask[sent] = True
         mask = mask.view(compensated.shape)
         self.velocities[name] = self.velocities[name].masked_fill(mask, 0)
         self.accumulations[name] = self.accumulations[name].masked_fill(mask, 0)
+
+    def check_compressor(self, compressor: Compressor) -> None:
+        if not compressor.sparsifies:
+            raise ValueError(f"DGCMemory masks the entries a payload carried, but {compressor!r} sends no subset of "
+                             f"entries; use a sparsifier (DGC, TopK, RandomK, Threshold) or another memory")
 
     def state_dict(self) -> dict[str, Any]:
         return {"velocities": {name: u.detach().clone() for name, u in self.velocities.items()},

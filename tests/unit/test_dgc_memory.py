@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from grace_legacy import DGC, FP16, NoCompression, RandomK, Threshold, TopK
+from grace_legacy import DGC, FP16, QSGD, Grace, Legacy, NoCompression, RandomK, Threshold, TopK
 from grace_legacy.memories import DGCMemory
 
 
@@ -86,12 +86,11 @@ def test_clipping_is_computed_in_fp32_for_half_gradients():
 
 
 def test_dgc_memory_refuses_a_compressor_that_cannot_say_what_it_sent():
-    memory = DGCMemory()
-    grad = torch.randn(5)
-    compensated = memory.compensate(grad, "w")
-    c = FP16()
-    with pytest.raises(TypeError, match="DGCMemory masks the entries.*FP16"):
-        memory.update(compensated, "w", c, *c.compress(compensated, "w"))
+    with pytest.raises(ValueError, match=r"DGCMemory masks the entries.*FP16"):
+        Grace(FP16(), memory=DGCMemory())
+    with pytest.raises(ValueError, match=r"DGCMemory masks the entries.*QSGD"):
+        Grace(Legacy(QSGD(), by="layer", values=[4]), memory=DGCMemory())
+    Grace(Legacy(TopK(), by="layer", values=[0.1]), memory=DGCMemory())
 
 
 def test_dgc_memory_state_dict_round_trip_is_a_copy():
