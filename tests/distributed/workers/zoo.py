@@ -59,3 +59,39 @@ class Observation:
     #: every rank's decompressed contribution, in rank order
     contributions: list[torch.Tensor]
     route: str
+
+
+class RuleTwin:
+    """A twin that picks the knob from a rule written out in the test (not from ``Legacy``):
+    ``choose(numel, step) -> value or None`` (None: dense). Copies made with ``with_knob`` share
+    the base's step counters and generators, as ``Legacy``'s do, so the draws line up."""
+
+    def __init__(self, base, choose: Callable[[int, int], Any]) -> None:
+        self.base, self.choose, self.step = base, choose, 0
+        self.configured: dict[Any, Any] = {}
+
+    def set_rank(self, rank: int) -> None:
+        self.base.set_rank(rank)
+        for c in self.configured.values():
+            c.set_rank(rank)
+
+    def resolve(self, tensor: torch.Tensor, name: str):
+        value = self.choose(tensor.numel(), self.step)
+        if value is None:
+            return None
+        if value not in self.configured:
+            self.configured[value] = self.base.with_knob(value)
+        return self.configured[value].resolve(tensor, name)
+
+    def end_step(self) -> None:
+        self.step += 1
+
+
+def first_group(numel: int, splits: list[int]) -> int:
+    """The reference rule: the first i with numel < splits[i], else the last group."""
+    return next((i for i, split in enumerate(splits) if numel < split), len(splits))
+
+
+def equal_phase(epoch: float, epochs: int, phases: int) -> int:
+    """The reference rule: the first i with epoch < (i + 1) * epochs / phases, else the last."""
+    return next((i for i in range(phases) if epoch < (i + 1) * epochs / phases), phases - 1)

@@ -13,7 +13,7 @@ splits put the 1- and 4-element ones in the dense group, 5, 24 and 40 in the 4-l
 the 16-level group and 960 in the 300-level group (int16 levels).
 """
 
-from zoo import Case
+from zoo import Case, RuleTwin, equal_phase, first_group
 
 from grace_legacy import QSGD, Grace, Legacy, Natural, NoMemory, TernGrad
 
@@ -30,9 +30,21 @@ CASES = [
     Case("QSGD(levels=300)", lambda: pair(lambda: QSGD(300, seed=8)), routes={"allgather"}, **EXACT),
     Case("TernGrad", lambda: pair(lambda: TernGrad(seed=9)), routes={"allgather"}, **EXACT),
     Case("Natural", lambda: pair(lambda: Natural(seed=10)), routes={"allgather"}, **EXACT),
-    # The recommended memory (NoMemory) is taken when Grace is given none.
+    # The recommended memory (NoMemory) is taken when Grace is given none. The twins choose the
+    # levels by the rules written out in zoo.py, not by Legacy.
     Case("Legacy(QSGD) by layer", lambda: (
         Grace(Legacy(QSGD(seed=11), by="layer", values=[None, 4, 16, 300], splits=[5, 100, 500])),
-        Legacy(QSGD(seed=11), by="layer", values=[None, 4, 16, 300], splits=[5, 100, 500]), NoMemory()),
+        RuleTwin(QSGD(seed=11), lambda n, step: [None, 4, 16, 300][first_group(n, [5, 100, 500])]), NoMemory()),
         routes={"allgather", "dense"}),
+    # The rebuttal's QSGD groups (<600 dense, <100k s=256, <1M s=64, else s=16) on this model: only
+    # the first two groups occur, so the 960-element fc1.weight is the one compressed at s=256.
+    Case("Legacy(QSGD) rebuttal groups", lambda: (
+        Grace(Legacy(QSGD(seed=12), by="layer", values=[None, 256, 64, 16], splits=[600, 100_000, 1_000_000])),
+        RuleTwin(QSGD(seed=12), lambda n, step: [None, 256, 64, 16][first_group(n, [600, 100_000, 1_000_000])]),
+        NoMemory()), routes={"allgather", "dense"}),
+    # By epoch, counting steps (one epoch per step): levels 256, 64, 16 over the 4 steps the worker runs.
+    Case("Legacy(QSGD) by epoch", lambda: (
+        Grace(Legacy(QSGD(seed=13), by="epoch", values=[256, 64, 16], epochs=4, steps_per_epoch=1)),
+        RuleTwin(QSGD(seed=13), lambda n, step: [256, 64, 16][equal_phase(step, 4, 3)]), NoMemory()),
+        routes={"allgather"}, **EXACT),
 ]
