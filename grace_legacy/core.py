@@ -236,8 +236,13 @@ class Compressor(ABC):
     def set_epoch(self, epoch: int) -> None:  # noqa: B027
         """Enter epoch ``epoch``, like ``DistributedSampler.set_epoch``."""
 
-    def end_step(self) -> None:  # noqa: B027
-        """One optimizer step has been synchronized."""
+    def end_step(self, backend: Backend | None = None) -> None:  # noqa: B027
+        """One optimizer step has been synchronized. ``backend`` lets an adaptive schedule agree
+        on its decisions across ranks (L-GreCo broadcasts rank 0's)."""
+
+    def observe(self, name: str, aggregated: torch.Tensor) -> None:  # noqa: B027
+        """The aggregated gradient of ``name`` this step: the same on every rank, so adaptive
+        schedules (Accordion, L-GreCo) can decide from it without disagreeing."""
 
     # -- encoding ---------------------------------------------------------------------------
     @abstractmethod

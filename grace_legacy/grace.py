@@ -90,6 +90,7 @@ class Grace:
 
         def finish() -> torch.Tensor:
             result = self.memory.aggregated(name, inner())
+            self.compressor.observe(name, result)
             # Recorded on arrival: a multi-round payload's later rounds are only sent in inner().
             self.compressor.record_traffic(name, tensor, inner.bytes_sent, route)
             return result
@@ -121,11 +122,11 @@ class Grace:
         """Enter epoch ``epoch``, like ``DistributedSampler.set_epoch`` (schedules change phase)."""
         self.compressor.set_epoch(epoch)
 
-    def end_step(self) -> None:
+    def end_step(self, backend: Backend | None = None) -> None:
         """Count one synchronized optimizer step (the distributed optimizer calls this)."""
         self.memory.commit()
         self.compressor.commit()
-        self.compressor.end_step()
+        self.compressor.end_step(backend)
 
     @property
     def stats(self) -> dict[str, Any]:

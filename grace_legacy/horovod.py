@@ -101,7 +101,7 @@ def _grace_synchronize(self: Any) -> None:
             if grad is not None and bool(torch.isfinite(grad).all()):
                 grad.fill_(float("nan"))
             self._grace.discard(name)
-    self._grace.end_step()
+    self._grace.end_step(self._grace_backend)
 
 
 def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any = None,

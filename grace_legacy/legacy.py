@@ -204,7 +204,7 @@ class Legacy(Compressor):
         if self.steps_per_epoch is not None:
             self.steps = self.epoch * self.steps_per_epoch
 
-    def end_step(self) -> None:
+    def end_step(self, backend=None) -> None:
         """Count one optimizer step (called by the distributed optimizer after synchronizing)."""
         self.steps += 1
         if self.steps_per_epoch is not None:
