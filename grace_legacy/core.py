@@ -426,6 +426,8 @@ class Communicator(ABC):
     carries_non_additive: ClassVar[bool] = True
     #: The label byte accounting files this communicator's traffic under.
     route: ClassVar[str]
+    #: Whether the bundle may send this communicator's tensors in fused buckets instead.
+    fusable: ClassVar[bool] = False
 
     @abstractmethod
     def start(self, payload: Payload, ctx: Any, name: str, compressor: Compressor, backend: Backend,

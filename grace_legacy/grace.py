@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -9,12 +10,31 @@ import torch
 
 from grace_legacy import wire
 from grace_legacy.communicators import Allgather, Allreduce
+from grace_legacy.communicators.fusion import BucketPlan, FusedExchange, Member
 from grace_legacy.compressors import NoCompression
-from grace_legacy.core import Backend, Communicator, Compressor, Memory, Payload, Pending
+from grace_legacy.core import Backend, Communicator, Compressor, Memory, Payload, Pending, derived_seed
 
 _DENSE = NoCompression()
 _ALLREDUCE = Allreduce()
 _ALLGATHER = Allgather()
+#: Horovod's own default fusion threshold, used when neither Grace nor the environment sets one.
+_HOROVOD_FUSION_DEFAULT = 64 * 1024 * 1024
+
+
+def default_bucket_bytes() -> int:
+    """``HOROVOD_FUSION_THRESHOLD`` if set (as Horovod reads it), else Horovod's 64 MiB."""
+    return int(os.environ.get("HOROVOD_FUSION_THRESHOLD", _HOROVOD_FUSION_DEFAULT))
+
+
+def gather_costs_more(packed_bytes: int, dense_bytes: int, world_size: int) -> bool:
+    """Whether gathering a payload of ``packed_bytes`` from every rank moves at least as much as a
+    ring allreduce of the dense tensor.
+
+    A ring allreduce sends ``2 (P - 1) / P * dense`` bytes per rank; a gather makes every rank
+    receive ``(P - 1) * packed``. So the gather loses once ``packed >= 2 * dense / P``; for
+    ``P <= 2`` the bound is the dense size itself, so a rank never hands over more than dense.
+    """
+    return packed_bytes >= dense_bytes * min(1.0, 2.0 / max(world_size, 1))
 
 
 def bytes_sent(concrete: Compressor | None, shape: int | Sequence[int], dtype: torch.dtype) -> int:
@@ -41,10 +61,22 @@ class Grace:
 
     Passing a ``Grace`` (or a bare compressor) as ``compression=`` to
     ``hvd.DistributedOptimizer`` runs it on every gradient; ``.stats`` reports the bytes sent.
+
+    ``dense_fallback`` (default on): a tensor whose gathered payload would move at least as many
+    bytes as a ring allreduce of the dense tensor (:func:`gather_costs_more`) is sent dense
+    instead, recorded under the route ``"dense-fallback"``. Only payloads whose size every rank
+    can predict from the shape take part (not Threshold's), so all ranks decide alike.
+
+    ``bucket_bytes``: tensors are sent in fused buckets of up to this many dense bytes, one
+    collective per kind per bucket (:mod:`grace_legacy.communicators.fusion`), once
+    :meth:`plan_buckets` has been told the tensors (``hvd.DistributedOptimizer`` does). ``None``
+    reads ``HOROVOD_FUSION_THRESHOLD`` like Horovod (64 MiB if unset); ``0`` sends every tensor
+    on its own. A communicator that cannot be fused (``Broadcast``) always sends per tensor.
     """
 
     def __init__(self, compressor: Compressor, memory: Memory | None = None,
-                 communicator: Communicator | None = None) -> None:
+                 communicator: Communicator | None = None, *, dense_fallback: bool = True,
+                 bucket_bytes: int | None = None) -> None:
         if not isinstance(compressor, Compressor):
             raise TypeError(f"Grace: compressor must be a grace_legacy Compressor, got {type(compressor).__name__}")
         if memory is not None and not isinstance(memory, Memory):
@@ -58,6 +90,13 @@ class Grace:
                 f"Grace: {communicator!r} sums payloads, but {compressor!r} sends a non-additive payload "
                 f"(indices, signs or per-rank scales) that would be corrupted by summing; use Allgather() "
                 f"or leave communicator=None")
+        if bucket_bytes is not None and (isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int)
+                                         or bucket_bytes < 0):
+            raise ValueError(f"Grace: bucket_bytes must be None or an integer >= 0, got {bucket_bytes!r}")
+        self.dense_fallback = bool(dense_fallback)
+        self.bucket_bytes = default_bucket_bytes() if bucket_bytes is None else bucket_bytes
+        self._fusion: FusedExchange | None = None
+        self._gather_cost: dict[tuple, bool] = {}
         self.compressor = compressor
         self.memory = memory if memory is not None else compressor.recommended_memory()
         compressor.check_memory(self.memory)
@@ -65,6 +104,26 @@ class Grace:
         self.communicator = communicator
         # Per tensor of the current step: did this rank's gradient hold an inf or NaN?
         self._nonfinite: dict[str, torch.Tensor] = {}
+
+    def plan_buckets(self, sizes: Sequence[tuple[str, int]]) -> None:
+        """Fuse the tensors named in ``sizes`` ((name, dense bytes), in expected arrival order)
+        into buckets of up to :attr:`bucket_bytes`. Every rank must give the same list."""
+        fusable = self.communicator is None or self.communicator.fusable
+        self._fusion = FusedExchange(BucketPlan(sizes, self.bucket_bytes)) if fusable and self.bucket_bytes else None
+
+    def _gathers_more_than_dense(self, concrete: Compressor, tensor: torch.Tensor, world_size: int) -> bool:
+        key = (id(concrete), tensor.shape, tensor.dtype, world_size)
+        verdict = self._gather_cost.get(key)
+        if verdict is None:
+            try:
+                packed = wire.packed_size_of(concrete.payload_spec_for(tensor.shape, tensor.dtype),
+                                             with_header=not concrete.uniform_payload)
+            except NotImplementedError:  # a size only the data decides: ranks could disagree
+                verdict = False
+            else:
+                verdict = gather_costs_more(packed, tensor.numel() * tensor.element_size(), world_size)
+            self._gather_cost[key] = verdict
+        return verdict
 
     def start(self, tensor: torch.Tensor, name: str, backend: Backend, average: bool) -> Pending:
         """Compress ``tensor`` and launch its collectives; call the result to get the gradient."""
@@ -74,10 +133,15 @@ class Grace:
         self._nonfinite[name] = ~torch.isfinite(tensor).all()
         compensated = self.memory.compensate(tensor, name)
         concrete = self.compressor.resolve(compensated, name) if tensor.numel() else None
+        route = "dense"
+        if concrete is not None:
+            gathered = self.communicator.carries_non_additive if self.communicator else not concrete.additive
+            if gathered and self.dense_fallback and self._gathers_more_than_dense(concrete, tensor, backend.size()):
+                concrete, route = None, "dense-fallback"
         if concrete is None:
             # Dense: the compensated gradient itself, so a residual left from compressed steps is
             # delivered now rather than lost.
-            concrete, payload, ctx, communicator, route = _DENSE, [compensated], None, _ALLREDUCE, "dense"
+            concrete, payload, ctx, communicator = _DENSE, [compensated], None, _ALLREDUCE
         else:
             payload, ctx = concrete.compress(compensated, name)
             communicator = self.communicator or (_ALLREDUCE if concrete.additive else _ALLGATHER)
@@ -86,7 +150,11 @@ class Grace:
         def learn(final_payload: Payload, final_ctx: Any) -> None:
             self.memory.update(compensated, name, concrete, final_payload, final_ctx)
 
-        inner = communicator.start(payload, ctx, name, concrete, backend, average, on_final_payload=learn)
+        if self._fusion is not None and name in self._fusion.plan.bucket_of:
+            member = Member(name, payload, ctx, concrete, gathered=communicator.carries_non_additive, learn=learn)
+            inner = self._fusion.add(member, backend, average)
+        else:
+            inner = communicator.start(payload, ctx, name, concrete, backend, average, on_final_payload=learn)
 
         def finish() -> torch.Tensor:
             result = self.memory.aggregated(name, inner())
@@ -115,7 +183,9 @@ class Grace:
         """What every rank must agree on, as text (see :mod:`grace_legacy.consistency`)."""
         progress = getattr(self.compressor, "progress", None)
         return {"compressor": repr(self.compressor), "memory": repr(self.memory),
-                "communicator": repr(self.communicator),
+                "communicator": repr(self.communicator), "dense_fallback": str(self.dense_fallback),
+                "buckets": (f"{len(self._fusion.plan.buckets)} of up to {self.bucket_bytes} bytes "
+                            f"(digest {derived_seed(self._fusion.plan.buckets):016x})") if self._fusion else "none",
                 "schedule progress (epochs)": "none" if progress is None else str(progress)}
 
     def set_epoch(self, epoch: int) -> None:

@@ -109,33 +109,46 @@ def unpack_gathered(gathered: torch.Tensor, like: Sequence[torch.Tensor], world_
     ``like`` is the local payload: it gives each part's dtype and trailing shape (and, without a
     header, its size on every rank). The parts returned are views into ``gathered``.
     """
-    payloads: list[list[torch.Tensor]] = []
-    if not with_header:
-        local_leading = [_leading(p) for p in like]
-        _, chunk = layout(like, local_leading, False)
+    return unpack_gathered_many(gathered, [(like, with_header)], world_size, name)[0]
+
+
+def unpack_gathered_many(gathered: torch.Tensor, members: Sequence[tuple[Sequence[torch.Tensor], bool]],
+                         world_size: int, name: str) -> list[list[list[torch.Tensor]]]:
+    """The gather of a *bucket*: every rank sent its members' packed buffers back to back, in
+    the same member order. ``members`` gives each member's local payload and whether it carries
+    a header. Returns ``payloads[member][rank]``.
+
+    Each packed buffer is 8-byte aligned and either of a size every rank knows (no header) or
+    self-describing (header), so the concatenation needs no framing of its own.
+    """
+    local_leading = [[_leading(p) for p in like] for like, _ in members]
+    out: list[list[list[torch.Tensor]]] = [[] for _ in members]
+    if not any(with_header for _, with_header in members):
+        sizes = [layout(like, leading, False)[1] for (like, _), leading in zip(members, local_leading, strict=True)]
+        chunk = sum(sizes)
         if gathered.numel() != chunk * world_size:
             raise RuntimeError(
                 f"ranks disagree on the payload size of {name!r}: this rank sent {chunk} bytes, "
                 f"the gather returned {gathered.numel()} for {world_size} ranks. Every rank must use "
                 f"the same compressor configuration and model.")
-        for rank in range(world_size):
-            parts, _ = _read(gathered[rank * chunk: (rank + 1) * chunk], like, local_leading, False)
-            payloads.append(parts)
-        return payloads
-
     offset = 0
-    header_bytes = (1 + len(like)) * 8
     for rank in range(world_size):
-        if offset + header_bytes > gathered.numel():
-            raise RuntimeError(f"truncated gather for {name!r}: rank {rank}'s header is missing")
-        header = gathered[offset: offset + header_bytes].view(_HEADER_DTYPE).tolist()
-        total, leading = int(header[0]), [int(v) for v in header[1:]]
-        parts, expected = _read(gathered[offset: offset + total], like, leading, True)
-        if expected != total or offset + total > gathered.numel():
-            raise RuntimeError(f"corrupt gather for {name!r}: rank {rank}'s header says {total} "
-                               f"bytes, its parts need {expected}")
-        payloads.append(parts)
-        offset += total
+        for index, ((like, with_header), leading) in enumerate(zip(members, local_leading, strict=True)):
+            if with_header:
+                header_bytes = (1 + len(like)) * 8
+                if offset + header_bytes > gathered.numel():
+                    raise RuntimeError(f"truncated gather for {name!r}: rank {rank}'s header is missing")
+                header = gathered[offset: offset + header_bytes].view(_HEADER_DTYPE).tolist()
+                total, leading = int(header[0]), [int(v) for v in header[1:]]
+                if len(leading) != len(like) or offset + total > gathered.numel():
+                    raise RuntimeError(f"corrupt gather for {name!r}: rank {rank}'s header {header} does not fit")
+            expected = layout(like, leading, with_header)[1]
+            if (with_header and expected != total) or offset + expected > gathered.numel():
+                raise RuntimeError(f"corrupt gather for {name!r}: rank {rank}'s payload needs {expected} bytes "
+                                   f"at offset {offset} of {gathered.numel()}")
+            parts, _ = _read(gathered[offset: offset + expected], like, leading, with_header)
+            out[index].append(parts)
+            offset += expected
     if offset != gathered.numel():
         raise RuntimeError(f"gather for {name!r} has {gathered.numel() - offset} unexplained bytes")
-    return payloads
+    return out

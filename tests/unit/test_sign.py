@@ -388,6 +388,8 @@ def test_reprs():
 
 
 # -- through Grace, with in-process ranks ------------------------------------------------------------
+# These tensors are tiny, so Grace's dense fallback would send them dense; it is turned off to
+# exercise the compressors themselves (the fallback has its own tests).
 
 
 class InProcessRanks:
@@ -453,7 +455,7 @@ def dyadic(seed: int, n: int, world: int) -> list[torch.Tensor]:
 def test_grace_efsignsgd_applies_the_mean_of_the_ranks_steps_divided_by_lr():
     world, n, lr = 4, 8, 0.25
     steps = [dyadic(seed, n, world) for seed in range(4)]
-    results = synchronize([Grace(EFSignSGD(lr)) for _ in range(world)], steps)
+    results = synchronize([Grace(EFSignSGD(lr), dense_fallback=False) for _ in range(world)], steps)
     # Karimireddy et al. (2019), Algorithm 1, per rank, then the mean of the ranks' steps over lr.
     errors = [torch.zeros(n, dtype=torch.float64) for _ in range(world)]
     for gradients, synced in zip(steps, results, strict=True):
@@ -473,12 +475,12 @@ def test_grace_signsgd_and_signum_vote_with_ties_on_four_ranks():
               tensor_of([-1.0, -1.0, 1.0])]]
     for make in (SignSGD, lambda: Signum(0.5)):
         for average in (True, False):
-            results = synchronize([Grace(make()) for _ in range(4)], steps, average)
+            results = synchronize([Grace(make(), dense_fallback=False) for _ in range(4)], steps, average)
             assert all(torch.equal(r, tensor_of([0.0, -1.0, 1.0])) for r in results[0])
 
 
 def test_grace_onebit_with_residual_sends_the_error_next_step():
-    bundles = [Grace(OneBit()), Grace(OneBit())]
+    bundles = [Grace(OneBit(), dense_fallback=False), Grace(OneBit(), dense_fallback=False)]
     # Rank 0 decodes to [2, -2, 2, -2] and keeps [1, 1, -1, -1]; rank 1 decodes to [1, 1, -3, -3] and
     # keeps [1, -1, 1, -1]. Next step, with zero gradients, those residuals are sent and decode exactly.
     first = synchronize(bundles, [[tensor_of([3.0, -1.0, 1.0, -3.0]), tensor_of([2.0, 0.0, -2.0, -4.0])]])
@@ -491,13 +493,13 @@ def test_grace_onebit_with_residual_sends_the_error_next_step():
 
 def test_grace_counts_the_packed_bytes():
     world, n = 2, 70
-    bundles = [Grace(SignSGD()) for _ in range(world)]
+    bundles = [Grace(SignSGD(), dense_fallback=False) for _ in range(world)]
     synchronize(bundles, [dyadic(0, n, world)])
     assert bundles[0].stats["bytes_sent"] == 16 and bundles[0].stats["bytes_dense"] == 4 * n
 
 
 def test_efsignsgd_memory_scales_any_compressor_back_to_gradient_units():
-    bundle = Grace(TopK(0.5), memory=EFSignSGDMemory(0.5))
+    bundle = Grace(TopK(0.5), memory=EFSignSGDMemory(0.5), dense_fallback=False)
     result = synchronize([bundle], [[tensor_of([4.0, -1.0, 2.0, 0.5])]])[0][0]
     assert torch.equal(result, tensor_of([4.0, 0.0, 2.0, 0.0]))
     assert torch.equal(bundle.memory.residuals["w"], tensor_of([0.0, -0.5, 0.0, 0.25]))

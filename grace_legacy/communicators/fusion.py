@@ -1,0 +1,199 @@
+"""Exchanging many tensors' payloads with one collective per kind, instead of one per tensor.
+
+A *flight* carries a list of members (a tensor's payload, context and compressor) through:
+
+* one allgather of every gathered member's packed buffer, back to back (:mod:`grace_legacy.wire`:
+  each packed buffer is aligned and self-delimiting, so the concatenation needs no framing and
+  costs exactly the bytes of the members sent one by one);
+* one allreduce per dtype of every additive member's parts, flattened and concatenated, and, for
+  multi-round compressors (PowerSGD), one more such allreduce per further round.
+
+The per-tensor communicators (:class:`~grace_legacy.communicators.Allreduce`,
+:class:`~grace_legacy.communicators.Allgather`) are flights of one member; a :class:`BucketPlan`
+groups tensors into buckets that fly together. Bucket membership is fixed from the parameter
+order, never from the order in which gradients happen to arrive, so every rank packs the same
+members in the same order; a bucket takes off as soon as its last member is started, so its
+communication overlaps the rest of the backward pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from grace_legacy import wire
+from grace_legacy.core import Backend, Compressor, Payload, Pending
+
+Learn = Callable[[Payload, Any], None]
+
+
+def nbytes(parts: Payload) -> int:
+    return sum(part.numel() * part.element_size() for part in parts)
+
+
+@dataclass
+class Member:
+    """One tensor's part of a flight."""
+
+    name: str
+    payload: Payload
+    ctx: Any
+    compressor: Compressor
+    gathered: bool
+    #: called with the last round's local payload (error feedback learns from it)
+    learn: Learn | None = None
+    pending: Pending = field(init=False)
+
+    def __post_init__(self) -> None:
+        sent = wire.packed_size(self.payload, not self.compressor.uniform_payload) if self.gathered \
+            else nbytes(self.payload)
+        self.pending = Pending(self._not_flown, sent)
+
+    def _not_flown(self) -> torch.Tensor:
+        raise RuntimeError(f"the gradient of {self.name!r} was waited for before its bucket was complete")
+
+
+class Flight:
+    """The collectives of one set of members, launched at construction and finished once."""
+
+    def __init__(self, label: str, members: Sequence[Member], backend: Backend, average: bool) -> None:
+        self.label, self.members, self.backend, self.average = label, list(members), backend, average
+        self.results: dict[str, torch.Tensor] | None = None
+        self._collectives = 0
+        for member in self.members:
+            if member.learn is not None and member.compressor.rounds == 1:
+                member.learn(member.payload, member.ctx)
+            if member.gathered and member.compressor.rounds != 1:
+                raise ValueError(f"{member.compressor!r} needs {member.compressor.rounds} allreduce rounds; "
+                                 f"it cannot be gathered")
+            member.pending._finish = self._finisher(member.name)
+        gathered = [m for m in self.members if m.gathered]
+        self._gather = None
+        if gathered:
+            buffer = torch.cat([wire.pack(m.payload, not m.compressor.uniform_payload) for m in gathered])
+            self._gather = (gathered, backend.allgather_async(buffer, self._name(0)))
+        self._reduced = {id(m): list(m.payload) for m in self.members if not m.gathered}
+        self._reduce = self._launch_reduce([m for m in self.members if not m.gathered], round_index=0)
+
+    def _name(self, round_index: int) -> str:
+        # The i-th collective of a round: the same name whichever kind it is, so ranks that
+        # disagree on a tensor's route meet Horovod's mismatch error instead of waiting forever.
+        name = f"{self.label}.r{round_index}.{self._collectives}"
+        self._collectives += 1
+        return name
+
+    def _launch_reduce(self, members: Sequence[Member], round_index: int) -> list[tuple[list, Any]]:
+        by_dtype: dict[torch.dtype, list[tuple[Member, int]]] = {}
+        for member in members:
+            for i, part in enumerate(self._reduced[id(member)]):
+                by_dtype.setdefault(part.dtype, []).append((member, i))
+        if round_index > 0:
+            self._collectives = 0
+        launched = []
+        for segments in by_dtype.values():
+            parts = [self._reduced[id(m)][i] for m, i in segments]
+            flat = parts[0].reshape(-1) if len(parts) == 1 else torch.cat([p.reshape(-1) for p in parts])
+            launched.append((segments, self.backend.allreduce_async(flat, self._name(round_index), self.average)))
+        return launched
+
+    def _wait_reduce(self, launched: list[tuple[list, Any]]) -> None:
+        for segments, handle in launched:
+            flat = self.backend.wait(handle)
+            offset = 0
+            for member, i in segments:
+                template = self._reduced[id(member)][i]
+                self._reduced[id(member)][i] = flat[offset: offset + template.numel()].view(template.shape)
+                offset += template.numel()
+
+    def _finisher(self, name: str) -> Callable[[], torch.Tensor]:
+        def finish() -> torch.Tensor:
+            if self.results is None:
+                self.results = self._finish_all()
+            return self.results[name]
+        return finish
+
+    def _finish_all(self) -> dict[str, torch.Tensor]:
+        results: dict[str, torch.Tensor] = {}
+        if self._gather is not None:
+            members, handle = self._gather
+            received = wire.unpack_gathered_many(
+                self.backend.wait(handle), [(m.payload, not m.compressor.uniform_payload) for m in members],
+                self.backend.size(), self.label)
+            for member, payloads in zip(members, received, strict=True):
+                results[member.name] = member.compressor.aggregate(payloads, member.ctx, self.average)
+
+        self._wait_reduce(self._reduce)
+        reducing = [m for m in self.members if not m.gathered]
+        rounds = max((m.compressor.rounds for m in reducing), default=1)
+        for round_index in range(1, rounds):
+            active = [m for m in reducing if m.compressor.rounds > round_index]
+            for member in active:
+                local, member.ctx = member.compressor.next_round(self._reduced[id(member)], member.ctx)
+                member.pending.bytes_sent += nbytes(local)
+                if round_index == member.compressor.rounds - 1 and member.learn is not None:
+                    member.learn(local, member.ctx)
+                self._reduced[id(member)] = list(local)
+            self._wait_reduce(self._launch_reduce(active, round_index))
+        for member in reducing:
+            reduced = self._reduced[id(member)]
+            if member.compressor.rounds > 1:
+                member.compressor.end_exchange(reduced, member.ctx)
+            results[member.name] = member.compressor.decompress(reduced, member.ctx)
+        return results
+
+
+class BucketPlan:
+    """Which tensors fly together: consecutive tensors, in the given order, filled up to
+    ``bucket_bytes`` of *dense* size (a tensor larger than that flies alone).
+
+    Give the tensors in the order their gradients are expected (reverse registration order is
+    a good guess for a backward pass); any order works, but a bucket only takes off when all its
+    members have arrived.
+    """
+
+    def __init__(self, sizes: Sequence[tuple[str, int]], bucket_bytes: int) -> None:
+        if bucket_bytes < 0:
+            raise ValueError(f"BucketPlan: bucket_bytes must be >= 0, got {bucket_bytes}")
+        self.bucket_bytes = bucket_bytes
+        self.buckets: list[list[str]] = []
+        filled = bucket_bytes  # forces a new bucket for the first tensor
+        for name, size in sizes:
+            if not self.buckets or filled + size > bucket_bytes:
+                self.buckets.append([])
+                filled = 0
+            self.buckets[-1].append(name)
+            filled += size
+        self.bucket_of = {name: index for index, names in enumerate(self.buckets) for name in names}
+        if len(self.bucket_of) != sum(len(b) for b in self.buckets):
+            raise ValueError("BucketPlan: tensor names must be unique")
+
+    def __repr__(self) -> str:
+        return f"BucketPlan({len(self.buckets)} buckets of up to {self.bucket_bytes} bytes)"
+
+
+class FusedExchange:
+    """Collects each bucket's members during a step and launches the bucket once it is full."""
+
+    def __init__(self, plan: BucketPlan) -> None:
+        self.plan = plan
+        self._open: dict[int, dict[str, Member]] = {}
+
+    def add(self, member: Member, backend: Backend, average: bool) -> Pending:
+        index = self.plan.bucket_of[member.name]
+        entries = self._open.setdefault(index, {})
+        if member.name in entries:
+            raise RuntimeError(f"the gradient of {member.name!r} was sent twice in one step")
+        entries[member.name] = member
+        names = self.plan.buckets[index]
+        if len(entries) == len(names):
+            del self._open[index]
+            Flight(f"bucket{index}", [entries[n] for n in names], backend, average)
+        return member.pending
+
+    def waiting(self) -> dict[int, list[str]]:
+        """Buckets started but not complete, with the members still missing."""
+        return {index: [n for n in self.plan.buckets[index] if n not in entries]
+                for index, entries in self._open.items()}

@@ -1,0 +1,125 @@
+"""Fused buckets give exactly what per-tensor collectives give, with fewer collectives; and the
+dense fallback never lets a rank hand over more bytes than a dense send."""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from threaded_backend import run_ranks
+
+from grace_legacy import FP16, Grace, Legacy, PowerSGD, PowerSGDMemory, RandomK, Residual, Threshold, TopK
+from grace_legacy.communicators.fusion import BucketPlan
+from grace_legacy.grace import gather_costs_more
+
+SHAPES = {"conv": (8, 4, 3), "fc1": (60, 40), "bias1": (60,), "fc2": (10, 60), "bias2": (10,), "scale": ()}
+# Dense bytes in reverse registration order, as the Horovod integration plans them.
+SIZES = [(name, 4 * torch.Size(shape).numel()) for name, shape in reversed(SHAPES.items())]
+
+COMPRESSORS = {
+    "topk": lambda: Grace(TopK(0.05), memory=Residual()),
+    "threshold": lambda: Grace(Threshold(1.0), memory=Residual()),
+    "randomk": lambda: Grace(RandomK(0.1, seed=4), memory=Residual()),
+    "fp16": lambda: Grace(FP16()),
+    "powersgd": lambda: Grace(PowerSGD(2, seed=1), memory=PowerSGDMemory()),
+    "legacy": lambda: Grace(Legacy(TopK(), by="layer", values=[1.0, 0.2, 0.02], splits=[100, 1000]),
+                            memory=Residual()),
+}
+
+
+def gradient(rank: int, step: int, name: str) -> torch.Tensor:
+    seed = 1000 * step + 17 * rank + sorted(SHAPES).index(name)
+    return torch.randn(SHAPES[name], generator=torch.Generator().manual_seed(seed))
+
+
+def train(backend, make_bundle, bucket_bytes, steps=3, shuffle=False):
+    bundle = make_bundle()
+    bundle.bucket_bytes = bucket_bytes
+    bundle.plan_buckets(SIZES)
+    out = []
+    for step in range(steps):
+        names = list(SHAPES)
+        if shuffle:  # gradients arrive in a different order on every rank
+            g = torch.Generator().manual_seed(step * 10 + backend.rank())
+            names = [names[i] for i in torch.randperm(len(names), generator=g).tolist()]
+        pending = {n: bundle.start(gradient(backend.rank(), step, n), n, backend, True) for n in names}
+        out.append({n: pending[n]() for n in SHAPES})
+        bundle.end_step()
+    return out, bundle.stats, list(backend.calls)
+
+
+@pytest.mark.parametrize("kind", sorted(COMPRESSORS))
+def test_buckets_give_exactly_what_single_tensors_give(kind):
+    alone = run_ranks(4, lambda b: train(b, COMPRESSORS[kind], bucket_bytes=0))
+    fused = run_ranks(4, lambda b: train(b, COMPRESSORS[kind], bucket_bytes=1 << 20, shuffle=True))
+    for rank in range(4):
+        (want, want_stats, want_calls), (got, stats, calls) = alone[rank], fused[rank]
+        for step in range(3):
+            for name in SHAPES:
+                assert torch.equal(got[step][name], want[step][name]), (kind, rank, step, name)
+        assert stats == want_stats
+        assert sum(n for _, n in calls) == sum(n for _, n in want_calls) == stats["bytes_sent"]
+        # One bucket: at most one collective per kind (and dtype) per round, not one per tensor.
+        rounds = 2 if kind == "powersgd" else 1
+        assert len(calls) <= 3 * 2 * rounds < len(want_calls), (len(calls), len(want_calls))
+
+
+def test_several_buckets_and_a_tensor_larger_than_a_bucket():
+    plan = BucketPlan(SIZES, bucket_bytes=500)
+    assert plan.buckets == [["scale", "bias2"], ["fc2"], ["bias1"], ["fc1"], ["conv"]]
+    assert BucketPlan(SIZES, bucket_bytes=1 << 30).buckets == [[n for n, _ in SIZES]]
+    fused = run_ranks(2, lambda b: train(b, COMPRESSORS["legacy"], bucket_bytes=500))
+    alone = run_ranks(2, lambda b: train(b, COMPRESSORS["legacy"], bucket_bytes=0))
+    for rank in range(2):
+        for step in range(3):
+            for name in SHAPES:
+                assert torch.equal(fused[rank][0][step][name], alone[rank][0][step][name])
+
+
+def test_waiting_before_the_bucket_is_complete_is_an_error_not_a_hang():
+    def body(backend):
+        bundle = Grace(TopK(0.1), bucket_bytes=1 << 20)
+        bundle.plan_buckets(SIZES)
+        early = bundle.start(gradient(backend.rank(), 0, "fc1"), "fc1", backend, True)
+        with pytest.raises(RuntimeError, match="before its bucket was complete"):
+            early()
+        return True
+
+    assert run_ranks(2, body) == [True, True]
+
+
+def test_bucket_plan_validation():
+    with pytest.raises(ValueError, match="unique"):
+        BucketPlan([("a", 4), ("a", 4)], 100)
+    with pytest.raises(ValueError, match="bucket_bytes"):
+        Grace(TopK(0.1), bucket_bytes=-1)
+
+
+@pytest.mark.parametrize("packed,dense,world,expected", [
+    (8, 16, 4, True), (7, 16, 4, False), (15, 16, 2, False), (16, 16, 2, True), (16, 16, 1, True),
+    (100, 1000, 8, False), (250, 1000, 8, True)])
+def test_gather_costs_more_at_its_boundary(packed, dense, world, expected):
+    assert gather_costs_more(packed, dense, world) is expected
+
+
+@given(world=st.integers(1, 5), ratio=st.floats(0.001, 1.0), numel=st.integers(1, 3000))
+@settings(max_examples=40, deadline=None)
+def test_a_rank_never_hands_over_more_than_dense(world, ratio, numel):
+    def body(backend):
+        bundle = Grace(TopK(ratio), bucket_bytes=0)
+        g = torch.randn(numel, generator=torch.Generator().manual_seed(backend.rank()))
+        bundle.start(g, "w", backend, True)()
+        return bundle.stats
+
+    for stats in run_ranks(world, body):
+        assert stats["bytes_sent"] <= stats["bytes_dense"]
+        assert set(stats["tensors_by_route"]) <= {"allgather", "dense-fallback"}
+
+
+def test_fallback_is_recorded_and_can_be_turned_off():
+    def body(backend, fallback):
+        bundle = Grace(TopK(0.5), bucket_bytes=0, dense_fallback=fallback)
+        bundle.start(torch.randn(100), "w", backend, True)()
+        return bundle.stats["tensors_by_route"]
+
+    assert run_ranks(4, lambda b: body(b, True))[0] == {"dense-fallback": 1}
+    assert run_ranks(4, lambda b: body(b, False))[0] == {"allgather": 1}
