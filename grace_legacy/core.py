@@ -153,6 +153,11 @@ class Compressor(ABC):
 
     ``lossless``: ``D(C(x)) == x`` exactly, so error feedback has nothing to keep.
 
+    ``aggregates_by_mean``: :meth:`aggregate` is the sum (or mean) of the decompressed payloads,
+    so sending the tensor dense is this compressor's exact limit and the bundle may do so when it
+    costs fewer bytes. False for majority votes (SignSGD, Signum), whose update a dense mean
+    would change.
+
     ``rounds``: how many allreduces an additive payload needs. After round ``r``'s sum arrives,
     :meth:`next_round` turns it into round ``r + 1``'s local payload (PowerSGD: P, then Q).
 
@@ -165,6 +170,7 @@ class Compressor(ABC):
     additive: ClassVar[bool] = False
     uniform_payload: ClassVar[bool] = True
     lossless: ClassVar[bool] = False
+    aggregates_by_mean: ClassVar[bool] = True
     rounds: ClassVar[int] = 1
 
     def __init__(self) -> None:

@@ -34,20 +34,29 @@ def gather_costs_more(packed_bytes: int, dense_bytes: int, world_size: int) -> b
     receive ``(P - 1) * packed``. So the gather loses once ``packed >= 2 * dense / P``; for
     ``P <= 2`` the bound is the dense size itself, so a rank never hands over more than dense.
     """
-    return packed_bytes >= dense_bytes * min(1.0, 2.0 / max(world_size, 1))
+    # Integers, not dense * (2 / P): a float could round across the boundary.
+    if world_size > 2:
+        return packed_bytes * world_size >= 2 * dense_bytes
+    return packed_bytes >= dense_bytes
 
 
-def bytes_sent(concrete: Compressor | None, shape: int | Sequence[int], dtype: torch.dtype) -> int:
+def bytes_sent(concrete: Compressor | None, shape: int | Sequence[int], dtype: torch.dtype,
+               world_size: int | None = None) -> int:
     """Bytes a rank hands to the backend for one tensor (an element count or a shape) on the
     default route: the dense size when ``concrete`` is ``None``, the raw parts of every round for
-    an allreduce, the packed buffer for an allgather."""
+    an allreduce, the packed buffer for an allgather. With ``world_size``, a gathered payload
+    that the dense fallback would replace (:func:`gather_costs_more`) counts as dense."""
     shape = torch.Size([shape]) if isinstance(shape, int) else torch.Size(shape)
+    dense = shape.numel() * torch.empty((), dtype=dtype).element_size()
     if concrete is None:
-        return shape.numel() * torch.empty((), dtype=dtype).element_size()
+        return dense
     spec = concrete.payload_spec_for(shape, dtype)
     if concrete.additive:
         return sum(n * torch.empty((), dtype=d).element_size() for n, d in spec)
-    return wire.packed_size_of(spec, with_header=not concrete.uniform_payload)
+    packed = wire.packed_size_of(spec, with_header=not concrete.uniform_payload)
+    if world_size is not None and concrete.aggregates_by_mean and gather_costs_more(packed, dense, world_size):
+        return dense
+    return packed
 
 
 class Grace:
@@ -65,7 +74,8 @@ class Grace:
     ``dense_fallback`` (default on): a tensor whose gathered payload would move at least as many
     bytes as a ring allreduce of the dense tensor (:func:`gather_costs_more`) is sent dense
     instead, recorded under the route ``"dense-fallback"``. Only payloads whose size every rank
-    can predict from the shape take part (not Threshold's), so all ranks decide alike.
+    can predict from the shape take part (not Threshold's), so all ranks decide alike, and only
+    compressors whose aggregate is a mean (not SignSGD's vote, which a dense mean would change).
 
     ``bucket_bytes``: tensors are sent in fused buckets of up to this many dense bytes, one
     collective per kind per bucket (:mod:`grace_legacy.communicators.fusion`), once
@@ -136,7 +146,8 @@ class Grace:
         route = "dense"
         if concrete is not None:
             gathered = self.communicator.carries_non_additive if self.communicator else not concrete.additive
-            if gathered and self.dense_fallback and self._gathers_more_than_dense(concrete, tensor, backend.size()):
+            if (gathered and self.dense_fallback and concrete.aggregates_by_mean
+                    and self._gathers_more_than_dense(concrete, tensor, backend.size())):
                 concrete, route = None, "dense-fallback"
         if concrete is None:
             # Dense: the compensated gradient itself, so a residual left from compressed steps is

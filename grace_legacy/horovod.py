@@ -146,6 +146,11 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
     distributed._grace = bundle
     distributed._grace_backend = HorovodBackend(process_set)
     distributed._grace_verified = False
+    # Gradients arrive roughly in reverse registration order during backward, so buckets of
+    # consecutive parameters in that order fill (and take off) while backward goes on.
+    trainable = [p for group in distributed.param_groups for p in group["params"] if p.requires_grad]
+    bundle.plan_buckets([(distributed._parameter_names[p], p.numel() * p.element_size())
+                         for p in reversed(trainable)])
     return distributed
 
 

@@ -169,6 +169,10 @@ class Legacy(Compressor):
     def sparsifies(self) -> bool:
         return self.base.sparsifies
 
+    @property
+    def aggregates_by_mean(self) -> bool:  # type: ignore[override]
+        return self.base.aggregates_by_mean
+
     def set_rank(self, rank: int) -> None:
         super().set_rank(rank)
         self.base.set_rank(rank)
@@ -375,7 +379,8 @@ class Legacy(Compressor):
                        splits: Sequence[int] | None = None, layer_factors: Sequence[float] | None = None,
                        phase_factors: Sequence[float] | None = None, epochs: int | None = None,
                        boundaries: Sequence[int] | None = None, steps_per_epoch: int | None = None,
-                       dtype: torch.dtype = torch.float32, tolerance: float = 0.01) -> Legacy:
+                       dtype: torch.dtype = torch.float32, tolerance: float = 0.01,
+                       world_size: int | None = None) -> Legacy:
         """A schedule of a given *shape* that sends as many bytes over the run as ``base`` at the
         uniform knob ``target`` would.
 
@@ -392,8 +397,10 @@ class Legacy(Compressor):
         where ``B(n, v)`` is the exact number of bytes a rank hands to the backend for a tensor of
         ``n`` elements at knob ``v`` on the default route (:func:`grace_legacy.grace.bytes_sent`),
         ``n_l`` ranges over the model's tensors (``sizes``: element counts, or
-        ``model.named_parameters()``) and ``w_p`` is phase ``p``'s share of the run. Raises
-        ``ValueError`` if no scale meets the budget within ``tolerance`` (relative).
+        ``model.named_parameters()``) and ``w_p`` is phase ``p``'s share of the run. Give
+        ``world_size`` (the number of ranks) to count tensors that the bundle's dense fallback
+        sends dense as dense, as they will be. Raises ``ValueError`` if no scale meets the budget
+        within ``tolerance`` (relative).
         """
         knob = base.knob
         if knob is None or knob.integer or knob.high is None:
@@ -430,12 +437,12 @@ class Legacy(Compressor):
             return cls(base, by, values, **kwargs)
 
         def run_bytes(schedule: Legacy) -> float:
-            return sum(weight * bytes_sent(schedule._concrete(phase, schedule.group_of(n)), n, dtype)
+            return sum(weight * bytes_sent(schedule._concrete(phase, schedule.group_of(n)), n, dtype, world_size)
                        for phase, weight in enumerate(schedule.phase_weights()) for n in numels)
 
         uniform = None if knob.is_dense(target) else base.with_knob(target)
         try:
-            budget = sum(bytes_sent(uniform, n, dtype) for n in numels)
+            budget = sum(bytes_sent(uniform, n, dtype, world_size) for n in numels)
         except NotImplementedError as err:
             raise ValueError(f"Legacy.budget_matched: {type(base).__name__} cannot predict its bytes, so no budget "
                              f"can be matched ({err})") from None

@@ -74,6 +74,9 @@ def majority_vote(payloads: Sequence[Payload], ctx: SignContext) -> torch.Tensor
 class _MajorityVote(Compressor):
     """What signSGD and Signum share: a payload of packed signs only, aggregated by a vote."""
 
+    # A dense mean would change the update, not only the bytes: never swap it in.
+    aggregates_by_mean = False
+
     def decompress(self, payload: Payload, ctx: SignContext) -> torch.Tensor:
         return _signs(payload[0], ctx).view(ctx.shape)
 

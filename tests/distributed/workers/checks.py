@@ -104,3 +104,21 @@ def mean_of(tensors: list[torch.Tensor]) -> torch.Tensor:
     for t in tensors:
         total = total + t
     return total / len(tensors)
+
+
+def gathered_goes_dense(packed_bytes: int, numel: int, world: int, element_size: int = 4) -> bool:
+    """The documented dense fallback, written out: a gathered payload of ``packed_bytes`` is sent
+    dense when it is at least the dense size times min(1, 2 / world)."""
+    dense = numel * element_size
+    return packed_bytes * world >= 2 * dense if world > 2 else packed_bytes >= dense
+
+
+def topk_goes_dense(numel: int, ratio: float, world: int) -> bool:
+    """Top-k of fp32 sends k fp32 values and k int32 indices: 8k bytes, already 8-byte aligned."""
+    return gathered_goes_dense(8 * kept(ratio, numel), numel, world)
+
+
+def topk_contribution(tensor: torch.Tensor, ratio: float, world: int) -> torch.Tensor:
+    """What a rank contributes under Top-k: its top-k, or the whole tensor where the dense
+    fallback applies."""
+    return tensor if topk_goes_dense(tensor.numel(), ratio, world) else topk_reference(tensor, ratio)

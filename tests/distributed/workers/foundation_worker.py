@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import horovod.torch as hvd
 import torch
-from checks import Recorder, kept, parse_args, randomk_indices_reference, topk_reference
+from checks import Recorder, kept, parse_args, randomk_indices_reference, topk_contribution, topk_goes_dense
 from harness import Net, mean_over_ranks, train_and_compare
 
 import grace_legacy
@@ -26,28 +26,35 @@ def main() -> None:
     rec = Recorder(args.out)
     size = hvd.size()
 
+    def topk_bytes(p):
+        return 4 * p.numel() if topk_goes_dense(p.numel(), RATIO, size) else 8 * kept(RATIO, p.numel())
+
     rec.check("hvd.DistributedOptimizer is grace_legacy's after import",
               hvd.DistributedOptimizer is grace_legacy.horovod.DistributedOptimizer)
 
-    # Top-k without memory: mean over ranks of each rank's own top-k.
+    # Top-k without memory: mean over ranks of each rank's own top-k (the whole tensor where the
+    # dense fallback applies: tensors too small for a gather to beat an allreduce).
     topk = Grace(TopK(RATIO), memory=NoMemory())
     rec.guard("topk/no-memory", train_and_compare, rec, "topk/no-memory", topk,
-              mean_over_ranks(lambda n, g, s: topk_reference(g, RATIO)),
-              expected_bytes=lambda p: 8 * kept(RATIO, p.numel()))
+              mean_over_ranks(lambda n, g, s: topk_contribution(g, RATIO, size)),
+              expected_bytes=topk_bytes)
 
     # Top-k with op=Sum and with gradient accumulation over two backward passes.
     rec.guard("topk/sum", train_and_compare, rec, "topk/sum", Grace(TopK(RATIO), memory=NoMemory()),
-              mean_over_ranks(lambda n, g, s: topk_reference(g, RATIO), op=hvd.Sum), op=hvd.Sum)
+              mean_over_ranks(lambda n, g, s: topk_contribution(g, RATIO, size), op=hvd.Sum), op=hvd.Sum)
     rec.guard("topk/bpps2", train_and_compare, rec, "topk/bpps2", Grace(TopK(RATIO), memory=NoMemory()),
-              mean_over_ranks(lambda n, g, s: topk_reference(g, RATIO)), passes=2)
+              mean_over_ranks(lambda n, g, s: topk_contribution(g, RATIO, size)), passes=2)
 
     # Top-k with error feedback: the test carries its own residuals.
     residual_ref: dict[str, torch.Tensor] = {}
 
     def topk_residual(name, grad, step):
         compensated = grad + residual_ref.get(name, torch.zeros_like(grad))
-        sent = topk_reference(compensated, RATIO)
-        residual_ref[name] = compensated - sent
+        sent = topk_contribution(compensated, RATIO, size)
+        if sent is compensated:  # sent dense: nothing left behind
+            residual_ref.pop(name, None)
+        else:
+            residual_ref[name] = compensated - sent
         return sent
 
     topk_ef = Grace(TopK(RATIO), memory=Residual())
@@ -59,7 +66,7 @@ def main() -> None:
     bare = TopK(RATIO)
     residual_ref.clear()
     rec.guard("topk/bare", train_and_compare, rec, "topk/bare", bare, mean_over_ranks(topk_residual),
-              expected_bytes=lambda p: 8 * kept(RATIO, p.numel()))
+              expected_bytes=topk_bytes)
 
     # Random-k: indices from the documented (seed, name, step) rule, identical on every rank.
     def randomk_mask(name, grad, step):
@@ -96,7 +103,8 @@ def main() -> None:
         mine = lower if hvd.rank() < half else upper
         rec.guard("topk/process-set", train_and_compare, rec, "topk/process-set",
                   Grace(TopK(RATIO), memory=NoMemory()),
-                  mean_over_ranks(lambda n, g, s: topk_reference(g, RATIO), process_set=mine), process_set=mine)
+                  mean_over_ranks(lambda n, g, s: topk_contribution(g, RATIO, half), process_set=mine),
+                  process_set=mine)
         hvd.remove_process_set(lower)
         hvd.remove_process_set(upper)
 

@@ -13,7 +13,7 @@ import itertools
 
 import horovod.torch as hvd
 import torch
-from checks import Recorder, gather_from_ranks, mean_of, parse_args, topk_reference
+from checks import Recorder, gather_from_ranks, mean_of, parse_args, topk_goes_dense, topk_reference
 from harness import STEPS, Net, train_and_compare
 
 from grace_legacy import Grace, Legacy, NoMemory, Residual, TopK
@@ -35,12 +35,17 @@ def dense_allreduce(grad: torch.Tensor) -> torch.Tensor:
     return hvd.allreduce(grad, op=hvd.Average, name=f"dense-reference.{next(_dense_calls)}")
 
 
+def sent_dense(density: float, numel: int) -> bool:
+    """Dense by the schedule (1.0) or by the bundle's dense fallback."""
+    return density == 1.0 or topk_goes_dense(numel, density, hvd.size())
+
+
 def reference_for(density_of, memory: dict | None = None):
     """``density_of(numel, step)`` -> density or 1.0; ``memory`` carries residuals if given."""
     def reference(name, grad, step):
         density = density_of(grad.numel(), step)
         compensated = grad if memory is None else grad + memory.get(name, torch.zeros_like(grad))
-        if density == 1.0:
+        if sent_dense(density, grad.numel()):
             memory is not None and memory.pop(name, None)
             return dense_allreduce(compensated)
         sent = topk_reference(compensated, density)
@@ -52,7 +57,8 @@ def reference_for(density_of, memory: dict | None = None):
 
 def dense_names(density_of, step_set=range(STEPS)) -> frozenset:
     model = Net()
-    return frozenset(n for n, p in model.named_parameters() if all(density_of(p.numel(), s) == 1.0 for s in step_set))
+    return frozenset(n for n, p in model.named_parameters()
+                     if all(sent_dense(density_of(p.numel(), s), p.numel()) for s in step_set))
 
 
 def main() -> None:
@@ -111,7 +117,7 @@ def main() -> None:
     sizes = [p.numel() for p in Net().parameters()]
     uniform = TopK(target)
     matched = Legacy.budget_matched(TopK(), target, by="both", sizes=sizes, splits=SPLITS, layer_factors=[4, 2, 1],
-                                    phase_factors=[2, 1, 0.5], epochs=3, steps_per_epoch=1)
+                                    phase_factors=[2, 1, 0.5], epochs=3, steps_per_epoch=1, world_size=hvd.size())
     for label, compression in (("uniform", uniform), ("matched", matched)):
         rec.guard(f"budget/{label}", train_and_compare, rec, f"budget/{label}", Grace(compression, memory=NoMemory()),
                   None)

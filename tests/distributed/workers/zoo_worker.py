@@ -11,9 +11,9 @@ from pathlib import Path
 
 import horovod.torch as hvd
 import torch
-from checks import Recorder, gather_from_ranks, parse_args
+from checks import Recorder, gather_from_ranks, gathered_goes_dense, parse_args
 from harness import STEPS, Net, batch, local_gradients, loss_of
-from zoo import Observation
+from zoo import Observation, mean_rule
 
 from grace_legacy import wire
 from grace_legacy.grace import _DENSE
@@ -21,16 +21,31 @@ from grace_legacy.grace import _DENSE
 HERE = Path(__file__).resolve().parent
 
 
-def twin_step(twin, memory, grad: torch.Tensor, name: str, communicator) -> tuple[torch.Tensor, int, str]:
+def predicted_packed_bytes(concrete, tensor: torch.Tensor) -> int | None:
+    try:
+        spec = concrete.payload_spec_for(tensor.shape, tensor.dtype)
+    except NotImplementedError:
+        return None
+    return wire.packed_size_of(spec, with_header=not concrete.uniform_payload)
+
+
+def twin_step(twin, memory, grad: torch.Tensor, name: str, communicator,
+              dense_fallback: bool) -> tuple[torch.Tensor, int, str]:
     """What this rank contributes for ``grad``: the decompressed payload, its bytes and route.
 
     Bytes are counted with the gather layout, which every non-additive route (Allgather,
     Broadcast) hands to the backend byte for byte."""
     compensated = memory.compensate(grad, name)
     concrete = twin.resolve(compensated, name)
+    route = "dense"
+    if concrete is not None and dense_fallback and concrete.aggregates_by_mean:
+        gathered = communicator.carries_non_additive if communicator is not None else not concrete.additive
+        packed = predicted_packed_bytes(concrete, compensated) if gathered else None
+        if packed is not None and gathered_goes_dense(packed, grad.numel(), hvd.size(), grad.element_size()):
+            concrete, route = None, "dense-fallback"
     if concrete is None:
         memory.update(compensated, name, _DENSE, [compensated], None)
-        return compensated, compensated.numel() * compensated.element_size(), "dense"
+        return compensated, compensated.numel() * compensated.element_size(), route
     payload, ctx = concrete.compress(compensated, name)
     memory.update(compensated, name, concrete, payload, ctx)
     if concrete.additive and communicator is None:
@@ -56,13 +71,16 @@ def run_case(rec: Recorder, case) -> None:
         loss_of(model, batch(step, hvd.rank())).backward()
         opt.synchronize()
         for name, p in model.named_parameters():
-            contribution, sent, route = twin_step(twin, twin_memory, local[name], name, communicator)
+            contribution, sent, route = twin_step(twin, twin_memory, local[name], name, communicator,
+                                                  getattr(compression, "dense_fallback", True))
             expected_bytes += sent
             routes.add(route)
             contributions = gather_from_ranks(contribution)
             observations.append(Observation(step, name, contributions, route))
-            # As the bundle does: the memory turns the aggregate into the gradient (EF21, EF-signSGD).
-            expected = twin_memory.aggregated(name, case.rule(contributions))
+            # Dense tensors are averaged whatever the compressor's rule; as the bundle does, the
+            # memory then turns the aggregate into the gradient (EF21, EF-signSGD).
+            combined = mean_rule(contributions) if route.startswith("dense") else case.rule(contributions)
+            expected = twin_memory.aggregated(name, combined)
             rec.close(p.grad, expected, f"{case.label}: step {step} {name}", case.rtol, case.atol)
             rec.check(f"{case.label}: step {step} {name} shape and dtype",
                       p.grad.shape == p.shape and p.grad.dtype == p.dtype)

@@ -1,0 +1,42 @@
+"""Writing benchmark results: each benchmark owns one marked section of a Markdown file, so
+benchmarks can be re-run one at a time without overwriting each other's results."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import subprocess
+from pathlib import Path
+
+import torch
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def machine() -> str:
+    """A one-line description of where the numbers were measured."""
+    model = platform.processor() or "unknown CPU"
+    try:
+        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+        model = next((line.split(":", 1)[1].strip() for line in lscpu.splitlines()
+                      if line.startswith("Model name")), model)
+    except (OSError, subprocess.CalledProcessError):
+        pass
+    return (f"{model}, {os.cpu_count()} cores, torch {torch.__version__} "
+            f"({torch.get_num_threads()} threads), Python {platform.python_version()}, "
+            f"{datetime.date.today().isoformat()}")
+
+
+def update_section(path: Path, key: str, markdown: str, title: str | None = None) -> None:
+    """Replace (or append) the section between ``<!-- begin KEY -->`` and ``<!-- end KEY -->``."""
+    begin, end = f"<!-- begin {key} -->", f"<!-- end {key} -->"
+    text = path.read_text() if path.exists() else (f"# {title}\n" if title else "")
+    block = f"{begin}\n{markdown.rstrip()}\n{end}"
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        text = head + block + rest.split(end, 1)[1]
+    else:
+        text = text.rstrip() + "\n\n" + block + "\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
