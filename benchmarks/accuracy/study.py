@@ -1,0 +1,211 @@
+"""The accuracy study: every arm on every task, trained by real ``horovodrun -np 4`` workers.
+
+    python -m benchmarks.accuracy.study            # the whole study (about an hour on 2 cores)
+    python -m benchmarks.accuracy.study --quick    # a smoke run (a few minutes)
+
+Each task is one ``horovodrun`` launch whose workers train every arm for every seed in turn (one
+launch per task amortizes Horovod's start-up). For every run the workers record the final metric,
+the per-epoch curve, the measured data volume (``stats["volume"]``: bytes this rank handed to
+Horovod over bytes a dense send would have) and the wall time. The results are written to
+``benchmarks/results/accuracy.md`` (tables, mean +- std over seeds) with plots of accuracy vs data
+volume and of the training curves, and the raw runs to ``benchmarks/results/accuracy.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+RESULTS = REPO / "benchmarks" / "results"
+
+
+def train_one(task, arm, seed: int, build, train, test, quick: bool) -> dict:
+    import horovod.torch as hvd
+    import torch
+
+    from grace_legacy import Grace
+
+    from .arms import Run
+    from .tasks import evaluate, loss_of
+
+    torch.manual_seed(seed)
+    model = build()
+    x_all, y_all = train
+    shard = slice(hvd.rank(), None, hvd.size())
+    x_train, y_train = x_all[shard], y_all[shard]
+    epochs = task.quick_epochs if quick else task.epochs
+    # Every rank must take the same number of steps: Horovod waits for all of them.
+    steps = len(x_all) // hvd.size() // task.batch_size
+    compression = arm.build(Run(model, task, epochs, steps, hvd.size()))
+    if task.optimizer == "sgd":
+        optimizer = torch.optim.SGD(model.parameters(), lr=task.lr * hvd.size(), momentum=0.9)
+    else:
+        optimizer = torch.optim.Adam(model.parameters(), lr=task.lr)
+    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
+                                         compression=compression)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    generator = torch.Generator().manual_seed(1000 * seed + hvd.rank())
+    curve = []
+    start = time.perf_counter()
+    for epoch in range(epochs):
+        if hasattr(compression, "set_epoch"):
+            compression.set_epoch(epoch)
+        order = torch.randperm(len(y_train), generator=generator)
+        for step in range(steps):
+            batch = order[step * task.batch_size:(step + 1) * task.batch_size]
+            optimizer.zero_grad()
+            loss_of(task, model, x_train[batch], y_train[batch]).backward()
+            optimizer.step()
+        curve.append(evaluate(task, model, test))
+    wall = time.perf_counter() - start
+    stats = compression.stats if isinstance(compression, Grace) else {"volume": 1.0, "tensors_by_route": {}}
+    return {"task": task.name, "arm": arm.name, "family": arm.family, "error_feedback": arm.error_feedback,
+            "seed": seed, "metric": task.metric, "final": curve[-1], "curve": curve, "volume": stats["volume"],
+            "routes": stats.get("tensors_by_route", {}), "wall_s": wall, "epochs": epochs, "steps_per_epoch": steps}
+
+
+def worker(args: argparse.Namespace) -> None:
+    import horovod.torch as hvd
+    import torch
+
+    import grace_legacy  # noqa: F401  (hvd.DistributedOptimizer accepts grace_legacy compression)
+
+    from .arms import ARMS, QUICK_ARMS
+    from .tasks import TASKS, load
+
+    hvd.init()
+    torch.set_num_threads(1)
+    task = TASKS[args.task]
+    build, train, test = load(task, args.quick)
+    arms = [a for a in ARMS if not args.quick or a.name in QUICK_ARMS]
+    runs = []
+    for seed in range(args.seeds):
+        for arm in arms:
+            record = train_one(task, arm, seed, build, train, test, args.quick)
+            runs.append(record)
+            if hvd.rank() == 0:
+                print(f"[{task.name}] seed {seed} {arm.name}: {task.metric} {record['final']:.4f}, "
+                      f"volume {record['volume']:.4f}, {record['wall_s']:.1f} s", flush=True)
+    if hvd.rank() == 0:
+        Path(args.json).write_text(json.dumps(runs))
+
+
+def launch(task: str, args: argparse.Namespace, out: Path) -> list[dict]:
+    cmd = [str(Path(sys.executable).with_name("horovodrun")), "-np", "4", "-H", "localhost:4", "--gloo",
+           sys.executable, "-m", "benchmarks.accuracy.study", "--worker", "--task", task, "--json", str(out),
+           "--seeds", str(args.seeds)]
+    if args.quick:
+        cmd.append("--quick")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    subprocess.run(cmd, check=True, cwd=REPO, env=env)
+    return json.loads(out.read_text())
+
+
+def summarize(runs: list[dict]) -> dict[tuple[str, str], dict]:
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for run in runs:
+        groups.setdefault((run["task"], run["arm"]), []).append(run)
+    summary = {}
+    for key, group in groups.items():
+        finals = [r["final"] for r in group]
+        summary[key] = {
+            "family": group[0]["family"], "metric": group[0]["metric"], "seeds": len(group),
+            "mean": statistics.fmean(finals), "std": statistics.stdev(finals) if len(finals) > 1 else 0.0,
+            "volume": statistics.fmean(r["volume"] for r in group),
+            "wall_s": statistics.fmean(r["wall_s"] for r in group),
+            "curve": [statistics.fmean(values) for values in zip(*(r["curve"] for r in group), strict=True)],
+        }
+    return summary
+
+
+def report(runs: list[dict], results: Path, command: str, elapsed: float) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from benchmarks.report import machine
+
+    summary = summarize(runs)
+    tasks = sorted({task for task, _ in summary})
+    colors = {"dense": "black", "uniform": "#c44", "legacy": "#27a", "qsgd": "#a5a", "adaptive": "#e90"}
+    lines = ["# Accuracy at equal data volume", "",
+             f"`{command}`", "",
+             f"Machine: {machine()}. Each task: one `horovodrun -np 4 -H localhost:4 --gloo` launch; "
+             f"whole study {elapsed / 60:.1f} min.", "",
+             "Volume is the measured `stats['volume']` (bytes handed to Horovod / bytes of a dense send), "
+             "mean over seeds; accuracy and perplexity are on held-out data after the last epoch, "
+             "mean +- std over seeds. LEGACY arms are budget-matched to the uniform Top-k arm "
+             "(`Legacy.budget_matched`, same expected bytes over the run).", ""]
+    figure, axes = plt.subplots(1, len(tasks), figsize=(5 * len(tasks), 4), squeeze=False)
+    curves, curve_axes = plt.subplots(1, len(tasks), figsize=(5 * len(tasks), 4), squeeze=False)
+    for index, task in enumerate(tasks):
+        rows = [(arm, s) for (t, arm), s in summary.items() if t == task]
+        metric = rows[0][1]["metric"]
+        lines += [f"## {task}", "", f"| arm | volume | {metric} (mean +- std) | seeds | wall time (s) |",
+                  "|---|---|---|---|---|"]
+        for arm, s in rows:
+            lines.append(f"| {arm} | {s['volume']:.4f} | {s['mean']:.4f} +- {s['std']:.4f} | {s['seeds']} | "
+                         f"{s['wall_s']:.1f} |")
+            axis = axes[0][index]
+            axis.errorbar(s["volume"], s["mean"], yerr=s["std"], fmt="o", color=colors.get(s["family"], "gray"))
+            axis.annotate(arm, (s["volume"], s["mean"]), fontsize=6, xytext=(3, 3), textcoords="offset points")
+            curve_axes[0][index].plot(range(1, len(s["curve"]) + 1), s["curve"], label=arm,
+                                      color=colors.get(s["family"], "gray"),
+                                      linestyle="-" if "EF" in arm or s["family"] in ("dense", "qsgd") else "--")
+        lines.append("")
+        axes[0][index].set_xscale("log")
+        axes[0][index].set_xlabel("data volume (fraction of dense bytes)")
+        axes[0][index].set_ylabel(metric)
+        axes[0][index].set_title(task)
+        curve_axes[0][index].set_xlabel("epoch")
+        curve_axes[0][index].set_ylabel(metric)
+        curve_axes[0][index].set_title(task)
+    curve_axes[0][-1].legend(fontsize=6)
+    lines += ["![accuracy vs data volume](accuracy_vs_volume.png)", "", "![training curves](accuracy_curves.png)", ""]
+    results.mkdir(parents=True, exist_ok=True)
+    figure.tight_layout()
+    figure.savefig(results / "accuracy_vs_volume.png", dpi=120)
+    curves.tight_layout()
+    curves.savefig(results / "accuracy_curves.png", dpi=120)
+    (results / "accuracy.md").write_text("\n".join(lines))
+    (results / "accuracy.json").write_text(json.dumps(runs, indent=1))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="a smoke run: few arms, 1 seed, 1 epoch, less data")
+    parser.add_argument("--seeds", type=int, default=None)
+    parser.add_argument("--tasks", nargs="*", default=None)
+    parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--task", help=argparse.SUPPRESS)
+    parser.add_argument("--json", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.seeds is None:
+        args.seeds = 1 if args.quick else 3
+    if args.worker:
+        worker(args)
+        return
+    from .tasks import TASKS
+
+    start = time.perf_counter()
+    runs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for task in args.tasks or list(TASKS):
+            runs += launch(task, args, Path(tmp) / f"{task}.json")
+    command = "python -m benchmarks.accuracy.study" + (" --quick" if args.quick else "")
+    report(runs, args.results, command, time.perf_counter() - start)
+    print(f"wrote {args.results / 'accuracy.md'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,33 @@
+"""Smoke tests of the benchmark pipelines: each ``--quick`` run completes and writes its files.
+They check that the pipelines work, not the numbers (those are measured, not asserted)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.distributed
+
+
+def run_module(module: str, results: Path, timeout: float) -> None:
+    subprocess.run([sys.executable, "-m", module, "--quick", "--results", str(results)], cwd=REPO, check=True,
+                   timeout=timeout)
+
+
+def test_accuracy_study_quick(tmp_path):
+    run_module("benchmarks.accuracy.study", tmp_path, timeout=600)
+    text = (tmp_path / "accuracy.md").read_text()
+    for task in ("digits", "mnist1d", "charlm"):
+        assert f"## {task}" in text
+    for picture in ("accuracy_vs_volume.png", "accuracy_curves.png"):
+        assert (tmp_path / picture).stat().st_size > 1000
+    assert (tmp_path / "accuracy.json").exists()
+
+
+def test_fusion_benchmark_quick(tmp_path):
+    run_module("benchmarks.performance.fusion", tmp_path, timeout=300)
+    assert "Fused communication" in (tmp_path / "performance.md").read_text()
+    assert (tmp_path / "fusion.png").stat().st_size > 1000
