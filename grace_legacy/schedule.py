@@ -28,6 +28,11 @@ import torch
 from grace_legacy.core import Backend, Compressor, Payload
 
 
+class ArgumentTypeError(TypeError, ValueError):
+    """An argument of the wrong type: a ``TypeError`` by Python's convention, and a ``ValueError``
+    like every other invalid argument of a schedule, so that either ``except`` catches it."""
+
+
 def is_int(value: Any) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
@@ -50,7 +55,7 @@ class KnobSchedule(Compressor):
         super().__init__()
         owner = type(self).__name__
         if not isinstance(base, Compressor) or isinstance(base, KnobSchedule):
-            raise TypeError(f"{owner}: base must be a grace_legacy compressor (not a Legacy or another "
+            raise ArgumentTypeError(f"{owner}: base must be a grace_legacy compressor (not a Legacy or another "
                             f"schedule), got {base!r}")
         if base.knob is None:
             raise ValueError(f"{owner}: {type(base).__name__} has no parameter to schedule")
