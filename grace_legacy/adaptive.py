@@ -400,8 +400,10 @@ def choose_layerwise(errors: Sequence[Sequence[float]], sizes: Sequence[Sequence
         best_l(b) = min over c of  sizes[l][c] + best_{l-1}(b - q_l(c)),    best_0(b) = 0
 
     the smallest total size of layers ``1..l`` with ``sum q <= b``; the answer is
-    ``best_L(resolution)``, traced back through the recorded choices. Ties go to the earlier
-    choice. Time ``O(L * C * resolution)`` (vectorized over ``b``), memory ``O(L * resolution)``.
+    ``best_L(resolution)``, traced back through the recorded choices. Among assignments of equal
+    size it keeps the one with the smallest ``sum q`` (then the earlier choice), so that values
+    costing the same bytes (QSGD's levels within one integer width) resolve to the most accurate.
+    Time ``O(L * C * resolution)`` (vectorized over ``b``), memory ``O(L * resolution)``.
 
     What the discretization costs, with ``L`` layers:
 
@@ -439,21 +441,25 @@ def choose_layerwise(errors: Sequence[Sequence[float]], sizes: Sequence[Sequence
 
     scale = Fraction(resolution) / Fraction(budget)
     inf = math.inf
-    best = torch.zeros(resolution + 1, dtype=torch.float64)
+    width = resolution + 1
+    best = torch.zeros(width, dtype=torch.float64)  # smallest total size with sum q <= b
+    spent = torch.zeros(width, dtype=torch.float64)  # its sum q (the smallest among equal sizes)
     picks = []
     for e_row, s_row in zip(errors, sizes, strict=True):
         units = [math.ceil(Fraction(e) * scale) for e in e_row]
-        new = torch.full((resolution + 1,), inf, dtype=torch.float64)
-        pick = torch.full((resolution + 1,), -1, dtype=torch.int32)
+        new, new_spent = torch.full((width,), inf, dtype=torch.float64), torch.full((width,), inf, dtype=torch.float64)
+        pick = torch.full((width,), -1, dtype=torch.int32)
         for c, (q, s) in enumerate(zip(units, s_row, strict=True)):
             if q > resolution:
                 continue
-            candidate = torch.full((resolution + 1,), inf, dtype=torch.float64)
-            candidate[q:] = best[: resolution + 1 - q] + float(s)
-            better = candidate < new
+            candidate, candidate_spent = torch.full_like(new, inf), torch.full_like(new, inf)
+            candidate[q:] = best[: width - q] + float(s)
+            candidate_spent[q:] = spent[: width - q] + float(q)
+            better = (candidate < new) | ((candidate == new) & (candidate_spent < new_spent))
             new = torch.where(better, candidate, new)
+            new_spent = torch.where(better, candidate_spent, new_spent)
             pick = torch.where(better, torch.tensor(c, dtype=torch.int32), pick)
-        best = new
+        best, spent = new, new_spent
         picks.append((pick, units))
     if not math.isfinite(float(best[resolution])):
         return None
@@ -496,10 +502,11 @@ class LGreCo(KnobSchedule):
     a backend (one process) the rank solves alone.
 
     Any knob whose payload size the base can predict: Top-k, Random-k and DGC (density), QSGD
-    (levels), PowerSGD (rank; its error is that of one power iteration from the current warm
-    start, or from a fresh random ``Q`` for a rank not in use, so idle ranks look worse than they
-    would be once warm). Not Threshold, whose size depends on the data. ``None``/dense may be a
-    choice (error 0, dense bytes).
+    (levels: those of one integer width cost the same bytes, and the program then takes the most
+    accurate, so mix widths, e.g. ``[4, 127, 1000]``), PowerSGD (rank; its error is that of one
+    power iteration from the current warm start, or from a fresh random ``Q`` for a rank not in
+    use, so idle ranks look worse than they would be once warm). Not Threshold, whose size
+    depends on the data. ``None``/dense may be a choice (error 0, dense bytes).
 
     Overhead: :attr:`stats` ``["lgreco"]["overhead"]`` times the error measurement, the program and
     the broadcast, against the mean step time (between successive :meth:`end_step` calls).

@@ -188,14 +188,16 @@ def test_accordion_ignores_non_finite_observations_and_scale():
 # -- L-GreCo: the dynamic program ----------------------------------------------------------------
 
 
-def brute_force(errors, sizes, budget):
-    """The smallest total size over every assignment with total error <= budget (None if none)."""
+def brute_force(errors, sizes, budget, *, with_error=False):
+    """The smallest total size over every assignment with total error <= budget (None if none);
+    ``with_error``: (size, the smallest total error among assignments of that size)."""
     best = None
     for assignment in itertools.product(*[range(len(row)) for row in errors]):
-        if math.fsum(errors[i][c] for i, c in enumerate(assignment)) <= budget:
-            size = sum(sizes[i][c] for i, c in enumerate(assignment))
-            best = size if best is None else min(best, size)
-    return best
+        error = math.fsum(errors[i][c] for i, c in enumerate(assignment))
+        if error <= budget:
+            key = (sum(sizes[i][c] for i, c in enumerate(assignment)), error)
+            best = key if best is None else min(best, key)
+    return best if best is None or with_error else best[0]
 
 
 def total(rows, assignment):
@@ -212,13 +214,14 @@ instances = st.integers(1, 4).flatmap(lambda layers: st.integers(1, 4).flatmap(l
 def test_dp_is_exact_when_errors_are_whole_buckets(instance, budget):
     # resolution = budget makes a bucket 1 wide: integer errors are not rounded at all.
     errors, sizes = instance
-    optimum = brute_force(errors, sizes, budget)
+    optimum = brute_force(errors, sizes, budget, with_error=True)
     chosen = choose_layerwise(errors, sizes, budget, resolution=max(budget, 1))
     if optimum is None:
         assert chosen is None
     else:
         assert chosen is not None and total(errors, chosen) <= budget
-        assert total(sizes, chosen) == optimum
+        # The fewest bytes, and among those the smallest error.
+        assert (total(sizes, chosen), total(errors, chosen)) == optimum
 
 
 float_instances = st.integers(1, 4).flatmap(lambda layers: st.integers(1, 4).flatmap(lambda choices: st.tuples(
@@ -244,9 +247,10 @@ def test_dp_meets_the_budget_and_its_stated_bound(instance, budget, resolution):
         assert total(sizes, chosen) <= bound  # at least as small as the optimum with a tightened budget
 
 
-def test_dp_small_known_answer_and_ties_go_to_the_first_choice():
+def test_dp_small_known_answer_and_ties():
     assert choose_layerwise([[0, 1, 3], [0, 2, 5]], [[10, 5, 1], [10, 5, 1]], 4, resolution=4) == [1, 1]
     assert choose_layerwise([[0, 0]], [[3, 3]], 1.0) == [0]
+    assert choose_layerwise([[0.9, 0.2, 0.5]], [[3, 3, 3]], 1.0) == [1]  # equal bytes: the smallest error
     assert choose_layerwise([[1, 0], [0, 2]], [[1, 9], [5, 1]], 0) == [1, 0]
     assert choose_layerwise([[1]], [[1]], 0) is None
     assert choose_layerwise([], [], 1.0) == []
@@ -312,6 +316,14 @@ def test_lgreco_solve_meets_the_uniform_error_with_the_fewest_bytes():
     solve = schedule.stats["lgreco"]["solves"][0]
     assert solve["step"] == 3 and solve["error"] <= solve["budget"] and solve["bytes"] <= solve["uniform_bytes"]
     assert solve["bytes"] == total(sizes, chosen)
+
+
+def test_lgreco_takes_the_most_accurate_of_values_that_cost_the_same():
+    # QSGD's levels 4, 16 and 64 all travel as int8: the same bytes, so the error decides.
+    schedule = LGreCo(QSGD(seed=1), [4, 16, 64], reference=16, interval=1)
+    schedule.observe("w", torch.randn(400, generator=torch.Generator().manual_seed(0)))
+    schedule.end_step()
+    assert schedule.choice_of("w") == 64
 
 
 def test_lgreco_measures_without_moving_the_base():
