@@ -497,9 +497,11 @@ class LGreCo(KnobSchedule):
     Agreement: only rank 0 measures errors and solves (compressing ``G_l`` once per choice, on a
     deep copy of the base so that no step counter, generator or warm start of the real one
     moves); its choices are broadcast to every rank through the backend given to
-    :meth:`end_step` (one float64 tensor: one choice index per tensor, in name order, then four
-    summary numbers), so ranks agree even if their accumulated gradients were to differ. Without
-    a backend (one process) the rank solves alone.
+    :meth:`end_step`, so ranks agree even if their accumulated gradients were to differ. The
+    broadcast is one allreduce (sum) of a float64 tensor, one choice index per tensor in name
+    order then four summary numbers, to which every other rank contributes zeros: exact, and
+    rooted at rank 0 *of the backend* whatever the process set. Without a backend (one
+    process) the rank solves alone.
 
     Any knob whose payload size the base can predict: Top-k, Random-k and DGC (density), QSGD
     (levels: those of one integer width cost the same bytes, and the program then takes the most
@@ -632,8 +634,9 @@ class LGreCo(KnobSchedule):
         names = sorted(self._layouts)
         if not names:
             return
-        shared = backend is not None and backend.size() > 1 and backend.rank() >= 0
-        if not shared or backend.rank() == 0:
+        shared = backend is not None and backend.size() > 1
+        root = not shared or backend.rank() == 0
+        if root:
             indices, info = self.solve(names)
             self._timing["measure_s"] += info["measure_s"]
             self._timing["dp_s"] += info["dp_s"]
@@ -643,7 +646,12 @@ class LGreCo(KnobSchedule):
             started = time.perf_counter()
             message = torch.tensor([*indices, info["error"], info["budget"], info["bytes"], info["uniform_bytes"]],
                                    dtype=torch.float64)
-            received = backend.wait(backend.broadcast_async(message, 0, "lgreco.choices")).tolist()
+            if not root:
+                message.zero_()
+            # A broadcast from the backend's rank 0 as a sum with zeros (exact: x + 0 == x), because
+            # HorovodBackend.broadcast_async takes a *global* root rank, which is not rank 0 of a
+            # process set that leaves global rank 0 out.
+            received = backend.wait(backend.allreduce_async(message, "lgreco.choices", average=False)).tolist()
             self._timing["broadcast_s"] += time.perf_counter() - started
             indices = [int(i) for i in received[: len(names)]]
             info = {**info, **dict(zip(("error", "budget", "bytes", "uniform_bytes"), received[len(names):],
