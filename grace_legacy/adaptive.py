@@ -118,7 +118,7 @@ class _Accumulator:
 
 
 class DGCWarmup(KnobSchedule):
-    """Deep Gradient Compression's warm-up (Lin, Han, Mao, Wang and Dally, ICLR 2018, sec. 3.4):
+    """Deep Gradient Compression's warm-up training (Lin, Han, Mao, Wang and Dally, ICLR 2018):
     the knob moves exponentially from ``start`` to ``target`` over the first ``warmup_epochs``
     epochs, then stays at ``target``. For epoch ``e`` (0-based) and ``W = warmup_epochs``:
 
@@ -223,8 +223,8 @@ class Accordion(KnobSchedule):
     ``low`` and ``high`` are the paper's ell_low and ell_high: the knob values of *low*
     compression (e.g. Top-k density 0.1, PowerSGD rank 4: more bytes) used in critical regimes,
     and of *high* compression (density 0.01, rank 1) used otherwise. Steps are cut into intervals
-    of ``interval`` optimizer steps (the paper checks once per epoch: ``interval=len(loader)``).
-    For every tensor ``l``:
+    of ``interval`` optimizer steps (the paper detects at epoch granularity: ``interval`` = one or
+    a few epochs' worth of steps, e.g. ``len(loader)``). For every tensor ``l``:
 
         Delta_l(k) = sum of the aggregated gradient of l over the steps of interval k
         r_l(k)     = | ||Delta_l(k-1)|| - ||Delta_l(k)|| | / ||Delta_l(k-1)||       (L2 norms)
@@ -244,7 +244,8 @@ class Accordion(KnobSchedule):
     Ranks agree without communication: the norms are of the *aggregated* gradient
     (``observe(name, aggregated)``), which is the same on every rank; the reference
     implementation instead measured rank 0's local gradient and broadcast its choice.
-    Observations holding an inf or NaN are ignored, and a skipped step's are rolled back.
+    Observations holding an inf or NaN are ignored, and a skipped step's are rolled back. Memory:
+    one accumulated gradient per tensor (float32, float64 for float64 gradients).
 
     Works with any knob: two values of it (either may be ``None``, dense). Where the base can
     predict its bytes (Top-k, Random-k, DGC, QSGD, PowerSGD), ``low`` must send at least as many
@@ -512,6 +513,8 @@ class LGreCo(KnobSchedule):
 
     Overhead: :attr:`stats` ``["lgreco"]["overhead"]`` times the error measurement, the program and
     the broadcast, against the mean step time (between successive :meth:`end_step` calls).
+    Memory: one accumulated gradient per tensor (float32, float64 for float64 gradients), and
+    on rank 0 during a solve a deep copy of the base's state.
     """
 
     def __init__(self, base: Compressor, choices: Sequence[Any], *, reference: Any, interval: int,
