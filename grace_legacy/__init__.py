@@ -1,12 +1,16 @@
 """grace-legacy: compressed gradient communication for data-parallel PyTorch, with LEGACY.
 
 The public names are the compressors, memories and communicators of the subpackages, plus
-``Grace`` (a compressor + memory + communicator bundle) and ``Legacy`` (the scheduler).
+``Grace`` (a compressor + memory + communicator bundle), ``Legacy`` (the scheduler) and the
+adaptive schedules ``DGCWarmup``, ``Accordion`` and ``LGreCo``.
 Importing this package makes ``horovod.torch.DistributedOptimizer`` accept grace_legacy
 compressors and ``Grace`` bundles (see :mod:`grace_legacy.horovod`) when Horovod is installed.
 """
 
 from grace_legacy import communicators, compressors, memories
+from grace_legacy.adaptive import Accordion as Accordion
+from grace_legacy.adaptive import DGCWarmup as DGCWarmup
+from grace_legacy.adaptive import LGreCo as LGreCo
 from grace_legacy.communicators import *  # noqa: F403  (each subpackage's __all__ is public)
 from grace_legacy.compressors import *  # noqa: F403
 from grace_legacy.core import Communicator as Communicator
@@ -29,6 +33,6 @@ else:
 __version__ = "0.1.0"
 
 __all__ = sorted([
-    "Communicator", "Compressor", "Grace", "Knob", "Legacy", "Memory",
+    "Accordion", "Communicator", "Compressor", "DGCWarmup", "Grace", "Knob", "LGreCo", "Legacy", "Memory",
     *communicators.__all__, *compressors.__all__, *memories.__all__,
 ])

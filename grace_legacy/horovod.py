@@ -13,8 +13,9 @@ Two checks guard every run. Before the first gradient collective the ranks compa
 their parameters, compression set-up and schedule position (:mod:`grace_legacy.consistency`) and
 all raise the same error if they differ. After every synchronization one small allreduce tells
 every rank which gradients held an inf or NaN on any rank; those are made NaN everywhere (so
-``torch.amp.GradScaler`` skips the step on every rank, as it would without compression) and
-their memory and compressor state is rolled back to before the step.
+``torch.amp.GradScaler`` skips the step on every rank, as it would without compression) and,
+since the whole step is then skipped, every tensor's memory and compressor state (schedules'
+observations included) is rolled back to before the step.
 
 ``import grace_legacy`` calls :func:`install`, so the stock ``hvd.DistributedOptimizer`` accepts
 grace_legacy compressors and ``Grace`` bundles; any other ``compression`` (Horovod's own
@@ -95,12 +96,16 @@ def _grace_synchronize(self: Any) -> None:
     _hvd_optimizer._DistributedOptimizer.synchronize(self)
     if self._requires_update and self.process_set.included():
         by_name = {self._parameter_names[p]: p for p in self._requires_update}
-        for name in self._grace.nonfinite_names(sorted(by_name), self._grace_backend):
+        flagged = self._grace.nonfinite_names(sorted(by_name), self._grace_backend)
+        for name in flagged:
             grad = by_name[name].grad
             # A compressor may have dropped the inf; make sure GradScaler sees it on every rank.
             if grad is not None and bool(torch.isfinite(grad).all()):
                 grad.fill_(float("nan"))
-            self._grace.discard(name)
+        if flagged:
+            # GradScaler skips the whole step, so no tensor's memory or schedule may keep it.
+            for name in by_name:
+                self._grace.discard(name)
     self._grace.end_step(self._grace_backend)
 
 

@@ -32,20 +32,17 @@ from typing import Any
 
 import torch
 
-from grace_legacy.core import Compressor, Payload
+from grace_legacy.core import Compressor
 from grace_legacy.grace import bytes_sent
+from grace_legacy.schedule import KnobSchedule, check_positive_int, is_int
 
 MODES = ("layer", "epoch", "both")
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def _check_increasing_positive(values: Any, argument: str) -> list[int]:
     if not isinstance(values, Sequence) or isinstance(values, str):
         raise TypeError(f"Legacy: {argument} must be a list of integers, got {values!r}")
-    if not all(_is_int(v) for v in values):
+    if not all(is_int(v) for v in values):
         raise TypeError(f"Legacy: {argument} must be a list of integers, got {list(values)!r}")
     values = [int(v) for v in values]
     if any(v <= 0 for v in values) or any(b <= a for a, b in zip(values, values[1:], strict=False)):
@@ -53,13 +50,7 @@ def _check_increasing_positive(values: Any, argument: str) -> list[int]:
     return values
 
 
-def _check_positive_int(value: Any, argument: str) -> int:
-    if not _is_int(value) or value <= 0:
-        raise ValueError(f"Legacy: {argument} must be a positive integer, got {value!r}")
-    return int(value)
-
-
-class Legacy(Compressor):
+class Legacy(KnobSchedule):
     """Wraps ``base`` and schedules its knob by layer size (``by="layer"``), training phase
     (``by="epoch"``) or both (``by="both"``); see the module docstring for the rules.
 
@@ -77,14 +68,7 @@ class Legacy(Compressor):
     def __init__(self, base: Compressor, by: str, values: Sequence[Any], *, splits: Sequence[int] | None = None,
                  epochs: int | None = None, boundaries: Sequence[int] | None = None,
                  steps_per_epoch: int | None = None) -> None:
-        super().__init__()
-        if not isinstance(base, Compressor) or isinstance(base, Legacy):
-            raise TypeError(f"Legacy: base must be a grace_legacy compressor (not a Legacy), got {base!r}")
-        if base.knob is None:
-            raise ValueError(f"Legacy: {type(base).__name__} has no parameter to schedule")
-        if base.knob_value is not None:
-            raise ValueError(f"Legacy: the base's {base.knob.name}={base.knob_value!r} would be ignored; build it "
-                             f"without one ({type(base).__name__}()) and put the values in values=")
+        super().__init__(base, steps_per_epoch=steps_per_epoch)
         if by not in MODES:
             raise ValueError(f"Legacy: by must be one of {', '.join(map(repr, MODES))}, got {by!r}")
         by_layer, by_phase = by in ("layer", "both"), by in ("epoch", "both")
@@ -124,7 +108,7 @@ class Legacy(Compressor):
             if epochs is None and boundaries is None:
                 raise ValueError(f"Legacy: by={by!r} needs epochs (the total number of epochs, for equal phases) "
                                  f"or boundaries (the epochs at which each phase after the first starts)")
-            self.epochs = None if epochs is None else _check_positive_int(epochs, "epochs")
+            self.epochs = None if epochs is None else check_positive_int(epochs, "epochs", "Legacy")
             if boundaries is not None:
                 self.boundaries = _check_increasing_positive(boundaries, "boundaries")
                 if len(self.boundaries) != self.phases - 1:
@@ -139,87 +123,12 @@ class Legacy(Compressor):
                 if given is not None:
                     raise ValueError(f"Legacy: {argument} is only used with by='epoch' or by='both', not by='layer'")
             self.epochs, self.boundaries = None, None
-        self.steps_per_epoch = None if steps_per_epoch is None else _check_positive_int(steps_per_epoch,
-                                                                                       "steps_per_epoch")
-        self.base = base
         self.by = by
         # One configured copy per distinct value, built once: a step costs a table lookup.
-        self._configured: dict[Any, Compressor] = {
-            v: base.with_knob(v) for row in self.table for v in row if not base.knob.is_dense(v)}
-        self.epoch = 0
-        self.steps = 0
-
-    # -- what the base decides about payloads ---------------------------------------------------
-    @property
-    def knob(self):  # type: ignore[override]
-        return self.base.knob
-
-    @property
-    def additive(self) -> bool:  # type: ignore[override]
-        return self.base.additive
-
-    @property
-    def uniform_payload(self) -> bool:  # type: ignore[override]
-        return self.base.uniform_payload
-
-    def check_ready(self) -> None:
-        pass
-
-    @property
-    def sparsifies(self) -> bool:
-        return self.base.sparsifies
-
-    @property
-    def aggregates_by_mean(self) -> bool:  # type: ignore[override]
-        return self.base.aggregates_by_mean
-
-    def set_rank(self, rank: int) -> None:
-        super().set_rank(rank)
-        self.base.set_rank(rank)
-        for configured in self._configured.values():
-            configured.set_rank(rank)
-
-    @property
-    def rounds(self) -> int:  # type: ignore[override]
-        return self.base.rounds
+        self._configure(v for row in self.table for v in row)
 
     def with_knob(self, value: Any) -> Compressor:
         raise ValueError("Legacy sets its base's knob itself; change values= instead")
-
-    def recommended_memory(self):
-        return self.base.recommended_memory()
-
-    def check_memory(self, memory) -> None:
-        self.base.check_memory(memory)
-
-    # Configured copies share the base's per-tensor state, so the base speaks for them all.
-    def rollback(self, name: str) -> None:
-        self.base.rollback(name)
-
-    def commit(self) -> None:
-        self.base.commit()
-
-    # -- progress -------------------------------------------------------------------------------
-    def set_epoch(self, epoch: int) -> None:
-        """Enter epoch ``epoch`` (0-based), like ``DistributedSampler.set_epoch``."""
-        if not _is_int(epoch) or epoch < 0:
-            raise ValueError(f"Legacy.set_epoch: epoch must be a non-negative integer, got {epoch!r}")
-        self.epoch = int(epoch)
-        if self.steps_per_epoch is not None:
-            self.steps = self.epoch * self.steps_per_epoch
-
-    def end_step(self, backend=None) -> None:
-        """Count one optimizer step (called by the distributed optimizer after synchronizing)."""
-        self.steps += 1
-        if self.steps_per_epoch is not None:
-            self.epoch = self.steps // self.steps_per_epoch
-
-    @property
-    def progress(self) -> Fraction:
-        """Training progress in epochs: fractional when steps are counted."""
-        if self.steps_per_epoch is not None:
-            return Fraction(self.steps, self.steps_per_epoch)
-        return Fraction(self.epoch)
 
     # -- the rules ------------------------------------------------------------------------------
     def group_of(self, numel: int) -> int:
@@ -241,49 +150,18 @@ class Legacy(Compressor):
         return self.table[phase][self.group_of(numel)]
 
     def _concrete(self, phase: int, group: int) -> Compressor | None:
-        value = self.table[phase][group]
-        return None if self.base.knob.is_dense(value) else self._configured[value]
+        return self.concrete(self.table[phase][group])
 
-    def resolve(self, tensor: torch.Tensor, name: str) -> Compressor | None:
-        chosen = self._concrete(self.phase_of(self.progress), self.group_of(tensor.numel()))
-        # The configured base has the last word: PowerSGD, say, sends 1-D tensors dense.
-        return None if chosen is None else chosen.resolve(tensor, name)
+    def knob_for_tensor(self, tensor: torch.Tensor, name: str) -> Any:
+        return self.table[self.phase_of(self.progress)][self.group_of(tensor.numel())]
 
-    def compress(self, tensor: torch.Tensor, name: str) -> tuple[Payload, Any]:
-        concrete = self.resolve(tensor, name)
-        if concrete is None:
-            return [tensor], (None, None)
-        payload, ctx = concrete.compress(tensor, name)
-        return payload, (concrete, ctx)
-
-    def decompress(self, payload: Payload, ctx: Any) -> torch.Tensor:
-        concrete, inner = ctx
-        return payload[0] if concrete is None else concrete.decompress(payload, inner)
-
-    def aggregate(self, payloads: Sequence[Payload], ctx: Any, average: bool) -> torch.Tensor:
-        concrete, inner = ctx
-        if concrete is None:
-            return super().aggregate(payloads, ctx, average)
-        return concrete.aggregate(payloads, inner, average)
-
-    # -- bookkeeping ----------------------------------------------------------------------------
-    def record_traffic(self, name: str, tensor: torch.Tensor, sent_bytes: int, route: str) -> None:
+    def traffic_labels(self, name: str, tensor: torch.Tensor) -> dict[str, Any]:
         labels = {}
         if self.by in ("layer", "both"):
             labels["group"] = self.group_of(tensor.numel())
         if self.by in ("epoch", "both"):
             labels["phase"] = self.phase_of(self.progress)
-        self._traffic.record(dense_bytes=tensor.numel() * tensor.element_size(), sent_bytes=sent_bytes,
-                             route=route, labels=labels)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "epoch": self.epoch, "optimizer_steps": self.steps,
-                "base": self.base.state_dict()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
-        self.epoch, self.steps = state["epoch"], state["optimizer_steps"]
-        self.base.load_state_dict(state["base"])
+        return labels
 
     def __repr__(self) -> str:
         parts = [repr(self.base), f"by={self.by!r}"]

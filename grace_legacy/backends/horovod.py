@@ -35,8 +35,10 @@ class HorovodBackend:
         return hvd.allgather_async(tensor, name=f"grace.{name}", process_set=self.process_set)
 
     def broadcast_async(self, tensor: torch.Tensor, root_rank: int, name: str) -> Any:
-        return hvd.broadcast_async(tensor, root_rank, name=f"grace.bc{root_rank}.{name}",
-                                   process_set=self.process_set)
+        """``root_rank`` is a rank *within the process set*; Horovod wants the global rank."""
+        members = self.process_set.ranks
+        root = members[root_rank] if members else root_rank
+        return hvd.broadcast_async(tensor, root, name=f"grace.bc{root_rank}.{name}", process_set=self.process_set)
 
     def wait(self, handle: Any) -> torch.Tensor:
         return hvd.synchronize(handle)

@@ -29,8 +29,8 @@ def predicted_packed_bytes(concrete, tensor: torch.Tensor) -> int | None:
     return wire.packed_size_of(spec, with_header=not concrete.uniform_payload)
 
 
-def twin_step(twin, memory, grad: torch.Tensor, name: str, communicator,
-              dense_fallback: bool) -> tuple[torch.Tensor, int, str]:
+def twin_step(twin, memory, grad: torch.Tensor, name: str, communicator, dense_fallback: bool,
+              world_size: int | None = None) -> tuple[torch.Tensor, int, str]:
     """What this rank contributes for ``grad``: the decompressed payload, its bytes and route.
 
     Bytes are counted with the gather layout, which every non-additive route (Allgather,
@@ -41,7 +41,8 @@ def twin_step(twin, memory, grad: torch.Tensor, name: str, communicator,
     if concrete is not None and dense_fallback and concrete.aggregates_by_mean:
         gathered = communicator.carries_non_additive if communicator is not None else not concrete.additive
         packed = predicted_packed_bytes(concrete, compensated) if gathered else None
-        if packed is not None and gathered_goes_dense(packed, grad.numel(), hvd.size(), grad.element_size()):
+        world = hvd.size() if world_size is None else world_size
+        if packed is not None and gathered_goes_dense(packed, grad.numel(), world, grad.element_size()):
             concrete, route = None, "dense-fallback"
     if concrete is None:
         memory.update(compensated, name, _DENSE, [compensated], None)

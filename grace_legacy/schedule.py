@@ -1,0 +1,204 @@
+"""What every schedule of a compressor's knob shares: LEGACY's fixed tables and the adaptive
+schedules (DGC warm-up, Accordion, L-GreCo) alike.
+
+A :class:`KnobSchedule` wraps a compressor built without its knob (``TopK()``, ``QSGD()``,
+``PowerSGD()``) and, for each tensor at each step, names the knob value to use
+(:meth:`KnobSchedule.knob_for_tensor`). It keeps one configured copy of the base per value
+(``base.with_knob(value)``), so a step costs a dictionary lookup, and every copy shares the
+base's per-tensor state (step counters, generators, PowerSGD's warm start): a change of knob
+does not reset it. A value the knob calls dense (``None``, density ``1.0``) sends the tensor
+uncompressed through a plain allreduce. The configured base has the last word: PowerSGD, say,
+still sends a 1-D tensor dense.
+
+Progress is counted as LEGACY counts it: the epoch given to :meth:`KnobSchedule.set_epoch`, or,
+with ``steps_per_epoch=N``, the optimizer steps counted by :meth:`KnobSchedule.end_step` divided
+by ``N`` (``hvd.DistributedOptimizer`` calls it after every synchronization).
+"""
+
+from __future__ import annotations
+
+import numbers
+from abc import abstractmethod
+from collections.abc import Hashable, Iterable, Sequence
+from fractions import Fraction
+from typing import Any
+
+import torch
+
+from grace_legacy.core import Backend, Compressor, Payload
+
+
+class ArgumentTypeError(TypeError, ValueError):
+    """An argument of the wrong type: a ``TypeError`` by Python's convention, and a ``ValueError``
+    like every other invalid argument of a schedule, so that either ``except`` catches it."""
+
+
+def is_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def check_positive_int(value: Any, argument: str, owner: str) -> int:
+    if not is_int(value) or value <= 0:
+        raise ValueError(f"{owner}: {argument} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+class KnobSchedule(Compressor):
+    """Base class of compressors that set ``base``'s knob per tensor and step.
+
+    Subclasses implement :meth:`knob_for_tensor` (the value for one tensor now) and may add
+    labels to the byte accounting (:meth:`traffic_labels`). Everything about payloads (additive
+    or gathered, rounds, support for DGC's masking, the recommended memory) is the base's.
+    """
+
+    def __init__(self, base: Compressor, *, steps_per_epoch: int | None = None) -> None:
+        super().__init__()
+        owner = type(self).__name__
+        if not isinstance(base, Compressor) or isinstance(base, KnobSchedule):
+            raise ArgumentTypeError(f"{owner}: base must be a grace_legacy compressor (not a Legacy or another "
+                            f"schedule), got {base!r}")
+        if base.knob is None:
+            raise ValueError(f"{owner}: {type(base).__name__} has no parameter to schedule")
+        if base.knob_value is not None:
+            raise ValueError(f"{owner}: the base's {base.knob.name}={base.knob_value!r} would be ignored; build it "
+                             f"without one ({type(base).__name__}()) and give the values to {owner}")
+        self.base = base
+        self.steps_per_epoch = None if steps_per_epoch is None else check_positive_int(
+            steps_per_epoch, "steps_per_epoch", owner)
+        self._configured: dict[Any, Compressor] = {}
+        self.epoch = 0
+        self.steps = 0
+
+    def _configure(self, values: Iterable[Any]) -> None:
+        """Build the configured copy of every non-dense value in ``values`` (once each)."""
+        for value in values:
+            if not self.base.knob.is_dense(value) and value not in self._configured:
+                self._configured[value] = self.base.with_knob(value)
+
+    def concrete(self, value: Any) -> Compressor | None:
+        """The configured base for ``value``; ``None`` where the value means dense."""
+        if self.base.knob.is_dense(value):
+            return None
+        configured = self._configured.get(value)
+        if configured is None:
+            self._configure([value])
+            configured = self._configured[value]
+        return configured
+
+    @abstractmethod
+    def knob_for_tensor(self, tensor: torch.Tensor, name: str) -> Any:
+        """The knob value for ``tensor`` (named ``name``) now. Must be the same on every rank."""
+
+    def traffic_labels(self, name: str, tensor: torch.Tensor) -> dict[str, Hashable]:
+        """Labels under which :attr:`stats` breaks this tensor's bytes down (none by default)."""
+        return {}
+
+    # -- what the base decides about payloads ---------------------------------------------------
+    @property
+    def knob(self):  # type: ignore[override]
+        return self.base.knob
+
+    @property
+    def additive(self) -> bool:  # type: ignore[override]
+        return self.base.additive
+
+    @property
+    def uniform_payload(self) -> bool:  # type: ignore[override]
+        return self.base.uniform_payload
+
+    @property
+    def rounds(self) -> int:  # type: ignore[override]
+        return self.base.rounds
+
+    @property
+    def sparsifies(self) -> bool:
+        return self.base.sparsifies
+
+    @property
+    def aggregates_by_mean(self) -> bool:  # type: ignore[override]
+        return self.base.aggregates_by_mean
+
+    def check_ready(self) -> None:
+        pass
+
+    def set_rank(self, rank: int) -> None:
+        super().set_rank(rank)
+        self.base.set_rank(rank)
+        for configured in self._configured.values():
+            configured.set_rank(rank)
+
+    def with_knob(self, value: Any) -> Compressor:
+        raise ValueError(f"{type(self).__name__} sets its base's knob itself; change its arguments instead")
+
+    def recommended_memory(self):
+        return self.base.recommended_memory()
+
+    def check_memory(self, memory) -> None:
+        self.base.check_memory(memory)
+
+    # Configured copies share the base's per-tensor state, so the base speaks for them all.
+    def rollback(self, name: str) -> None:
+        super().rollback(name)
+        self.base.rollback(name)
+
+    def commit(self) -> None:
+        super().commit()
+        self.base.commit()
+
+    # -- progress -------------------------------------------------------------------------------
+    def set_epoch(self, epoch: int) -> None:
+        """Enter epoch ``epoch`` (0-based), like ``DistributedSampler.set_epoch``."""
+        if not is_int(epoch) or epoch < 0:
+            raise ValueError(f"{type(self).__name__}.set_epoch: epoch must be a non-negative integer, got {epoch!r}")
+        self.epoch = int(epoch)
+        if self.steps_per_epoch is not None:
+            self.steps = self.epoch * self.steps_per_epoch
+
+    def end_step(self, backend: Backend | None = None) -> None:
+        """Count one optimizer step (called by the distributed optimizer after synchronizing)."""
+        self.steps += 1
+        if self.steps_per_epoch is not None:
+            self.epoch = self.steps // self.steps_per_epoch
+
+    @property
+    def progress(self) -> Fraction:
+        """Training progress in epochs: fractional when steps are counted."""
+        if self.steps_per_epoch is not None:
+            return Fraction(self.steps, self.steps_per_epoch)
+        return Fraction(self.epoch)
+
+    # -- encoding -------------------------------------------------------------------------------
+    def resolve(self, tensor: torch.Tensor, name: str) -> Compressor | None:
+        chosen = self.concrete(self.knob_for_tensor(tensor, name))
+        return None if chosen is None else chosen.resolve(tensor, name)
+
+    def compress(self, tensor: torch.Tensor, name: str) -> tuple[Payload, Any]:
+        concrete = self.resolve(tensor, name)
+        if concrete is None:
+            return [tensor], (None, None)
+        payload, ctx = concrete.compress(tensor, name)
+        return payload, (concrete, ctx)
+
+    def decompress(self, payload: Payload, ctx: Any) -> torch.Tensor:
+        concrete, inner = ctx
+        return payload[0] if concrete is None else concrete.decompress(payload, inner)
+
+    def aggregate(self, payloads: Sequence[Payload], ctx: Any, average: bool) -> torch.Tensor:
+        concrete, inner = ctx
+        if concrete is None:
+            return super().aggregate(payloads, ctx, average)
+        return concrete.aggregate(payloads, inner, average)
+
+    # -- bookkeeping ----------------------------------------------------------------------------
+    def record_traffic(self, name: str, tensor: torch.Tensor, sent_bytes: int, route: str) -> None:
+        self._traffic.record(dense_bytes=tensor.numel() * tensor.element_size(), sent_bytes=sent_bytes,
+                             route=route, labels=self.traffic_labels(name, tensor))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "epoch": self.epoch, "optimizer_steps": self.steps,
+                "base": self.base.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.epoch, self.steps = state["epoch"], state["optimizer_steps"]
+        self.base.load_state_dict(state["base"])
