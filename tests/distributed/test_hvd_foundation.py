@@ -18,3 +18,4 @@ def test_synchronized_gradients_match_references(controller, np, tmp_path):
         assert any(name.startswith(f"{label}: step 2") for name in names), label
     if np == 4:
         assert any(name.startswith("topk/process-set: step 2") for name in names)
+        assert any(name.startswith("topk/broadcast/process-set: step 2") for name in names)

@@ -14,7 +14,7 @@ from checks import Recorder, kept, parse_args, randomk_indices_reference, topk_c
 from harness import Net, mean_over_ranks, train_and_compare
 
 import grace_legacy
-from grace_legacy import FP16, Grace, NoCompression, NoMemory, RandomK, Residual, TopK
+from grace_legacy import FP16, Broadcast, Grace, NoCompression, NoMemory, RandomK, Residual, TopK
 
 RATIO = 0.05
 
@@ -103,6 +103,11 @@ def main() -> None:
         mine = lower if hvd.rank() < half else upper
         rec.guard("topk/process-set", train_and_compare, rec, "topk/process-set",
                   Grace(TopK(RATIO), memory=NoMemory()),
+                  mean_over_ranks(lambda n, g, s: topk_contribution(g, RATIO, half), process_set=mine),
+                  process_set=mine)
+        # Broadcast's roots are ranks *within* the set: the upper half has no global rank 0.
+        rec.guard("topk/broadcast/process-set", train_and_compare, rec, "topk/broadcast/process-set",
+                  Grace(TopK(RATIO), memory=NoMemory(), communicator=Broadcast()),
                   mean_over_ranks(lambda n, g, s: topk_contribution(g, RATIO, half), process_set=mine),
                   process_set=mine)
         hvd.remove_process_set(lower)
