@@ -35,5 +35,10 @@ PY="$VENV/bin/python"
 "$ROOT/scripts/build_horovod.sh" "$PY"
 
 "$PY" -m pip install --quiet -e ".[horovod,examples,test]"
-"$VENV/bin/horovodrun" --check-build | grep -q '\[X\] PyTorch'
+# Captured first: `grep -q` exits at its first match and would break horovodrun's pipe.
+build_report=$("$VENV/bin/horovodrun" --check-build)
+for framework in PyTorch MPI Gloo; do
+    grep -q "\[X\] $framework" <<<"$build_report" \
+        || { echo "Horovod was built without $framework:"; echo "$build_report"; exit 1; }
+done
 echo "set-up complete: $("$PY" -c 'import torch, horovod; print("torch", torch.__version__, "horovod", horovod.__version__)')"
