@@ -5,7 +5,7 @@ import pytest
 from threaded_backend import run_ranks
 
 from grace_legacy import Grace, Legacy, RanksDisagree, TopK
-from grace_legacy.consistency import describe_differences, description_digest, verify_ranks_agree
+from grace_legacy.consistency import describe_differences, description_digest, seeds_of, verify_ranks_agree
 
 BASE = {"compressor": "TopK(0.01)", "parameters": ["fc.bias[5] float32", "fc.weight[5, 4] float32"]}
 
@@ -93,3 +93,13 @@ def test_a_different_legacy_schedule_changes_the_bundles_description():
 
     (line,) = describe_differences([describe([100]), describe([200])])
     assert line.startswith("  compressor:") and "splits=[100]" in line and "splits=[200]" in line
+
+
+def test_seeds_that_reprs_leave_out_are_described_through_schedules():
+    from grace_legacy import PowerSGD, RandomK, Residual
+
+    assert repr(RandomK(seed=1)) == repr(RandomK(seed=2))  # why seeds_of exists
+    assert seeds_of(RandomK(0.1, seed=7)) == ["RandomK.seed=7"]
+    assert seeds_of(Legacy(PowerSGD(), by="layer", values=[1, 2], splits=[10])) == \
+        ["Legacy.base(PowerSGD).seed=0"]
+    assert seeds_of(TopK(0.1)) == [] and seeds_of(Residual()) == []
