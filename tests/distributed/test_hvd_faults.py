@@ -65,6 +65,7 @@ def test_a_killed_rank_ends_the_job_quickly(controller, tmp_path):
     ended = time.time()
     assert result.returncode != 0, result.stdout[-6000:]
     killed_at = json.loads((tmp_path / "killed_at.json").read_text())
+    print(f"{controller}: the job ended {ended - killed_at:.1f} s after rank 2 was killed")
     assert ended - killed_at < DEATH_BOUND_S, result.stdout[-6000:]
     # The launcher names the dead rank: Gloo's horovodrun and Open MPI's mpirun each in its words.
     named = {"gloo": "Process 2 exit with status code 137", "mpi": "process rank 2 with PID"}[controller]
