@@ -68,8 +68,9 @@ def _entries(entries: Sequence[str]) -> str:
 
 def _list_variant(value: Sequence[str], reference: Sequence[str], reference_ranks: str) -> str:
     """How a list item differs from the most common variant: the entries added and missing."""
-    extra = [entry for entry in value if entry not in set(reference)]
-    missing = [entry for entry in reference if entry not in set(value)]
+    in_value, in_reference = set(value), set(reference)
+    extra = [entry for entry in value if entry not in in_reference]
+    missing = [entry for entry in reference if entry not in in_value]
     parts = [f"{len(value)} entries"]
     if extra:
         parts.append(f"has {_entries(extra)} that {reference_ranks} lack")
