@@ -13,6 +13,7 @@ from grace_legacy.adaptive import DGCWarmup as DGCWarmup
 from grace_legacy.adaptive import LGreCo as LGreCo
 from grace_legacy.communicators import *  # noqa: F403  (each subpackage's __all__ is public)
 from grace_legacy.compressors import *  # noqa: F403
+from grace_legacy.consistency import RanksDisagree as RanksDisagree
 from grace_legacy.core import Communicator as Communicator
 from grace_legacy.core import Compressor as Compressor
 from grace_legacy.core import Knob as Knob
@@ -34,5 +35,6 @@ __version__ = "0.1.0"
 
 __all__ = sorted([
     "Accordion", "Communicator", "Compressor", "DGCWarmup", "Grace", "Knob", "LGreCo", "Legacy", "Memory",
+    "RanksDisagree",
     *communicators.__all__, *compressors.__all__, *memories.__all__,
 ])

@@ -1,50 +1,148 @@
 """Catching ranks that disagree, before they exchange a single gradient.
 
 Ranks that run different models, compressors or schedules would otherwise send collectives that
-never match (a hang) or that match by accident (a silently wrong gradient). Each rank hashes a
-description of its set-up, one small allgather compares the hashes, and only on a mismatch do the
-ranks exchange the descriptions themselves, so that every rank raises the same error naming
-what differs and which ranks differ.
+never match (a hang) or that match by accident (a silently wrong gradient). Each rank describes
+its set-up as a mapping of named items (a text, or a list of entries such as the parameters),
+and the ranks compare one 64-bit digest of the whole description with one tiny allgather whose
+shape is the same on every rank whatever it describes (so ranks with different numbers of
+parameters still meet in it). Only on a mismatch do they gather the descriptions themselves,
+so that every rank raises the same :class:`RanksDisagree` naming each differing item and which
+ranks hold which variant.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import torch
 
-from grace_legacy import wire
 from grace_legacy.core import Backend, derived_seed
+
+#: A description: item name -> a text, or a list of entries compared as a set (e.g. parameters).
+Description = Mapping[str, str | Sequence[str]]
+
+#: How many differing entries of a list item the message spells out before summarizing.
+_SHOWN_ENTRIES = 4
 
 
 class RanksDisagree(RuntimeError):
     """Ranks were set up differently; the message names each differing item and the ranks."""
 
 
-def _gather_bytes(backend: Backend, data: bytes, name: str) -> list[bytes]:
-    part = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.zeros(0, dtype=torch.uint8)
-    gathered = backend.wait(backend.allgather_async(wire.pack([part], with_header=True), name))
-    return [bytes(p[0].numpy().tobytes()) for p in wire.unpack_gathered(gathered, [part], backend.size(), True, name)]
+def canonical(description: Description) -> str:
+    """The description as one text, the same for equal descriptions in every process."""
+    return json.dumps({key: value if isinstance(value, str) else list(value) for key, value in description.items()},
+                      sort_keys=True)
 
 
-def verify_ranks_agree(backend: Backend, description: Mapping[str, str], name: str = "consistency") -> None:
-    """Raise :class:`RanksDisagree` on every rank if any rank's ``description`` differs."""
-    keys = sorted(description)
-    digest = torch.tensor([derived_seed(key, description[key]) for key in keys], dtype=torch.int64)
-    gathered = backend.wait(backend.allgather_async(digest.reshape(1, -1), f"{name}.digest"))
-    if gathered.shape[1] == len(keys) and bool((gathered == gathered[0]).all()):
-        return
-    texts = _gather_bytes(backend, json.dumps(description, sort_keys=True).encode(), f"{name}.descriptions")
-    per_rank = [json.loads(t) for t in texts]
+def description_digest(description: Description) -> int:
+    """A 63-bit digest of the whole description (stable across processes, unlike ``hash``)."""
+    return derived_seed(canonical(description))
+
+
+def seeds_of(component: object) -> list[str]:
+    """Every ``seed`` of ``component`` and of the compressors it wraps (``base``, as schedules
+    do), as ``"PowerSGD.seed=0"`` entries: stochastic compressors' reprs leave their seed out,
+    yet ranks with different seeds would draw different indices or projections."""
+    found, path, seen = [], type(component).__name__, set()
+    while component is not None and id(component) not in seen:
+        seen.add(id(component))
+        seed = getattr(component, "seed", None)
+        if seed is not None:
+            found.append(f"{path}.seed={seed!r}")
+        component = getattr(component, "base", None)
+        path += f".base({type(component).__name__})" if component is not None else ""
+    return found
+
+
+def _ranks(ranks: Sequence[int]) -> str:
+    return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
+
+
+def _entries(entries: Sequence[str]) -> str:
+    shown = ", ".join(entries[:_SHOWN_ENTRIES])
+    more = len(entries) - _SHOWN_ENTRIES
+    return shown + (f" and {more} more" if more > 0 else "")
+
+
+def _list_variant(value: Sequence[str], reference: Sequence[str], reference_ranks: str) -> str:
+    """How a list item differs from the most common variant: the entries added and missing."""
+    in_value, in_reference = set(value), set(reference)
+    extra = [entry for entry in value if entry not in in_reference]
+    missing = [entry for entry in reference if entry not in in_value]
+    parts = [f"{len(value)} entries"]
+    if extra:
+        parts.append(f"has {_entries(extra)} that {reference_ranks} lack")
+    if missing:
+        parts.append(f"lacks {_entries(missing)}")
+    if not extra and not missing:
+        parts.append("the same entries in another order")
+    return ", ".join(parts)
+
+
+def describe_differences(per_rank: Sequence[Description], rank_labels: Sequence[int] | None = None) -> list[str]:
+    """One line per item on which the ranks' descriptions differ, naming who holds what.
+
+    ``per_rank[i]`` is rank ``i``'s description; ``rank_labels[i]`` how rank ``i`` is named in
+    the message (e.g. its global rank when the ranks are a process set's). An item missing on a
+    rank counts as the text ``<missing>``. Each item's most common variant (the lowest ranks on a
+    tie) comes first; a list item's other variants are shown as the entries they add and lack.
+    """
+    labels = list(range(len(per_rank))) if rank_labels is None else list(rank_labels)
+    if len(labels) != len(per_rank):
+        raise ValueError(f"rank_labels must name each of the {len(per_rank)} ranks, got {len(labels)} labels")
     lines = []
-    for key in sorted({k for d in per_rank for k in d}):
+    for key in sorted({key for description in per_rank for key in description}):
         groups: dict[str, list[int]] = {}
-        for rank, d in enumerate(per_rank):
-            groups.setdefault(d.get(key, "<missing>"), []).append(rank)
-        if len(groups) > 1:
-            variants = "; ".join(f"rank{'s' if len(r) > 1 else ''} {', '.join(map(str, r))}: {value}"
-                                 for value, r in sorted(groups.items(), key=lambda item: item[1]))
-            lines.append(f"  {key}: {variants}")
+        values: dict[str, str | Sequence[str]] = {}
+        for label, description in zip(labels, per_rank, strict=True):
+            value = description.get(key, "<missing>")
+            text = value if isinstance(value, str) else json.dumps(list(value))
+            groups.setdefault(text, []).append(label)
+            values[text] = value
+        if len(groups) == 1:
+            continue
+        ordered = sorted(groups, key=lambda text: (-len(groups[text]), labels.index(groups[text][0])))
+        reference = values[ordered[0]]
+        variants = []
+        for text in ordered:
+            value = values[text]
+            if isinstance(value, str) or isinstance(reference, str):
+                shown = value if isinstance(value, str) else f"{len(value)} entries"
+            elif text == ordered[0]:
+                shown = f"{len(value)} entries"
+            else:
+                shown = _list_variant(value, reference, _ranks(groups[ordered[0]]))
+            variants.append(f"{_ranks(groups[text])}: {shown}")
+        lines.append(f"  {key}: " + "; ".join(variants))
+    return lines
+
+
+def _gather_texts(backend: Backend, text: bytes, lengths: Sequence[int], name: str) -> list[str]:
+    # Horovod's allgather joins rows of different counts, so each rank sends its own length.
+    part = torch.frombuffer(bytearray(text), dtype=torch.uint8)
+    gathered = backend.wait(backend.allgather_async(part, name)).numpy().tobytes()
+    offsets = [sum(lengths[:i]) for i in range(len(lengths) + 1)]
+    return [gathered[offsets[i]:offsets[i + 1]].decode() for i in range(len(lengths))]
+
+
+def verify_ranks_agree(backend: Backend, description: Description, name: str = "consistency",
+                       rank_labels: Sequence[int] | None = None) -> None:
+    """Raise :class:`RanksDisagree` on every rank if any rank's ``description`` differs.
+
+    A collective: every rank of ``backend`` must call it, with the same ``name``. It costs one
+    allgather of two numbers per rank when the ranks agree, and one more of the descriptions
+    when they do not; every rank then sees the same gathered data and raises the same message.
+    ``rank_labels`` names the ranks in the message (see :func:`describe_differences`).
+    """
+    text = canonical(description).encode()
+    # (digest, length): the same shape on every rank, whatever the description holds.
+    mine = torch.tensor([[description_digest(description), len(text)]], dtype=torch.int64)
+    gathered = backend.wait(backend.allgather_async(mine, f"{name}.digest"))
+    if bool((gathered[:, 0] == gathered[0, 0]).all()):
+        return
+    texts = _gather_texts(backend, text, gathered[:, 1].tolist(), f"{name}.descriptions")
+    lines = describe_differences([json.loads(t) for t in texts], rank_labels)
     raise RanksDisagree("grace_legacy: ranks are set up differently, so their gradients cannot be exchanged "
-                        "safely:\n" + "\n".join(lines))
+                        "safely (every rank raises this):\n" + "\n".join(lines))

@@ -9,13 +9,23 @@ the ``Grace`` bundle, which picks the collective the payload needs. Horovod 0.28
 ``synchronize()`` already accepts a callable handle that returns the finished gradient, which is
 what ``Grace.start`` returns.
 
-Two checks guard every run. Before the first gradient collective the ranks compare a digest of
-their parameters, compression set-up and schedule position (:mod:`grace_legacy.consistency`) and
-all raise the same error if they differ. After every synchronization one small allreduce tells
-every rank which gradients held an inf or NaN on any rank; those are made NaN everywhere (so
-``torch.amp.GradScaler`` skips the step on every rank, as it would without compression) and,
-since the whole step is then skipped, every tensor's memory and compressor state (schedules'
-observations included) is rolled back to before the step.
+Two checks guard every run. The ranks compare a digest of their parameters (names, shapes,
+dtypes), compression set-up (compressor, memory and communicator with their knobs and seeds,
+buckets) and schedule (:mod:`grace_legacy.consistency`) when the optimizer is built, before the
+user's ``broadcast_parameters`` could hang on a different model, and again before the first
+gradient collective (``set_epoch`` or a loaded state may have moved a schedule since); on a
+mismatch every rank raises the same :class:`~grace_legacy.consistency.RanksDisagree`. After
+every synchronization one small allreduce tells every rank which gradients held an inf or NaN on
+any rank; those are made NaN everywhere (so ``torch.amp.GradScaler`` skips the step on every
+rank, as it would without compression) and, since the whole step is then skipped, every
+tensor's memory and compressor state (schedules' observations included) is rolled back to before
+the step.
+
+A rank that dies (killed, out of memory) ends the job instead of hanging it: ``horovodrun``
+terminates the other ranks as soon as one exits non-zero (Gloo: "Terminating remaining workers
+after failure of Process N"; MPI: ``mpirun`` aborts the job), and a surviving rank that is
+waiting in a collective gets "Horovod has been shut down" from Horovod, because Gloo sees the
+dead peer's closed connection at once.
 
 ``import grace_legacy`` calls :func:`install`, so the stock ``hvd.DistributedOptimizer`` accepts
 grace_legacy compressors and ``Grace`` bundles; any other ``compression`` (Horovod's own
@@ -24,7 +34,6 @@ grace_legacy compressors and ``Grace`` bundles; any other ``compression`` (Horov
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import horovod.torch as hvd
@@ -34,8 +43,8 @@ from horovod.torch.compression import Compression
 from horovod.torch.mpi_ops import Adasum, Average, Sum, global_process_set
 
 from grace_legacy.backends.horovod import HorovodBackend
-from grace_legacy.consistency import verify_ranks_agree
-from grace_legacy.core import Compressor, derived_seed
+from grace_legacy.consistency import seeds_of, verify_ranks_agree
+from grace_legacy.core import Compressor
 from grace_legacy.grace import Grace
 
 _horovod_distributed_optimizer = _hvd_optimizer.DistributedOptimizer
@@ -58,28 +67,33 @@ class _AlreadyAggregated:
         return tensor
 
 
-def _description(self: Any) -> dict[str, str]:
+def _description(self: Any) -> dict[str, str | list[str]]:
     """What every rank of the process set must agree on before exchanging gradients."""
-    tensors = sorted((self._parameter_names[p], tuple(p.shape), str(p.dtype)) for p in self._requires_update)
-    layout = "\n".join(f"{name}{list(shape)} {dtype}" for name, shape, dtype in tensors)
     return {
-        "parameters": f"{len(tensors)} tensors, {sum(math.prod(s) for _, s, _ in tensors)} elements "
-                      f"(layout digest {derived_seed(layout):016x})",
+        "parameters": sorted(f"{self._parameter_names[p]}{list(p.shape)} {str(p.dtype).removeprefix('torch.')}"
+                             for p in self._requires_update),
         "op": "Average" if self.op == Average else "Sum",
         "backward_passes_per_step": str(self.backward_passes_per_step),
         **self._grace.describe(),
+        "seeds": seeds_of(self._grace.compressor) + seeds_of(self._grace.memory),
     }
+
+
+def _verify_ranks_agree(self: Any, when: str) -> None:
+    ranks = self.process_set.ranks
+    verify_ranks_agree(self._grace_backend, _description(self), f"consistency.{when}",
+                       rank_labels=ranks if ranks else None)
 
 
 def _grace_allreduce_grad_async(self: Any, p: torch.Tensor) -> tuple[Any, None]:
     if not self._grace_verified:
-        # Before the first gradient collective, so that a misconfigured rank raises instead of
-        # sending collectives the others never match.
-        verify_ranks_agree(self._grace_backend, _description(self))
+        # Again before the first gradient collective: set_epoch or a loaded state_dict may have
+        # moved one rank's schedule since construction.
+        _verify_ranks_agree(self, "first-step")
         self._grace_verified = True
     if p.grad is None:
-        # Another rank may have computed this gradient (a branch not taken here); every rank must
-        # still take part in its collective, with zeros, exactly as Horovod does.
+        # Unused on this rank (a branch not taken) but perhaps not on others: every rank must
+        # take part in every collective, so this rank contributes zeros, exactly as Horovod does.
         p.grad = p.data.new(p.size()).zero_()
     tensor = p.grad
     if tensor.is_sparse:
@@ -92,7 +106,25 @@ def _grace_allreduce_grad_async(self: Any, p: torch.Tensor) -> tuple[Any, None]:
     return pending, None
 
 
+def _start_the_rest_in_order(self: Any) -> None:
+    """Start every gradient the backward pass has not (unused on this rank, or delayed by
+    ``backward_passes_per_step``) and put the handles in one order that every rank shares.
+
+    Horovod would start the rest in the iteration order of a ``set`` and wait for them in
+    arrival order, both of which differ between ranks. A multi-round compressor (PowerSGD)
+    launches its next round only when its gradient is waited for, so ranks waiting in different
+    orders would each wait for a round the others have not launched: a deadlock.
+    """
+    order = [p for p in self._grace_order if p in self._requires_update]
+    for p in order:
+        if self._handles.get(p, (None, None))[0] is None:
+            self._handles[p] = self._allreduce_grad_async(p)
+    self._handles = {p: self._handles[p] for p in order}
+
+
 def _grace_synchronize(self: Any) -> None:
+    if self.process_set.included():
+        _start_the_rest_in_order(self)
     _hvd_optimizer._DistributedOptimizer.synchronize(self)
     if self._requires_update and self.process_set.included():
         by_name = {self._parameter_names[p]: p for p in self._requires_update}
@@ -121,6 +153,17 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
     divided by the process set's size) or ``hvd.Sum``. ``gradient_predivide_factor`` only changes
     where Horovod divides, so the result is the same. Raises ``ValueError`` at construction for
     what compressed payloads cannot honour: ``op=hvd.Adasum`` and explicit ``groups``.
+
+    Unused parameters: a parameter whose ``grad`` is still ``None`` on a rank when the step
+    synchronizes (a branch that rank did not take) takes part from that rank with a zero
+    gradient (plus, under error feedback, the residual the rank holds for it), as in Horovod's
+    own optimizer. The synchronized gradient is then the average (or sum) over all ranks with
+    zeros where a rank computed none, and every rank's ``p.grad`` is set to it, ``None`` before
+    or not. Every rank waits for its gradients in one shared order, so that multi-round
+    compressors (PowerSGD) cannot deadlock on gradients that arrive in different orders.
+
+    Raises :class:`~grace_legacy.consistency.RanksDisagree` (on every rank of the process set,
+    here or at the first step) when ranks differ in parameters, compression set-up or schedule.
     """
     if not is_grace_compression(compression):
         return _horovod_distributed_optimizer(
@@ -154,8 +197,13 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
     # Gradients arrive roughly in reverse registration order during backward, so buckets of
     # consecutive parameters in that order fill (and take off) while backward goes on.
     trainable = [p for group in distributed.param_groups for p in group["params"] if p.requires_grad]
+    distributed._grace_order = list(reversed(trainable))
     bundle.plan_buckets([(distributed._parameter_names[p], p.numel() * p.element_size())
-                         for p in reversed(trainable)])
+                         for p in distributed._grace_order])
+    if process_set.included():
+        # Here already, before the user's broadcast_parameters: ranks with different models
+        # would otherwise hang or fail obscurely inside it.
+        _verify_ranks_agree(distributed, "construction")
     return distributed
 
 
