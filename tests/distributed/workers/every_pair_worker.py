@@ -129,7 +129,9 @@ def main() -> None:
     hvd.init()
     torch.set_num_threads(1)
     rec = Recorder(args.out)
+    started = time.perf_counter()
     reference = rec.guard("hvd.Compression.none", train, rec, "hvd.Compression.none", Compression.none, None)
+    rec.extra["reference_seconds"] = round(time.perf_counter() - started, 3)
     expected_skips = [INIT_SCALE * 0.5 ** sum(s <= step for s in poisons(hvd.size())) for step in range(STEPS)]
     rec.check("hvd.Compression.none: skips exactly the poisoned steps", reference == expected_skips,
               f"scales {reference}, expected {expected_skips}")
