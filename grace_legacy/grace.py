@@ -189,7 +189,7 @@ class Grace:
         def finish() -> torch.Tensor:
             result = self.memory.aggregated(name, inner())
             # A compressor can overflow finite input (FP16 beyond 65504); the step is skipped then too.
-            self._nonfinite[name] = self._nonfinite[name] | ~torch.isfinite(result).all()
+            self._nonfinite[name] = self._nonfinite.get(name, False) | ~torch.isfinite(result).all()
             self.compressor.observe(name, result)
             # Recorded on arrival: a multi-round payload's later rounds are only sent in inner().
             self.compressor.record_traffic(name, tensor, inner.bytes_sent, route)
