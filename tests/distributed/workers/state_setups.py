@@ -66,6 +66,10 @@ MEMORIES: dict[str, Callable] = {
 }
 
 
+#: Memories paired with one compressor only: with any other they are Residual again.
+OWN_MEMORY = {"PowerSGDMemory": "PowerSGD", "EFSignSGDMemory": "EFSignSGD"}
+
+
 def _accepts(make_compressor: Callable, make_memory: Callable) -> bool:
     try:
         Grace(make_compressor(), memory=make_memory())
@@ -81,9 +85,8 @@ def every_pair() -> list[Setup]:
     setups: list[Setup] = []
     for c_label, make_c in COMPRESSORS.items():
         for m_label, make_m in MEMORIES.items():
-            if (m_label, c_label.split("(")[0]) in (("PowerSGDMemory", "PowerSGD"), ("EFSignSGDMemory", "EFSignSGD")):
-                pass
-            elif m_label in ("PowerSGDMemory", "EFSignSGDMemory"):
+            owner = OWN_MEMORY.get(m_label)
+            if owner is not None and not c_label.startswith(owner):
                 continue
             if _accepts(make_c, make_m):
                 setups.append((f"{c_label}+{m_label}", lambda c=make_c, m=make_m: Grace(c(), memory=m())))
