@@ -379,11 +379,14 @@ class Accordion(KnobSchedule):
         self._lr_drops = list(state["lr_drops"])
         self._history = {n: [tuple(c) for c in changes] for n, changes in state["history"].items()}
 
+    def configuration(self) -> str:
+        return (f"Accordion({self.base!r}, low={self.low!r}, high={self.high!r}, eta={self.eta!r}, "
+                f"interval={self.interval})")
+
     def __repr__(self) -> str:
         # The decisions' digest lets the consistency check catch a rank resumed from another state.
         decided = _digest((sorted(self._critical.items()), self._override_until))
-        return (f"Accordion({self.base!r}, low={self.low!r}, high={self.high!r}, eta={self.eta!r}, "
-                f"interval={self.interval}, decisions={decided})")
+        return f"{self.configuration()[:-1]}, decisions={decided})"
 
 
 # -- L-GreCo --------------------------------------------------------------------------------------
@@ -708,8 +711,10 @@ class LGreCo(KnobSchedule):
         self._timing = dict(state["timing"])
         self._last_end = None
 
+    def configuration(self) -> str:
+        return (f"LGreCo({self.base!r}, choices={self.choices!r}, reference={self.reference!r}, "
+                f"interval={self.interval}, budget={self.budget!r}, resolution={self.resolution})")
+
     def __repr__(self) -> str:
         # The choices' digest lets the consistency check catch a rank resumed from another state.
-        return (f"LGreCo({self.base!r}, choices={self.choices!r}, reference={self.reference!r}, "
-                f"interval={self.interval}, budget={self.budget!r}, resolution={self.resolution}, "
-                f"decisions={_digest(sorted(self._choice.items()))})")
+        return f"{self.configuration()[:-1]}, decisions={_digest(sorted(self._choice.items()))})"

@@ -21,7 +21,7 @@ import hashlib
 import math
 import numbers
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
@@ -124,6 +124,54 @@ class StepJournal:
 
     def commit(self) -> None:
         self._before.clear()
+
+
+_SEPARATORS = " ,()[]{}"
+
+
+def _first_difference(saved: str, now: str) -> str:
+    """The argument where two configuration strings first differ, e.g. ``'epochs=4' -> 'epochs=8'``."""
+    start = 0
+    while start < min(len(saved), len(now)) and saved[start] == now[start]:
+        start += 1
+    while start > 0 and saved[start - 1] not in _SEPARATORS:
+        start -= 1
+
+    def token(text: str) -> str:
+        end = start
+        while end < len(text) and (end == start or text[end] not in _SEPARATORS):
+            end += 1
+        return text[start:end]
+
+    return f"{token(saved)!r} -> {token(now)!r}"
+
+
+def refuse_other_configuration(owner: str, saved: Mapping[str, Any], now: Mapping[str, Any]) -> None:
+    """Raise ``ValueError`` naming every entry of a saved configuration that differs from ``now``.
+
+    A state is only meaningful for the set-up that produced it: a residual kept for Top-k at
+    density 0.01, or a step counter of QSGD with seed 7, loaded into another set-up would resume
+    a run that never happened, silently.
+    """
+    lines = []
+    for key in sorted(set(saved) | set(now)):
+        before, after = saved.get(key, "<missing>"), now.get(key, "<missing>")
+        if before != after:
+            where = f" (at {_first_difference(before, after)})" if isinstance(before, str) and isinstance(
+                after, str) else ""
+            lines.append(f"  {key}: saved {before}, now {after}{where}")
+    if lines:
+        raise ValueError(f"{owner}: this state was saved by a different configuration; loading it would "
+                         f"resume a run that never happened:\n" + "\n".join(lines))
+
+
+def saved_configuration(state: Any, owner: str) -> Any:
+    """``state["config"]``, or a ``ValueError`` saying the object is not such a state."""
+    if not isinstance(state, Mapping) or "config" not in state:
+        got = sorted(state) if isinstance(state, Mapping) else type(state).__name__
+        raise ValueError(f"{owner}: expected a state from {owner.split('.')[0]}.state_dict() (a dict with a "
+                         f"'config' entry), got {got}")
+    return state["config"]
 
 
 def check_gradient(tensor: torch.Tensor, owner: str) -> None:
@@ -323,10 +371,29 @@ class Compressor(ABC):
         if journal is not None:
             journal.commit()
 
+    # -- checkpoints ------------------------------------------------------------------------
+    def configuration(self) -> str:
+        """What a saved state is only valid for: this compressor's arguments, as its ``repr``
+        (schedules leave out the decisions they take while training)."""
+        return repr(self)
+
     def state_dict(self) -> dict[str, Any]:
-        return {"traffic": self._traffic.state_dict(), "steps": dict(self._steps)}
+        """Everything this compressor carries from step to step, as plain data (tensors, numbers,
+        strings, lists and dicts: ``torch.load(..., weights_only=True)`` reads it back): its
+        :meth:`configuration`, byte counts, and per-tensor step counters, which with the seed and
+        the rank *are* the state of every random generator it draws from (:meth:`generator`).
+        Subclasses add what else they keep (PowerSGD's warm start, Signum's momentum, a
+        schedule's progress). Tensors are copies. See :meth:`grace_legacy.Grace.state_dict` for
+        checkpointing a whole run."""
+        return {"config": self.configuration(), "traffic": self._traffic.state_dict(), "steps": dict(self._steps)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state`` (from :meth:`state_dict` of a compressor configured alike; a
+        ``ValueError`` names what differs otherwise). Call between steps."""
+        owner = f"{type(self).__name__}.load_state_dict"
+        refuse_other_configuration(owner, {"config": saved_configuration(state, owner)},
+                                   {"config": self.configuration()})
+        self.commit()
         self._traffic.load_state_dict(state["traffic"])
         # Update in place: with_knob copies share this dict.
         self._steps.clear()
@@ -373,7 +440,7 @@ class Memory(ABC):
         journal = self.__dict__.get("_journal")
         if journal is not None:
             journal.rollback(name)
-        elif self.state_dict():
+        elif set(self.state_dict()) - {"config"}:
             raise NotImplementedError(f"{type(self).__name__} keeps state but no StepJournal to roll a step back")
 
     def commit(self) -> None:
@@ -382,12 +449,25 @@ class Memory(ABC):
         if journal is not None:
             journal.commit()
 
+    def configuration(self) -> str:
+        """What a saved state is only valid for: this memory's arguments, as its ``repr``."""
+        return repr(self)
+
     def state_dict(self) -> dict[str, Any]:
-        return {}
+        """The per-tensor state (copies) and the :meth:`configuration` it belongs to. Subclasses
+        add their tensors to ``super().state_dict()``."""
+        return {"config": self.configuration()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state:
-            raise ValueError(f"{type(self).__name__} keeps no state, got keys {sorted(state)}")
+        """Check that ``state`` was saved by a memory configured alike (``ValueError`` naming the
+        difference otherwise); subclasses then load their tensors. Call between steps."""
+        owner = f"{type(self).__name__}.load_state_dict"
+        refuse_other_configuration(owner, {"config": saved_configuration(state, owner)},
+                                   {"config": self.configuration()})
+        unknown = set(state) - set(self.state_dict())
+        if unknown:
+            raise ValueError(f"{owner}: the state holds {sorted(unknown)}, which {type(self).__name__} does not keep")
+        self.commit()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"

@@ -12,7 +12,17 @@ from grace_legacy import wire
 from grace_legacy.communicators import Allgather, Allreduce
 from grace_legacy.communicators.fusion import BucketPlan, FusedExchange, Member
 from grace_legacy.compressors import NoCompression
-from grace_legacy.core import Backend, Communicator, Compressor, Memory, Payload, Pending, derived_seed
+from grace_legacy.core import (
+    Backend,
+    Communicator,
+    Compressor,
+    Memory,
+    Payload,
+    Pending,
+    derived_seed,
+    refuse_other_configuration,
+    saved_configuration,
+)
 
 _DENSE = NoCompression()
 _ALLREDUCE = Allreduce()
@@ -112,8 +122,12 @@ class Grace:
         compressor.check_memory(self.memory)
         self.memory.check_compressor(compressor)
         self.communicator = communicator
-        # Per tensor of the current step: did this rank's gradient hold an inf or NaN?
+        # Per tensor of the current step: did this rank's gradient, what its memory made of it,
+        # or the synchronized result hold an inf or NaN?
         self._nonfinite: dict[str, torch.Tensor] = {}
+        # (rank, size) of the process set this bundle ran on, and the one a loaded state expects.
+        self._placement: tuple[int, int] | None = None
+        self._expected_placement: tuple[int, int] | None = None
 
     def plan_buckets(self, sizes: Sequence[tuple[str, int]]) -> None:
         """Fuse the tensors named in ``sizes`` ((name, dense bytes), in expected arrival order)
@@ -137,11 +151,16 @@ class Grace:
 
     def start(self, tensor: torch.Tensor, name: str, backend: Backend, average: bool) -> Pending:
         """Compress ``tensor`` and launch its collectives; call the result to get the gradient."""
+        if self._placement is None:
+            self._enter(backend)
         if backend.rank() != self.compressor.rank:
             self.compressor.set_rank(backend.rank())
         # A sparsifier or a sign may drop an inf; the flag makes sure every rank still sees it.
-        self._nonfinite[name] = ~torch.isfinite(tensor).all()
+        nonfinite = ~torch.isfinite(tensor).all()
         compensated = self.memory.compensate(tensor, name)
+        if compensated is not tensor:  # finite state can still overflow (momentum, an fp16 sum)
+            nonfinite = nonfinite | ~torch.isfinite(compensated).all()
+        self._nonfinite[name] = nonfinite
         concrete = self.compressor.resolve(compensated, name) if tensor.numel() else None
         route = "dense"
         if concrete is not None:
@@ -169,12 +188,25 @@ class Grace:
 
         def finish() -> torch.Tensor:
             result = self.memory.aggregated(name, inner())
+            # A compressor can overflow finite input (FP16 beyond 65504); the step is skipped then too.
+            self._nonfinite[name] = self._nonfinite.get(name, False) | ~torch.isfinite(result).all()
             self.compressor.observe(name, result)
             # Recorded on arrival: a multi-round payload's later rounds are only sent in inner().
             self.compressor.record_traffic(name, tensor, inner.bytes_sent, route)
             return result
 
         return Pending(finish, inner.bytes_sent)
+
+    def _enter(self, backend: Backend) -> None:
+        """The first step on ``backend``: learn this rank's place, and check a loaded state's."""
+        placement = (backend.rank(), backend.size())
+        if self._expected_placement is not None and self._expected_placement != placement:
+            (rank, size), (saved_rank, saved_size) = placement, self._expected_placement
+            raise ValueError(
+                f"Grace: this rank ({rank} of {size}) loaded the state that rank {saved_rank} of {saved_size} "
+                f"saved; residuals and generators belong to one rank, so each rank must load its own "
+                f"(compression.load_state_dict(states[hvd.rank()])) on as many ranks as saved them")
+        self._placement = placement
 
     # -- the end of a step ------------------------------------------------------------------
     def nonfinite_names(self, names: Sequence[str], backend: Backend) -> set[str]:
@@ -216,10 +248,57 @@ class Grace:
     def reset_stats(self) -> None:
         self.compressor.reset_stats()
 
+    # -- checkpoints ------------------------------------------------------------------------
+    def configuration(self) -> dict[str, str]:
+        """What a saved state is only valid for. Not the bucket size: fusion changes which
+        collectives carry a tensor, not what is computed."""
+        return {"compressor": self.compressor.configuration(), "memory": self.memory.configuration(),
+                "communicator": repr(self.communicator), "dense_fallback": str(self.dense_fallback)}
+
     def state_dict(self) -> dict[str, Any]:
-        return {"compressor": self.compressor.state_dict(), "memory": self.memory.state_dict()}
+        """This rank's compression state, so that a run resumed from a checkpoint continues
+        bit for bit as if it had never stopped: the memory's per-tensor state (residuals, DGC's
+        momenta, EF21's estimates), the compressor's (step counters, which fix every random
+        draw; PowerSGD's warm start; Signum's momentum), a schedule's position and decisions, the
+        byte counts of :attr:`stats`, the :meth:`configuration`, and which rank of how many saved
+        it. Plain data, copied: ``torch.save`` it, and ``torch.load(..., weights_only=True)``
+        reads it back. Call it between steps.
+
+        The state differs from rank to rank (each rank has its own residuals and draws), so
+        gather it; the model and optimizer are the same on every rank::
+
+            states = hvd.allgather_object(compression.state_dict())
+            if hvd.rank() == 0:
+                torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                            "compression": states, "epoch": epoch}, path)
+
+        and to resume, in fresh processes, on as many ranks, after building everything as before::
+
+            checkpoint = torch.load(path, weights_only=True)
+            model.load_state_dict(checkpoint["model"])
+            optimizer.load_state_dict(checkpoint["optimizer"])
+            compression.load_state_dict(checkpoint["compression"][hvd.rank()])
+
+        (with ``torch.amp.GradScaler``, save and load ``scaler.state_dict()`` too). The resumed
+        run's parameters then equal the uninterrupted run's bit for bit, given the same data in
+        the same order, the same world size and controller, and Horovod's settings unchanged.
+        """
+        placement = self._placement or self._expected_placement
+        return {"config": self.configuration(), "placement": None if placement is None else list(placement),
+                "compressor": self.compressor.state_dict(), "memory": self.memory.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state``, this rank's :meth:`state_dict` of an earlier run.
+
+        Raises ``ValueError`` naming every difference if the state was saved by another
+        configuration (compressor, schedule, memory, communicator or their arguments), before
+        changing anything; and at the first step if it was saved by another rank, or on another
+        number of ranks."""
+        saved = saved_configuration(state, "Grace.load_state_dict")
+        refuse_other_configuration("Grace.load_state_dict", saved, self.configuration())
+        placement = state["placement"]
+        self._expected_placement = None if placement is None else (int(placement[0]), int(placement[1]))
+        self._placement = None
         self.compressor.load_state_dict(state["compressor"])
         self.memory.load_state_dict(state["memory"])
 

@@ -119,4 +119,5 @@ class DGC(TopK):
         return DGCMemory()
 
     def __repr__(self) -> str:
-        return f"DGC(ratio={self.ratio!r}, seed={self.seed})"
+        return (f"DGC(ratio={self.ratio!r}, seed={self.seed}, sample_ratio={self.sample_ratio!r}, "
+                f"min_samples={self.min_samples})")

@@ -134,6 +134,9 @@ class PowerSGD(Compressor):
 
         return PowerSGDMemory()
 
+    def __repr__(self) -> str:
+        return f"PowerSGD(rank={self.rank_r!r}, seed={self.seed})"
+
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "warm_q": {k: q.clone() for k, q in self._warm_q.items()}}
 

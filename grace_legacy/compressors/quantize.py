@@ -159,6 +159,9 @@ class QSGD(Compressor):
     def payload_spec(self, numel: int, dtype: torch.dtype) -> list[tuple[int, torch.dtype]]:
         return [(1, torch.float32), (numel, level_dtype(self.levels))]
 
+    def __repr__(self) -> str:
+        return f"QSGD(levels={self.levels!r}, seed={self.seed})"
+
     def recommended_memory(self) -> Memory:
         """``NoMemory``: the estimate is unbiased, so there is no systematic error to feed back."""
         from grace_legacy.memories import NoMemory
@@ -218,6 +221,9 @@ class TernGrad(Compressor):
 
     def payload_spec(self, numel: int, dtype: torch.dtype) -> list[tuple[int, torch.dtype]]:
         return [(1, torch.float32), (numel, torch.int8)]
+
+    def __repr__(self) -> str:
+        return f"TernGrad(seed={self.seed})"
 
     def recommended_memory(self) -> Memory:
         """``NoMemory``: unbiased for the clipped gradient, and clipping is deliberate, not an error
@@ -325,6 +331,9 @@ class Natural(Compressor):
 
     def payload_spec(self, numel: int, dtype: torch.dtype) -> list[tuple[int, torch.dtype]]:
         return [(1, torch.int16), (numel, torch.uint8)]
+
+    def __repr__(self) -> str:
+        return f"Natural(seed={self.seed})"
 
     def recommended_memory(self) -> Memory:
         """``NoMemory``: the estimate is unbiased, so there is no systematic error to feed back."""

@@ -156,6 +156,9 @@ class RandomK(Compressor):
     def payload_spec(self, numel: int, dtype: torch.dtype) -> list[tuple[int, torch.dtype]]:
         return [(kept_count(self.ratio, numel), dtype)]
 
+    def __repr__(self) -> str:
+        return f"RandomK(ratio={self.ratio!r}, seed={self.seed})"
+
     def recommended_memory(self):
         from grace_legacy.memories import Residual
 

@@ -55,9 +55,11 @@ class Residual(Memory):
         self.residuals[name] = compensated - compressor.decompress(payload, ctx)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"residuals": {name: r.detach().clone() for name, r in self.residuals.items()}}
+        return {**super().state_dict(),
+                "residuals": {name: r.detach().clone() for name, r in self.residuals.items()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
         self.residuals = {name: r.clone() for name, r in state["residuals"].items()}
 
 

@@ -103,10 +103,12 @@ class DGCMemory(Memory):
                              f"entries; use a sparsifier (DGC, TopK, RandomK, Threshold) or another memory")
 
     def state_dict(self) -> dict[str, Any]:
-        return {"velocities": {name: u.detach().clone() for name, u in self.velocities.items()},
+        return {**super().state_dict(),
+                "velocities": {name: u.detach().clone() for name, u in self.velocities.items()},
                 "accumulations": {name: v.detach().clone() for name, v in self.accumulations.items()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
         self.velocities = {name: u.clone() for name, u in state["velocities"].items()}
         self.accumulations = {name: v.clone() for name, v in state["accumulations"].items()}
 

@@ -71,9 +71,11 @@ class EF21(Memory):
         return estimate.clone()
 
     def state_dict(self) -> dict[str, Any]:
-        return {"local": {name: t.detach().clone() for name, t in self.local.items()},
+        return {**super().state_dict(),
+                "local": {name: t.detach().clone() for name, t in self.local.items()},
                 "estimates": {name: t.detach().clone() for name, t in self.estimates.items()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
         self.local = {name: t.clone() for name, t in state["local"].items()}
         self.estimates = {name: t.clone() for name, t in state["estimates"].items()}

@@ -107,7 +107,7 @@ def test_dgc_memory_state_dict_round_trip_is_a_copy():
     fresh = DGCMemory(momentum=0.5)
     fresh.load_state_dict(state)
     assert torch.equal(restored.compensate(grad, "w"), fresh.compensate(grad, "w"))
-    assert set(state) == {"velocities", "accumulations"}
+    assert set(state) == {"config", "velocities", "accumulations"}
 
 
 def test_dgc_memory_rejects_a_tensor_that_changed_shape():

@@ -105,7 +105,7 @@ def test_ef21_state_dict_round_trip_is_a_copy():
     memory.local["w"] += 1
     restored = EF21()
     restored.load_state_dict(state)
-    assert set(state) == {"local", "estimates"}
+    assert set(state) == {"config", "local", "estimates"}
     assert torch.equal(restored.compensate(grad, "w"), grad - c.decompress(*c.compress(grad, "w")))
     assert torch.equal(restored.aggregated("w", torch.zeros(6, dtype=torch.float64)), torch.ones(6))
 
