@@ -154,9 +154,10 @@ def check_gradient(tensor: torch.Tensor, owner: str) -> None:
     """Reject what no compressor can encode, with an error that says what was wrong."""
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"{owner}: expected a torch.Tensor, got {type(tensor).__name__}")
+    if not tensor.is_floating_point():
+        raise TypeError(f"{owner}: gradients must be floating point, got dtype {tensor.dtype}")
     if tensor.dtype not in GRADIENT_DTYPES:
-        raise TypeError(f"{owner}: gradients must be floating point (float32, float64, float16 or bfloat16), "
-                        f"got dtype {tensor.dtype}")
+        raise TypeError(f"{owner}: gradients must be float32, float64, float16 or bfloat16, got {tensor.dtype}")
     if tensor.numel() == 0:
         raise ValueError(f"{owner}: cannot compress an empty tensor (shape {tuple(tensor.shape)})")
     if tensor.is_sparse:
