@@ -11,6 +11,7 @@ it records:
 * **entries**: the container entries (dict items, list and deque items) and **tensor bytes**
   reachable from the bundle through grace_legacy objects, counted by :func:`structure_size`:
   residuals, momenta, warm starts, step counters, stats, schedule histories, fusion plans;
+* **objects**: the live Python objects the garbage collector tracks (the whole process);
 * **traced**: the bytes Python allocated from grace_legacy's own source lines and still holds
   (``tracemalloc``, the difference from step 0);
 * **RSS**: the process's resident memory (it includes PyTorch's allocator, so it is the noisiest).
@@ -43,7 +44,7 @@ REPO = Path(__file__).resolve().parents[2]
 #: A small model's gradients: a matrix large enough for every compressor to compress, a bias, a head.
 SHAPES = {"fc1.weight": (32, 64), "fc1.bias": (64,), "fc2.weight": (64, 10)}
 TABLE_STEPS = (0, 500, 1000, 2000)
-QUICK_STEPS = (0, 50, 100, 200)
+QUICK_STEPS = (0, 25, 50, 100)
 #: Only allocations made on these files' lines count as "traced" (the library's own memory).
 TRACED_FILES = ("*grace_legacy*", "*threaded_backend.py")
 
@@ -171,7 +172,7 @@ def cases() -> dict[str, Callable[[], Any]]:
         "DGCWarmup(DGC)": lambda: Grace(DGCWarmup(DGC(min_samples=16), target=0.01, warmup_epochs=4,
                                                   steps_per_epoch=20)),
         "Accordion(TopK)": lambda: Grace(Accordion(TopK(), low=0.2, high=0.02, interval=5)),
-        "LGreCo(PowerSGD)": lambda: Grace(LGreCo(PowerSGD(), [1, 2, 4, None], reference=2, interval=5)),
+        "LGreCo(PowerSGD)": lambda: Grace(LGreCo(PowerSGD(), [1, 2, 4, None], reference=2, interval=20)),
     }
 
 
@@ -213,7 +214,8 @@ class Run:
 def measure(run: Run, traced_from: int | None) -> dict[str, int]:
     gc.collect()
     entries, tensor_bytes = structure_size(run.bundle)
-    out = {"step": run.steps, "entries": entries, "tensor_bytes": tensor_bytes, "rss": rss_bytes()}
+    out = {"step": run.steps, "entries": entries, "tensor_bytes": tensor_bytes, "objects": len(gc.get_objects()),
+           "rss": rss_bytes()}
     if traced_from is not None:
         out["traced"] = traced_bytes() - traced_from
     return out
@@ -266,8 +268,8 @@ def worker(args: argparse.Namespace) -> None:
         if step in checkpoints:
             gc.collect()
             entries, tensor_bytes = structure_size(compression)
-            rows.append({"step": step, "entries": entries, "tensor_bytes": tensor_bytes, "rss": rss_bytes(),
-                         "traced": traced_bytes() - baseline})
+            rows.append({"step": step, "entries": entries, "tensor_bytes": tensor_bytes,
+                         "objects": len(gc.get_objects()), "rss": rss_bytes(), "traced": traced_bytes() - baseline})
         if step == checkpoints[-1]:
             break
         batch = slice((step * 32) % 256, (step * 32) % 256 + 32)
@@ -315,12 +317,13 @@ def write(result: dict[str, Any], results_dir: Path, command: str) -> None:
     lines = []
     for label, rows in result["in_process"].items():
         lines.append(f"| {label} | {at(rows, 'entries')} | {at(rows, 'tensor_bytes', 1024, '{:.1f}')} | "
-                     f"{at(rows, 'traced', 1024, '{:.1f}')} | {at(rows, 'rss', 2**20, '{:.1f}')} |")
+                     f"{at(rows, 'objects')} | {at(rows, 'traced', 1024, '{:.1f}')} | "
+                     f"{at(rows, 'rss', 2**20, '{:.1f}')} |")
     horovod = result.get("horovod")
     horovod_text = ""
     if horovod:
         hlines = "\n".join(f"| rank {r['rank']} | {at(r['rows'], 'entries')} | "
-                           f"{at(r['rows'], 'tensor_bytes', 1024, '{:.1f}')} | "
+                           f"{at(r['rows'], 'tensor_bytes', 1024, '{:.1f}')} | {at(r['rows'], 'objects')} | "
                            f"{at(r['rows'], 'traced', 1024, '{:.1f}')} | {at(r['rows'], 'rss', 2**20, '{:.1f}')} |"
                            for r in horovod["ranks"])
         horovod_text = f"""
@@ -329,13 +332,14 @@ def write(result: dict[str, Any], results_dir: Path, command: str) -> None:
 A 64-128-10 MLP trained with `hvd.DistributedOptimizer` and `{horovod['compression']}` for
 {table_steps[-1]:,} steps ({horovod['ranks'][0]['seconds']:.0f} s on rank 0); the same numbers, on each rank.
 
-| rank | entries | tensor KiB | traced KiB | RSS MiB |
-|---|---|---|---|---|
+| rank | entries | tensor KiB | Python objects | traced KiB | RSS MiB |
+|---|---|---|---|---|---|
 {hlines}
 """
     steady = [label for label, rows in result["in_process"].items()
               if _growth(rows, "entries") == 0 and _growth(rows, "tensor_bytes") == 0]
     worst_traced = max((_growth(rows, "traced") for rows in result["in_process"].values()), default=0)
+    objects_growth = max((_growth(rows, "objects") for rows in result["in_process"].values()), default=0)
     steps_text = " / ".join(map(str, table_steps))
     text = f"""## Memory over {table_steps[-1]:,} steps
 
@@ -344,7 +348,8 @@ A 64-128-10 MLP trained with `hvd.DistributedOptimizer` and `{horovod['compressi
 Machine: {result['machine']}. Each cell reads "at step {steps_text}". **entries**: container
 entries (dict, list, deque items) reachable from the bundle through grace_legacy objects;
 **tensor KiB**: the bytes of the tensors among them (residuals, momenta, warm starts,
-accumulated gradients); **traced KiB**: Python memory allocated on grace_legacy's own lines and
+accumulated gradients); **Python objects**: live objects tracked by the garbage collector (the
+whole process); **traced KiB**: Python memory allocated on grace_legacy's own lines and
 still held, against step 0 (`tracemalloc`); **RSS MiB**: the whole process (one process runs
 every case in turn, so RSS includes the cases before it).
 
@@ -352,13 +357,14 @@ In process: gradients of {len(SHAPES)} tensors ({', '.join(f'{n} {list(s)}' for 
 a `Grace` bundle with fused buckets on a one-rank backend, stepped as `hvd.DistributedOptimizer`
 steps it.
 
-| case | entries | tensor KiB | traced KiB | RSS MiB |
-|---|---|---|---|---|
+| case | entries | tensor KiB | Python objects | traced KiB | RSS MiB |
+|---|---|---|---|---|---|
 {chr(10).join(lines)}
 
-Structures of constant size from step {table_steps[1]} to {table_steps[-1]}: {len(steady)} of
-{len(result['in_process'])} cases. Largest growth of traced memory from step {table_steps[1]} to
-{table_steps[-1]}: {worst_traced / 1024:.1f} KiB.
+From step {table_steps[1]} to {table_steps[-1]}: structures of constant size in {len(steady)} of
+{len(result['in_process'])} cases (changed: {', '.join(sorted(set(result['in_process']) - set(steady))) or 'none'});
+live Python objects grew by at most {objects_growth}; traced memory by at most
+{worst_traced / 1024:.1f} KiB.
 {horovod_text}
 ![memory over steps](memory.png)
 """
@@ -384,7 +390,7 @@ Structures of constant size from step {table_steps[1]} to {table_steps[-1]}: {le
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="a small smoke run (200 steps)")
+    parser.add_argument("--quick", action="store_true", help="a small smoke run (100 steps)")
     parser.add_argument("--no-horovod", action="store_true", help="skip the horovodrun -np 2 run")
     parser.add_argument("--results", type=Path, default=REPO / "benchmarks" / "results")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
