@@ -230,7 +230,7 @@ def bundle_round_trip(compressor: Compressor, tensor: torch.Tensor, name: str, s
 
 
 @given(compressors(), gradients)
-@fuzz_settings(300)
+@fuzz_settings(200)
 def test_round_trip_keeps_shape_and_dtype(named, tensor):
     label, compressor = named
     event(f"{tensor.dim()}-D, 10^{len(str(tensor.numel())) - 1} elements")
@@ -360,7 +360,7 @@ def _usable(label: str, built: Any) -> None:
 
 
 @given(st.sampled_from(KNOB_ARGUMENTS), numbers_of_any_kind)
-@fuzz_settings(400)
+@fuzz_settings(300)
 def test_numbers_out_of_range_raise_value_error(argument, value):
     label, knob, build = argument
     if knob_accepts(knob, value):
