@@ -298,8 +298,10 @@ def under_horovod(checkpoints: Iterable[int]) -> dict[str, Any]:
 # -- the report -------------------------------------------------------------------------------
 
 
-def _growth(rows: list[dict[str, int]], key: str) -> int:
-    return rows[-1][key] - rows[1][key] if len(rows) > 1 else 0
+def _growth(rows: list[dict[str, int]], key: str, since: int) -> int:
+    """How much ``key`` changed from step ``since`` to the last step recorded."""
+    by_step = {r["step"]: r[key] for r in rows}
+    return rows[-1][key] - by_step[since]
 
 
 def write(result: dict[str, Any], results_dir: Path, command: str) -> None:
@@ -339,9 +341,10 @@ A 64-128-10 MLP trained with `hvd.DistributedOptimizer` and `{horovod['compressi
 {hlines}
 """
     steady = [label for label, rows in result["in_process"].items()
-              if _growth(rows, "entries") == 0 and _growth(rows, "tensor_bytes") == 0]
-    worst_traced = max((_growth(rows, "traced") for rows in result["in_process"].values()), default=0)
-    objects_growth = max((_growth(rows, "objects") for rows in result["in_process"].values()), default=0)
+              if _growth(rows, "entries", table_steps[1]) == 0 and _growth(rows, "tensor_bytes", table_steps[1]) == 0]
+    worst_traced = max((_growth(rows, "traced", table_steps[1]) for rows in result["in_process"].values()), default=0)
+    objects_growth = max((_growth(rows, "objects", table_steps[1]) for rows in result["in_process"].values()),
+                         default=0)
     steps_text = " / ".join(map(str, table_steps))
     text = f"""## Memory over {table_steps[-1]:,} steps
 
