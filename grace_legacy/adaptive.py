@@ -24,7 +24,8 @@ import copy
 import math
 import numbers
 import time
-from collections.abc import Hashable, Sequence
+from collections import deque
+from collections.abc import Hashable, Iterable, Sequence
 from fractions import Fraction
 from typing import Any
 
@@ -36,6 +37,21 @@ from grace_legacy.schedule import ArgumentTypeError, KnobSchedule, check_positiv
 
 #: The shape at which Accordion compares the bytes of ``low`` and ``high`` (a 1M-element matrix).
 _PROBE_SHAPE = torch.Size([1024, 1024])
+
+#: How many records (knob changes per tensor, solves, learning-rate drops) stats keep by default.
+DEFAULT_HISTORY = 100
+
+
+def _check_history(history: Any, owner: str) -> int | None:
+    if history is None:
+        return None
+    return check_positive_int(history, "history", owner)
+
+
+def _records(items: Iterable[Any], bound: int | None) -> deque:
+    """The most recent ``bound`` of ``items`` (all of them for ``None``): a long run's history
+    must not grow its memory step after step."""
+    return deque(items, maxlen=bound)
 
 
 def _knob_value(knob: Knob, value: Any, where: str) -> Any:
@@ -63,7 +79,7 @@ def _show(value: Any) -> Hashable:
     return "dense" if value is None else value
 
 
-def _note_change(changes: list[tuple[int, Any]], step: int, value: Any) -> None:
+def _note_change(changes: deque[tuple[int, Any]], step: int, value: Any) -> None:
     """Append ``(step, value)`` to a knob history if the value changed; a second change at the same
     step (a boundary, then a learning-rate drop) replaces the first, which never took effect."""
     if changes and changes[-1][1] == value:
@@ -245,14 +261,17 @@ class Accordion(KnobSchedule):
     (``observe(name, aggregated)``), which is the same on every rank; the reference
     implementation instead measured rank 0's local gradient and broadcast its choice.
     Observations holding an inf or NaN are ignored, and a skipped step's are rolled back. Memory:
-    one accumulated gradient per tensor (float32, float64 for float64 gradients).
+    one accumulated gradient per tensor (float32, float64 for float64 gradients), and the last
+    ``history`` knob changes per tensor and learning-rate drops for :attr:`stats` (``None`` keeps
+    every one, growing with the run).
 
     Works with any knob: two values of it (either may be ``None``, dense). Where the base can
     predict its bytes (Top-k, Random-k, DGC, QSGD, PowerSGD), ``low`` must send at least as many
     as ``high``; for Threshold, ``low`` is the smaller threshold.
     """
 
-    def __init__(self, base: Compressor, low: Any, high: Any, *, eta: float = 0.5, interval: int) -> None:
+    def __init__(self, base: Compressor, low: Any, high: Any, *, eta: float = 0.5, interval: int,
+                 history: int | None = DEFAULT_HISTORY) -> None:
         super().__init__(base)
         knob = base.knob
         low = _knob_value(knob, low, "Accordion(low)")
@@ -268,6 +287,7 @@ class Accordion(KnobSchedule):
         self.low, self.high = low, high
         self.eta = _positive(eta, "eta", "Accordion")
         self.interval = check_positive_int(interval, "interval", "Accordion")
+        self.history = _check_history(history, "Accordion")
         self._configure([low, high])
         self._journal = StepJournal()
         self._accumulated = _Accumulator(self._journal)
@@ -276,8 +296,8 @@ class Accordion(KnobSchedule):
         self._ratios: dict[str, float | None] = {}
         self._override_until: int | None = None
         self._lr: float | None = None
-        self._lr_drops: list[int] = []
-        self._history: dict[str, list[tuple[int, Any]]] = {}
+        self._lr_drops: deque[int] = _records((), self.history)
+        self._history: dict[str, deque[tuple[int, Any]]] = {}
 
     def _predicted_bytes(self, value: Any) -> int | None:
         try:
@@ -310,7 +330,7 @@ class Accordion(KnobSchedule):
 
     def observe(self, name: str, aggregated: torch.Tensor) -> None:
         if self._accumulated.add(name, aggregated) and name not in self._history:
-            self._history[name] = [(self.steps, self.value_of(name))]
+            self._history[name] = _records([(self.steps, self.value_of(name))], self.history)
 
     def end_step(self, backend: Backend | None = None) -> None:
         super().end_step(backend)
@@ -376,8 +396,9 @@ class Accordion(KnobSchedule):
         self._critical = dict(state["critical"])
         self._ratios = dict(state["ratios"])
         self._override_until, self._lr = state["override_until"], state["lr"]
-        self._lr_drops = list(state["lr_drops"])
-        self._history = {n: [tuple(c) for c in changes] for n, changes in state["history"].items()}
+        self._lr_drops = _records(state["lr_drops"], self.history)
+        self._history = {n: _records((tuple(c) for c in changes), self.history)
+                         for n, changes in state["history"].items()}
 
     def configuration(self) -> str:
         return (f"Accordion({self.base!r}, low={self.low!r}, high={self.high!r}, eta={self.eta!r}, "
@@ -516,12 +537,13 @@ class LGreCo(KnobSchedule):
 
     Overhead: :attr:`stats` ``["lgreco"]["overhead"]`` times the error measurement, the program and
     the broadcast, against the mean step time (between successive :meth:`end_step` calls).
-    Memory: one accumulated gradient per tensor (float32, float64 for float64 gradients), and
-    on rank 0 during a solve a deep copy of the base's state.
+    Memory: one accumulated gradient per tensor (float32, float64 for float64 gradients), on
+    rank 0 during a solve a deep copy of the base's state, and the last ``history`` solves and
+    choice changes per tensor for :attr:`stats` (``None`` keeps every one, growing with the run).
     """
 
     def __init__(self, base: Compressor, choices: Sequence[Any], *, reference: Any, interval: int,
-                 budget: float = 1.0, resolution: int = 1000) -> None:
+                 budget: float = 1.0, resolution: int = 1000, history: int | None = DEFAULT_HISTORY) -> None:
         super().__init__(base)
         knob = base.knob
         if not isinstance(choices, Sequence) or isinstance(choices, str) or len(choices) < 2:
@@ -542,6 +564,7 @@ class LGreCo(KnobSchedule):
         self.interval = check_positive_int(interval, "interval", "LGreCo")
         self.budget = _positive(budget, "budget", "LGreCo")
         self.resolution = check_positive_int(resolution, "resolution", "LGreCo")
+        self.history = _check_history(history, "LGreCo")
         self._configure(checked)
         for c in checked:
             try:
@@ -553,9 +576,10 @@ class LGreCo(KnobSchedule):
         self._accumulated = _Accumulator(self._journal)
         self._layouts: dict[str, tuple[torch.Size, torch.dtype]] = {}
         self._choice: dict[str, int] = {}
-        self._history: dict[str, list[tuple[int, Any]]] = {}
-        self._solves: list[dict[str, Any]] = []
-        self._timing = {"measure_s": 0.0, "dp_s": 0.0, "broadcast_s": 0.0, "step_s": 0.0, "timed_steps": 0}
+        self._history: dict[str, deque[tuple[int, Any]]] = {}
+        self._solves: deque[dict[str, Any]] = _records((), self.history)
+        self._timing = {"measure_s": 0.0, "dp_s": 0.0, "broadcast_s": 0.0, "step_s": 0.0, "timed_steps": 0,
+                        "solves": 0}
         self._last_end: float | None = None
 
     # -- decisions ------------------------------------------------------------------------------
@@ -572,7 +596,7 @@ class LGreCo(KnobSchedule):
     def observe(self, name: str, aggregated: torch.Tensor) -> None:
         if self._accumulated.add(name, aggregated) and name not in self._layouts:
             self._layouts[name] = (aggregated.shape, aggregated.dtype)
-            self._history[name] = [(self.steps, self.choice_of(name))]
+            self._history[name] = _records([(self.steps, self.choice_of(name))], self.history)
 
     def measure(self, names: Sequence[str]) -> tuple[list[list[float]], list[list[int]]]:
         """``e_l(c)`` and ``s_l(c)`` of every choice for the accumulated gradient of each of
@@ -666,7 +690,9 @@ class LGreCo(KnobSchedule):
                 raise RuntimeError(f"LGreCo: rank 0 sent choice indices {indices} outside 0..{len(self.choices) - 1}")
         for name, index in zip(names, indices, strict=True):
             self._choice[name] = index
-            _note_change(self._history.setdefault(name, []), self.steps, self.choices[index])
+            changes = self._history.setdefault(name, _records((), self.history))
+            _note_change(changes, self.steps, self.choices[index])
+        self._timing["solves"] += 1
         self._solves.append({"step": self.steps, "error": info["error"], "budget": info["budget"],
                              "bytes": info["bytes"], "uniform_bytes": info["uniform_bytes"]})
         self._accumulated.clear()
@@ -676,7 +702,8 @@ class LGreCo(KnobSchedule):
     def overhead(self) -> dict[str, float]:
         """Time spent by L-GreCo (this rank) against the step time without it."""
         t = self._timing
-        solves = len(self._solves)
+        # Counted apart from the kept records, which keep only the last `history` solves.
+        solves = t.get("solves", len(self._solves))
         mean_step = t["step_s"] / t["timed_steps"] if t["timed_steps"] else 0.0
         mean_solve = (t["measure_s"] + t["dp_s"] + t["broadcast_s"]) / solves if solves else 0.0
         return {"solves": solves, "measure_s": t["measure_s"], "dp_s": t["dp_s"], "broadcast_s": t["broadcast_s"],
@@ -706,9 +733,10 @@ class LGreCo(KnobSchedule):
         self._layouts = {n: (torch.Size(shape), getattr(torch, dtype)) for n, (shape, dtype)
                          in state["layouts"].items()}
         self._choice = dict(state["choice"])
-        self._history = {n: [tuple(c) for c in changes] for n, changes in state["history"].items()}
-        self._solves = [dict(s) for s in state["solves"]]
-        self._timing = dict(state["timing"])
+        self._history = {n: _records((tuple(c) for c in changes), self.history)
+                         for n, changes in state["history"].items()}
+        self._solves = _records((dict(s) for s in state["solves"]), self.history)
+        self._timing = {"solves": len(self._solves), **state["timing"]}
         self._last_end = None
 
     def configuration(self) -> str:

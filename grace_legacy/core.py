@@ -70,14 +70,17 @@ class Knob:
                             f"of type {type(value).__name__}")
         if isinstance(value, torch.Tensor):  # a 0-dim tensor is a Real only by accident
             raise TypeError(f"{where} must be a Python number, got a tensor")
-        if not math.isfinite(float(value)):
-            raise ValueError(f"{where} must be {self.describe_range()}, got {value!r}")
-        if self.integer:
-            if float(value) != int(value):
-                raise ValueError(f"{where} must be {self.describe_range()}, got {value!r}")
+        if isinstance(value, numbers.Integral):
+            # Exact: float() of an int beyond ~1.8e308 raises OverflowError, not a clear ValueError.
             value = int(value)
+            if not self.integer:
+                value = _finite_float(value, where, self)
         else:
-            value = float(value)
+            value = _finite_float(value, where, self)
+            if self.integer:
+                if not value.is_integer():
+                    raise ValueError(f"{where} must be {self.describe_range()}, got {value!r}")
+                value = int(value)
         too_low = self.low is not None and (value < self.low or (value == self.low and not self.low_inclusive))
         too_high = self.high is not None and (value > self.high or (value == self.high and not self.high_inclusive))
         if too_low or too_high:
@@ -86,6 +89,17 @@ class Knob:
 
     def is_dense(self, value: Any) -> bool:
         return value is None or (self.dense is not None and value == self.dense)
+
+
+def _finite_float(value: numbers.Real, where: str, knob: Knob) -> float:
+    """``value`` as a finite float, or a ``ValueError`` naming the knob's range."""
+    try:
+        converted = float(value)
+    except OverflowError:  # an int or Fraction too large for a float
+        converted = math.inf
+    if not math.isfinite(converted):
+        raise ValueError(f"{where} must be {knob.describe_range()}, got {value!r}")
+    return converted
 
 
 def derived_seed(*parts: object) -> int:
@@ -174,12 +188,24 @@ def saved_configuration(state: Any, owner: str) -> Any:
     return state["config"]
 
 
+#: The gradient dtypes every compressor encodes. float8 types are floating point too, but
+#: PyTorch implements too few operations on them (abs, topk, norms) for any compressor.
+GRADIENT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+
+
+class ArgumentTypeError(TypeError, ValueError):
+    """An argument of the wrong type: a ``TypeError`` by Python's convention, and a ``ValueError``
+    like every other invalid argument, so that either ``except`` catches it."""
+
+
 def check_gradient(tensor: torch.Tensor, owner: str) -> None:
     """Reject what no compressor can encode, with an error that says what was wrong."""
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"{owner}: expected a torch.Tensor, got {type(tensor).__name__}")
     if not tensor.is_floating_point():
         raise TypeError(f"{owner}: gradients must be floating point, got dtype {tensor.dtype}")
+    if tensor.dtype not in GRADIENT_DTYPES:
+        raise TypeError(f"{owner}: gradients must be float32, float64, float16 or bfloat16, got {tensor.dtype}")
     if tensor.numel() == 0:
         raise ValueError(f"{owner}: cannot compress an empty tensor (shape {tuple(tensor.shape)})")
     if tensor.is_sparse:

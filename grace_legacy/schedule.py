@@ -25,12 +25,7 @@ from typing import Any
 
 import torch
 
-from grace_legacy.core import Backend, Compressor, Payload
-
-
-class ArgumentTypeError(TypeError, ValueError):
-    """An argument of the wrong type: a ``TypeError`` by Python's convention, and a ``ValueError``
-    like every other invalid argument of a schedule, so that either ``except`` catches it."""
+from grace_legacy.core import ArgumentTypeError, Backend, Compressor, Payload, check_gradient
 
 
 def is_int(value: Any) -> bool:
@@ -38,6 +33,9 @@ def is_int(value: Any) -> bool:
 
 
 def check_positive_int(value: Any, argument: str, owner: str) -> int:
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+        raise ArgumentTypeError(f"{owner}: {argument} must be a positive integer, got {value!r} "
+                                f"of type {type(value).__name__}")
     if not is_int(value) or value <= 0:
         raise ValueError(f"{owner}: {argument} must be a positive integer, got {value!r}")
     return int(value)
@@ -173,6 +171,8 @@ class KnobSchedule(Compressor):
         return None if chosen is None else chosen.resolve(tensor, name)
 
     def compress(self, tensor: torch.Tensor, name: str) -> tuple[Payload, Any]:
+        # Here too, not only in the base: a dense value would pass any tensor through unchecked.
+        check_gradient(tensor, type(self).__name__)
         concrete = self.resolve(tensor, name)
         if concrete is None:
             return [tensor], (None, None)

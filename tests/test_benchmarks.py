@@ -31,3 +31,10 @@ def test_fusion_benchmark_quick(tmp_path):
     run_module("benchmarks.performance.fusion", tmp_path, timeout=300)
     assert "Fused communication" in (tmp_path / "performance.md").read_text()
     assert (tmp_path / "fusion.png").stat().st_size > 1000
+
+
+def test_memory_benchmark_quick(tmp_path):
+    run_module("benchmarks.performance.memory", tmp_path, timeout=600)
+    text = (tmp_path / "memory.md").read_text()
+    assert "## Memory over 100 steps" in text and "horovodrun -np 2" in text
+    assert (tmp_path / "memory.png").stat().st_size > 1000

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from grace_legacy.compressors.sparsify import SparseContext, TopK, index_dtype, kept_count
-from grace_legacy.core import Memory, Payload, check_gradient
+from grace_legacy.core import ArgumentTypeError, Memory, Payload, check_gradient
 
 #: Standard deviations of the sampled count by which the threshold estimate is set low (see DGC).
 _MARGIN_SIGMAS = 3.0
@@ -66,14 +66,17 @@ class DGC(TopK):
         super().__init__(ratio)
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise TypeError(f"DGC: seed must be an int, got {seed!r}")
-        if (isinstance(sample_ratio, bool) or not isinstance(sample_ratio, numbers.Real)
-                or not 0 < sample_ratio <= 1):
+        for argument, value in (("sample_ratio", sample_ratio), ("min_samples", min_samples)):
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                raise ArgumentTypeError(f"DGC: {argument} must be a number, got {value!r} of type "
+                                        f"{type(value).__name__}")
+        if not 0 < sample_ratio <= 1:
             raise ValueError(f"DGC: sample_ratio must be a number in (0, 1], got {sample_ratio!r}")
-        if isinstance(min_samples, bool) or not isinstance(min_samples, int) or min_samples < 1:
+        if not isinstance(min_samples, numbers.Integral) or min_samples < 1:
             raise ValueError(f"DGC: min_samples must be an integer >= 1, got {min_samples!r}")
         self.seed = seed
         self.sample_ratio = float(sample_ratio)
-        self.min_samples = min_samples
+        self.min_samples = int(min_samples)
 
     def sample_size(self, numel: int) -> int:
         """How many positions are sampled for a tensor of ``numel`` elements."""

@@ -4,17 +4,23 @@ It implements the ``Backend`` protocol with the semantics the communicators rely
 checks Horovod makes: a collective completes once every rank has submitted it under the same
 name; an allgather concatenates along dim 0 in rank order; a broadcast returns the root's tensor
 and fails, as Horovod does, when the ranks' tensors differ in shape or dtype.
+
+Its memory stays flat over any number of steps: a collective is forgotten once every rank has
+fetched its result, and each rank keeps only its last ``CALLS_KEPT`` calls.
 """
 
 from __future__ import annotations
 
 import threading
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
 TIMEOUT_S = 20.0
+#: How many of its most recent collectives each rank's ``calls`` remembers.
+CALLS_KEPT = 100_000
 
 
 class World:
@@ -23,6 +29,7 @@ class World:
         self._cond = threading.Condition()
         self._submitted: dict[tuple, dict[int, tuple]] = {}
         self._results: dict[tuple, Any] = {}
+        self._fetched: dict[tuple, int] = {}
 
     def submit(self, key: tuple, rank: int, tensor: torch.Tensor, extra: Any) -> tuple:
         with self._cond:
@@ -62,6 +69,12 @@ class World:
                 raise TimeoutError(f"collective {key} never completed: only ranks "
                                    f"{sorted(self._submitted.get(key, {}))} joined it")
             result = self._results[key]
+            fetched = self._fetched.get(key, 0) + 1
+            if fetched == self.size:  # every rank has its result: forget the collective
+                del self._results[key], self._submitted[key]
+                self._fetched.pop(key, None)
+            else:
+                self._fetched[key] = fetched
         if isinstance(result, Exception):
             raise result
         return result.clone()
@@ -73,7 +86,7 @@ class ThreadBackend:
     def __init__(self, world: World, rank: int) -> None:
         self.world = world
         self._rank = rank
-        self.calls: list[tuple[str, int]] = []
+        self.calls: deque[tuple[str, int]] = deque(maxlen=CALLS_KEPT)
         # Horovod lets a name be reused once its collective is done; the n-th use of a name on
         # one rank meets the n-th use on the others.
         self._uses: dict[tuple, int] = {}
