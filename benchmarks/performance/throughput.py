@@ -140,7 +140,7 @@ def measure_model(shapes: list[tuple[str, tuple[int, ...]]], repetitions: int, q
     total_bytes = sum(g.numel() * g.element_size() for _, g in grads)
     results = {}
     built = [(label, make(), make_ref()) for label, make, make_ref in cases(quick)]
-    for label, compressor, reference in built:  # warm-up: caches, first-call allocations
+    for _, compressor, reference in built:  # warm-up: caches, first-call allocations
         library_round_trip(compressor, grads)
         reference_round_trip(reference, grads)
     times: dict[str, dict[str, list[float]]] = {label: {"library": [], "reference": [], "copy": []}

@@ -41,6 +41,9 @@ SMALL = 1 << 15
 #: Positions sampled for the threshold estimate: enough that the candidates stay within a small
 #: multiple of ``k`` at densities down to 0.001, few enough to cost nothing next to one pass.
 SAMPLES = 4096
+#: Entries compared per numpy call in the candidate pass: the chunk's temporaries (masked bits,
+#: comparison) fit in a core's L2 cache, and the per-call overhead stays small next to its work.
+CHUNK = 1 << 16
 #: Standard deviations of the sampled count by which the estimate is set low.
 MARGIN_SIGMAS = 3.0
 
@@ -80,8 +83,8 @@ def _magnitude_bits(flat: torch.Tensor) -> tuple[torch.Tensor, int]:
 
 
 def _work_buffer(numel: int, dtype: np.dtype) -> np.ndarray:
-    """A per-thread scratch array of ``numel`` entries, reused across calls: a fresh array of
-    many megabytes costs a page fault per 4 KiB, as much again as the pass that fills it."""
+    """A per-thread scratch array of ``numel`` entries (at most :data:`CHUNK`), reused across
+    calls so that the candidate pass allocates nothing per chunk."""
     key = np.dtype(dtype).str
     buffers = getattr(_scratch, "buffers", None)
     if buffers is None:
@@ -139,21 +142,44 @@ def _select_cpu(flat: torch.Tensor, k: int, threshold_bits: int) -> torch.Tensor
     """Steps 2 and 3 of the module doc, on magnitude bits, with numpy on CPU."""
     bits, mask = _magnitude_bits(flat)
     bits = bits.numpy()
-    numel = bits.size
-    magnitudes = np.bitwise_and(bits, mask, out=_work_buffer(numel, bits.dtype))
-    above = np.greater_equal(magnitudes, threshold_bits, out=_work_buffer(numel, np.bool_))
-    candidates = np.flatnonzero(above)
-    count = candidates.size
-    if 2 * count > numel:
+    candidates = _candidates_cpu(bits, mask, threshold_bits)
+    if candidates is None:  # more than half the entries: a plain top-k is cheaper
         return _plain_top_k(flat, k)
+    count = candidates.size
+    if count > k:
+        magnitudes = np.bitwise_and(bits[candidates], mask)
+        candidates = candidates[np.argpartition(magnitudes, count - k)[count - k:]]
     if count >= k:
-        if count > k:
-            chosen = np.argpartition(magnitudes[candidates], count - k)[count - k:]
-            candidates = candidates[chosen]
         return torch.from_numpy(candidates)
-    rest = np.flatnonzero(np.logical_not(above, out=above))
+    # Rare (the estimate was too high): a second, plain pass over everything for the rest.
+    magnitudes = np.bitwise_and(bits, mask)
+    rest = np.flatnonzero(magnitudes < threshold_bits)
     extra = np.argpartition(magnitudes[rest], rest.size - (k - count))[rest.size - (k - count):]
     return torch.from_numpy(np.concatenate([candidates, rest[extra]]))
+
+
+def _candidates_cpu(bits: np.ndarray, mask: int, threshold_bits: int) -> np.ndarray | None:
+    """The sorted positions whose magnitude bits are ``>= threshold_bits``, or ``None`` once they
+    are more than half of all. The pass goes chunk by chunk, each small enough that its masked
+    magnitudes and comparison stay in cache: main memory is read once."""
+    numel = bits.size
+    limit = numel // 2
+    width = min(numel, CHUNK)
+    magnitudes, above = _work_buffer(width, bits.dtype), _work_buffer(width, np.bool_)
+    found, count = [], 0
+    for start in range(0, numel, CHUNK):
+        chunk = bits[start:start + CHUNK]
+        size = chunk.size
+        np.bitwise_and(chunk, mask, out=magnitudes[:size])
+        np.greater_equal(magnitudes[:size], threshold_bits, out=above[:size])
+        positions = np.flatnonzero(above[:size])
+        if positions.size:
+            positions += start
+            found.append(positions)
+            count += positions.size
+            if count > limit:
+                return None
+    return np.concatenate(found) if found else np.empty(0, dtype=np.int64)
 
 
 def _select_torch(magnitudes: torch.Tensor, k: int, threshold: torch.Tensor) -> torch.Tensor:
