@@ -31,3 +31,18 @@ def test_fusion_benchmark_quick(tmp_path):
     run_module("benchmarks.performance.fusion", tmp_path, timeout=300)
     assert "Fused communication" in (tmp_path / "performance.md").read_text()
     assert (tmp_path / "fusion.png").stat().st_size > 1000
+
+
+def test_throughput_benchmark_quick(tmp_path):
+    run_module("benchmarks.performance.throughput", tmp_path, timeout=300)
+    text = (tmp_path / "performance.md").read_text()
+    assert "Compressor throughput" in text and "TopK 0.001" in text and "PowerSGD" in text
+    assert (tmp_path / "throughput.png").stat().st_size > 1000
+    assert (tmp_path / "throughput.json").exists()
+
+
+def test_legacy_overhead_benchmark_quick(tmp_path):
+    run_module("benchmarks.performance.legacy_overhead", tmp_path, timeout=300)
+    text = (tmp_path / "performance.md").read_text()
+    assert "LEGACY overhead" in text and "identical" in text
+    assert (tmp_path / "legacy_overhead.json").exists()
