@@ -112,11 +112,17 @@ def top_k_indices(flat: torch.Tensor, k: int) -> torch.Tensor:
             return _plain_top_k(flat, k)
         threshold = np.partition(sampled, SAMPLES - r)[SAMPLES - r]
         return _select_cpu(flat, k, int(threshold))
-    magnitudes = flat.abs()
-    sample = torch.from_numpy(_sample_positions(numel)).to(flat.device)
+    return _top_k_indices_torch(flat, k)
+
+
+def _top_k_indices_torch(flat: torch.Tensor, k: int) -> torch.Tensor:
+    """:func:`top_k_indices` for a large ``flat`` (``k <= numel / 4``) in torch, on any device."""
+    numel = flat.numel()
     r = estimate_order(k, SAMPLES, numel)
     if r >= SAMPLES:
         return _plain_top_k(flat, k)
+    magnitudes = flat.abs()
+    sample = torch.tensor(_sample_positions(numel), device=flat.device)
     threshold = torch.topk(magnitudes[sample], r, sorted=False).values.min()
     return _select_torch(magnitudes, k, threshold)
 
