@@ -41,6 +41,8 @@ SMALL = 1 << 15
 #: Positions sampled for the threshold estimate: enough that the candidates stay within a small
 #: multiple of ``k`` at densities down to 0.001, few enough to cost nothing next to one pass.
 SAMPLES = 4096
+#: Consecutive entries per sampled run (see :func:`_sample_positions`).
+SAMPLE_RUN = 16
 #: Entries compared per numpy call in the candidate pass: the chunk's temporaries (masked bits,
 #: comparison) fit in a core's L2 cache, and the per-call overhead stays small next to its work.
 CHUNK = 1 << 16
@@ -66,9 +68,14 @@ def estimate_order(k: int, samples: int, numel: int) -> int:
 
 @functools.lru_cache(maxsize=512)
 def _sample_positions(numel: int) -> np.ndarray:
-    """Fixed pseudo-random positions for tensors of ``numel`` entries: a function of ``numel``
-    alone, so selection is deterministic and the global RNGs are never touched."""
-    positions = np.random.default_rng(numel).integers(0, numel, SAMPLES, dtype=np.int64)
+    """Fixed pseudo-random positions for tensors of ``numel`` entries (``numel >= SAMPLE_RUN``):
+    a function of ``numel`` alone, so selection is deterministic and the global RNGs are never
+    touched. They come in runs of :data:`SAMPLE_RUN` consecutive entries (a 64-byte cache line of
+    fp32) at random places: 16 times fewer cache misses than scattered positions, for a sample
+    almost as good (neighbouring gradient entries are only weakly correlated; an unrepresentative
+    sample costs time, never exactness)."""
+    starts = np.sort(np.random.default_rng(numel).integers(0, numel - SAMPLE_RUN + 1, SAMPLES // SAMPLE_RUN))
+    positions = (starts[:, None] + np.arange(SAMPLE_RUN)).reshape(-1)
     positions.flags.writeable = False
     return positions
 
@@ -118,9 +125,9 @@ def top_k_indices(flat: torch.Tensor, k: int) -> torch.Tensor:
 def _top_k_indices_torch(flat: torch.Tensor, k: int) -> torch.Tensor:
     """:func:`top_k_indices` for a large ``flat`` (``k <= numel / 4``) in torch, on any device."""
     numel = flat.numel()
-    r = estimate_order(k, SAMPLES, numel)
-    if r >= SAMPLES:
+    if numel < SAMPLES or estimate_order(k, SAMPLES, numel) >= SAMPLES:
         return _plain_top_k(flat, k)
+    r = estimate_order(k, SAMPLES, numel)
     magnitudes = flat.abs()
     sample = torch.tensor(_sample_positions(numel), device=flat.device)
     threshold = torch.topk(magnitudes[sample], r, sorted=False).values.min()
@@ -153,15 +160,24 @@ def _select_cpu(flat: torch.Tensor, k: int, threshold_bits: int) -> torch.Tensor
         return _plain_top_k(flat, k)
     count = candidates.size
     if count > k:
-        magnitudes = np.bitwise_and(bits[candidates], mask)
-        candidates = candidates[np.argpartition(magnitudes, count - k)[count - k:]]
-    if count >= k:
+        return torch.from_numpy(_largest(candidates, np.bitwise_and(bits[candidates], mask), k))
+    if count == k:
         return torch.from_numpy(candidates)
     # Rare (the estimate was too high): a second, plain pass over everything for the rest.
     magnitudes = np.bitwise_and(bits, mask)
     rest = np.flatnonzero(magnitudes < threshold_bits)
-    extra = np.argpartition(magnitudes[rest], rest.size - (k - count))[rest.size - (k - count):]
-    return torch.from_numpy(np.concatenate([candidates, rest[extra]]))
+    return torch.from_numpy(np.concatenate([candidates, _largest(rest, magnitudes[rest], k - count)]))
+
+
+def _largest(positions: np.ndarray, magnitudes: np.ndarray, k: int) -> np.ndarray:
+    """The ``k`` of ``positions`` with the largest ``magnitudes``: those above the k-th largest,
+    then as many as needed of those equal to it (a partition finds the value without the index
+    array an argpartition builds, which is slower)."""
+    kth = np.partition(magnitudes, magnitudes.size - k)[magnitudes.size - k]
+    above = magnitudes > kth
+    chosen = positions[above]
+    ties = positions[magnitudes == kth][:k - chosen.size]
+    return np.concatenate([chosen, ties])
 
 
 def _candidates_cpu(bits: np.ndarray, mask: int, threshold_bits: int) -> np.ndarray | None:
