@@ -267,7 +267,7 @@ def main() -> None:
     parser.add_argument("--repetitions", type=int, default=None)
     parser.add_argument("--results", type=Path, default=REPO / "benchmarks" / "results")
     args = parser.parse_args()
-    repetitions = args.repetitions or (1 if args.quick else 7)
+    repetitions = args.repetitions or (1 if args.quick else 5)
     result = run(args.quick, repetitions)
     command = "python -m benchmarks.performance.throughput" + (" --quick" if args.quick else "")
     write(result, args.results, command)
