@@ -5,7 +5,7 @@ density, through the real ``hvd.DistributedOptimizer`` path.
     python -m benchmarks.performance.legacy_overhead --quick    # a smoke run (seconds)
 
 Two Horovod workers (``horovodrun -np 2 --gloo``) train two identical copies of a ResNet-like CNN
-(62 parameter tensors) on synthetic 32x32 images, each copy behind its own
+(74 parameter tensors) on synthetic 32x32 images, each copy behind its own
 ``hvd.DistributedOptimizer``: one with ``Grace(TopK(0.01), Residual())``, the other with
 ``Grace(Legacy(TopK(), by="both", ...), Residual())`` whose table holds 0.01 in every phase and
 size group, so both send exactly the same bytes (checked) and any difference is LEGACY's own cost
@@ -36,7 +36,7 @@ TARGET = 0.01  # LEGACY should add under 1% to the step time
 
 
 def resnet_like(width: int = 32, blocks: int = 10):
-    """Conv/BatchNorm residual blocks: 2 + 6 * blocks + 2 parameter tensors (62 for 10 blocks)."""
+    """Conv/BatchNorm residual blocks: 2 + 7 * blocks + 2 parameter tensors (74 for 10 blocks)."""
     from torch import nn
 
     class Block(nn.Module):
@@ -149,8 +149,11 @@ def summarize(run: dict) -> dict:
 
 
 def launch(args: argparse.Namespace) -> dict:
+    import torch
+
     from benchmarks.report import machine
 
+    torch.set_num_threads(1)  # as in the workers, so that the machine line says so
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "legacy_overhead.json"
         cmd = [str(Path(sys.executable).with_name("horovodrun")), "-np", "2", "-H", "localhost:2", "--gloo",
