@@ -92,7 +92,7 @@ class DGC(TopK):
             estimate = torch.topk(sampled, r, sorted=False).values.min()
             indices = top_k_at_or_above(flat, k, estimate)
         ctx = SparseContext(tensor.shape, numel, tensor.dtype, tensor.device)
-        return [flat[indices], indices.to(index_dtype(numel))], ctx
+        return [flat.index_select(0, indices), indices.to(index_dtype(numel))], ctx
 
     def recommended_memory(self) -> Memory:
         from grace_legacy.memories import DGCMemory

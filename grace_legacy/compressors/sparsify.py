@@ -83,7 +83,7 @@ class TopK(Compressor):
         flat = tensor.reshape(-1)
         k = kept_count(self.ratio, flat.numel())
         indices = top_k_indices(flat, k)
-        values = flat[indices]
+        values = flat.index_select(0, indices)  # several times faster than flat[indices] on CPU
         ctx = SparseContext(tensor.shape, flat.numel(), tensor.dtype, tensor.device)
         return [values, indices.to(index_dtype(flat.numel()))], ctx
 
