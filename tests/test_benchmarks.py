@@ -1,6 +1,7 @@
 """Smoke tests of the benchmark pipelines: each ``--quick`` run completes and writes its files.
 They check that the pipelines work, not the numbers (those are measured, not asserted)."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -38,3 +39,19 @@ def test_memory_benchmark_quick(tmp_path):
     text = (tmp_path / "memory.md").read_text()
     assert "## Memory over 100 steps" in text and "horovodrun -np 2" in text
     assert (tmp_path / "memory.png").stat().st_size > 1000
+
+
+def test_throughput_benchmark_quick(tmp_path):
+    run_module("benchmarks.performance.throughput", tmp_path, timeout=300)
+    text = (tmp_path / "performance.md").read_text()
+    assert "Compressor throughput" in text and "TopK 0.001" in text and "PowerSGD" in text
+    assert (tmp_path / "throughput.png").stat().st_size > 1000
+    assert (tmp_path / "throughput.json").exists()
+
+
+def test_legacy_overhead_benchmark_quick(tmp_path):
+    run_module("benchmarks.performance.legacy_overhead", tmp_path, timeout=300)
+    text = (tmp_path / "performance.md").read_text()
+    assert "LEGACY overhead" in text
+    sent = json.loads((tmp_path / "legacy_overhead.json").read_text())["run"]["bytes_sent"]
+    assert len(sent) == 2 and len(set(sent.values())) == 1, "both arms must send the same bytes"

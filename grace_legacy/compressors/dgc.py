@@ -8,32 +8,13 @@ from typing import Any
 
 import torch
 
+from grace_legacy.compressors import selection
+from grace_legacy.compressors.selection import top_k_at_or_above
 from grace_legacy.compressors.sparsify import SparseContext, TopK, index_dtype, kept_count
 from grace_legacy.core import ArgumentTypeError, Memory, Payload, check_gradient
 
-#: Standard deviations of the sampled count by which the threshold estimate is set low (see DGC).
-_MARGIN_SIGMAS = 3.0
-
-
-def top_k_above(magnitudes: torch.Tensor, k: int, threshold: torch.Tensor) -> torch.Tensor:
-    """The indices (int64) of the ``k`` largest entries of the 1-D ``magnitudes``, found from a
-    threshold *estimate*, whatever its value: the result is the set ``torch.topk`` picks (ties
-    aside) however good or bad the estimate was; only the work done depends on it.
-
-    * ``c = #{|x| >= threshold} >= k``: the k-th largest magnitude is ``>= threshold``, so the
-      top k are all candidates, and a top-k among the ``c`` candidates finds them.
-    * ``c < k`` (the estimate was too high): every candidate is larger than every other entry, so
-      the candidates are the ``c`` largest, and the remaining ``k - c`` are the largest of the rest.
-    """
-    above = magnitudes >= threshold
-    candidates = torch.nonzero(above).reshape(-1)
-    if candidates.numel() >= k:
-        chosen = torch.topk(magnitudes[candidates], k, sorted=False).indices
-        return candidates[chosen]
-    # ~above rather than `< threshold`: it also holds NaN, so k entries always exist.
-    rest = torch.nonzero(~above).reshape(-1)
-    extra = torch.topk(magnitudes[rest], k - candidates.numel(), sorted=False).indices
-    return torch.cat([candidates, rest[extra]])
+#: The exact selection from any threshold estimate (kept under its first name).
+top_k_above = top_k_at_or_above
 
 
 class DGC(TopK):
@@ -49,11 +30,13 @@ class DGC(TopK):
        standard deviations of the sampled count below the k-th largest, so it rarely selects too
        few, while the ``n r / s ~ k + 3 sqrt(k n / s) + n / s`` candidates above it stay a small
        fraction of ``n``.
-    3. :func:`top_k_above` makes the selection exact: the result is the set ``torch.topk`` would
-       pick (ties aside), whether the estimate selected too many or too few.
+    3. :func:`~grace_legacy.compressors.selection.top_k_at_or_above` makes the selection exact
+       (one candidate pass, then a top-k among the candidates): the result is the set
+       ``torch.topk`` would pick (ties aside), whether the estimate selected too many or too few.
 
     Small tensors (``s >= n``) and densities for which the sample cannot help (``r >= s``) take a
-    plain ``torch.topk``. Gradients are assumed finite (NaN has no magnitude order).
+    plain ``torch.topk``. Non-finite entries are kept first, as :class:`TopK` keeps them (NaN above
+    infinity above every finite magnitude).
 
     Payload as :class:`TopK`: ``[values, int32 indices]``, ``k * (element size + 4)`` bytes (``8k``
     for fp32; int64 indices from 2**31 elements on), the same size on every rank. Any floating
@@ -85,8 +68,7 @@ class DGC(TopK):
     @staticmethod
     def estimate_order(k: int, samples: int, numel: int) -> int:
         """Which largest sampled magnitude (1-based) estimates the threshold (see the class doc)."""
-        mu = k * samples / numel
-        return math.ceil(mu + _MARGIN_SIGMAS * math.sqrt(mu)) + 1
+        return selection.estimate_order(k, samples, numel)
 
     def sample_indices(self, name: str, step: int, numel: int) -> torch.Tensor | None:
         """The positions (int64) sampled for tensor ``name`` at its ``step``-th compression on this
@@ -104,17 +86,16 @@ class DGC(TopK):
         flat = tensor.reshape(-1)
         numel = flat.numel()
         k = kept_count(self.ratio, numel)
-        magnitudes = flat.abs()
         sample = self.sample_indices(name, step, numel)
         r = None if sample is None else self.estimate_order(k, sample.numel(), numel)
         if sample is None or r >= sample.numel():
-            indices = torch.topk(magnitudes, k, sorted=False).indices
+            indices = torch.topk(flat.abs(), k, sorted=False).indices
         else:
-            sampled = magnitudes[sample.to(flat.device)]
+            sampled = flat[sample.to(flat.device)].abs()
             estimate = torch.topk(sampled, r, sorted=False).values.min()
-            indices = top_k_above(magnitudes, k, estimate)
+            indices = top_k_at_or_above(flat, k, estimate)
         ctx = SparseContext(tensor.shape, numel, tensor.dtype, tensor.device)
-        return [flat[indices], indices.to(index_dtype(numel))], ctx
+        return [flat.index_select(0, indices), indices.to(index_dtype(numel))], ctx
 
     def recommended_memory(self) -> Memory:
         from grace_legacy.memories import DGCMemory

@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from grace_legacy.compressors.selection import top_k_indices
 from grace_legacy.core import Compressor, Knob, Payload, check_gradient
 
 DENSITY = Knob("ratio", low=0.0, high=1.0, low_inclusive=False, high_inclusive=True, dense=1.0)
@@ -60,6 +61,10 @@ class TopK(Compressor):
     Payload: ``[values, indices]`` with the signed values in the gradient's dtype and int32 indices
     (int64 for tensors of 2**31 elements or more): ``8k`` bytes for fp32. Not additive (every rank
     picks different indices), so it is gathered. Any floating dtype; pairs with ``Residual``.
+
+    The entries are those ``torch.topk(x.abs(), k)`` picks (ties aside; NaN and infinity first),
+    found by :func:`~grace_legacy.compressors.selection.top_k_indices`: a sampled threshold and one
+    candidate pass instead of a selection over every entry.
     """
 
     knob = DENSITY
@@ -77,8 +82,8 @@ class TopK(Compressor):
         self.check_ready()
         flat = tensor.reshape(-1)
         k = kept_count(self.ratio, flat.numel())
-        _, indices = torch.topk(flat.abs(), k, sorted=False)
-        values = flat[indices]
+        indices = top_k_indices(flat, k)
+        values = flat.index_select(0, indices)  # several times faster than flat[indices] on CPU
         ctx = SparseContext(tensor.shape, flat.numel(), tensor.dtype, tensor.device)
         return [values, indices.to(index_dtype(flat.numel()))], ctx
 

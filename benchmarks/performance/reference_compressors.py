@@ -1,0 +1,236 @@
+"""The straightforward per-tensor compressors the throughput benchmark compares against.
+
+Each is written the way GRACE (Xu et al., 2021) writes it: one tensor at a time, the obvious
+torch calls (one ``torch.topk`` over the whole tensor for Top-k, a full ``torch.where`` for
+thresholds, unpacked ``bool``/``uint8`` signs), no attempt at speed. They are not used by the
+library; they only give the benchmark its "per-tensor reference" column. Every reference maps a
+gradient to ``(payload, ctx)`` and back, like :class:`grace_legacy.core.Compressor`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+class Reference:
+    """A per-tensor compressor: :meth:`compress` then :meth:`decompress` (one process, one round)."""
+
+    def compress(self, tensor: torch.Tensor, name: str) -> tuple[list[torch.Tensor], Any]:
+        raise NotImplementedError
+
+    def decompress(self, payload: list[torch.Tensor], ctx: Any) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class NoCompression(Reference):
+    def compress(self, tensor, name):
+        return [tensor], None
+
+    def decompress(self, payload, ctx):
+        return payload[0]
+
+
+class FP16(Reference):
+    def compress(self, tensor, name):
+        return [tensor.half()], tensor.dtype
+
+    def decompress(self, payload, ctx):
+        return payload[0].to(ctx)
+
+
+class TopK(Reference):
+    def __init__(self, ratio: float) -> None:
+        self.ratio = ratio
+
+    def compress(self, tensor, name):
+        flat = tensor.flatten()
+        k = max(1, int(flat.numel() * self.ratio))
+        _, indices = torch.topk(flat.abs(), k, sorted=False)
+        return [flat[indices], indices], (tensor.shape, flat.numel())
+
+    def decompress(self, payload, ctx):
+        values, indices = payload
+        shape, numel = ctx
+        out = torch.zeros(numel, dtype=values.dtype)
+        out.scatter_(0, indices, values)
+        return out.view(shape)
+
+
+class RandomK(TopK):
+    def compress(self, tensor, name):
+        flat = tensor.flatten()
+        k = max(1, int(flat.numel() * self.ratio))
+        indices = torch.randperm(flat.numel())[:k]
+        return [flat[indices], indices], (tensor.shape, flat.numel())
+
+
+class DGC(TopK):
+    """GRACE's DGC: a threshold from a 1% sample, adjusted up to ten times until the selection is
+    within 30% of k (the number kept is approximate)."""
+
+    def compress(self, tensor, name):
+        flat = tensor.flatten()
+        numel = flat.numel()
+        sample = flat[torch.randint(0, numel, (max(1, int(numel * 0.01)),))]
+        threshold = torch.topk(sample.abs(), max(1, int(sample.numel() * self.ratio)))[0].min()
+        mask = flat.abs() >= threshold
+        selected = int(mask.sum())
+        for _ in range(10):
+            if selected > 1.3 * numel * self.ratio:
+                threshold = 1.3 * threshold
+            elif selected < 0.7 * numel * self.ratio:
+                threshold = 0.7 * threshold
+            else:
+                break
+            mask = flat.abs() >= threshold
+            selected = int(mask.sum())
+        (indices,) = torch.where(mask)
+        return [flat[indices], indices], (tensor.shape, numel)
+
+
+class Threshold(TopK):
+    def __init__(self, threshold: float) -> None:
+        self.threshold = threshold
+
+    def compress(self, tensor, name):
+        flat = tensor.flatten()
+        (indices,) = torch.where(flat.abs() > self.threshold)
+        return [flat[indices], indices], (tensor.shape, flat.numel())
+
+
+class QSGD(Reference):
+    def __init__(self, levels: int) -> None:
+        self.levels = levels
+
+    def compress(self, tensor, name):
+        norm = tensor.norm()
+        level = self.levels / norm * tensor.abs()
+        previous = level.floor()
+        up = (torch.empty_like(tensor).uniform_() < level - previous).float()
+        code = ((previous + up) * tensor.sign()).to(torch.int16)
+        return [code.to(torch.int8 if self.levels < 128 else torch.half), norm], tensor.shape
+
+    def decompress(self, payload, ctx):
+        code, norm = payload
+        return (norm / self.levels * code.float()).view(ctx)
+
+
+class TernGrad(Reference):
+    def compress(self, tensor, name):
+        std = torch.sqrt(torch.mean((tensor - tensor.mean()) ** 2))
+        c = 2.5 * std.item()
+        clipped = torch.clamp(tensor, -c, c)
+        magnitude = clipped.abs()
+        scalar = magnitude.max()
+        signs = clipped.sign() * scalar
+        signs[torch.empty_like(tensor).uniform_(0, scalar.item()) >= magnitude] = 0
+        return [signs.sign().to(torch.int8), scalar.flatten()], tensor.shape
+
+    def decompress(self, payload, ctx):
+        code, scalar = payload
+        return (code.float() * scalar).view(ctx)
+
+
+class Natural(Reference):
+    """Stochastic rounding of each magnitude to a power of two, kept as an 8-bit exponent."""
+
+    def compress(self, tensor, name):
+        bits = tensor.flatten().view(torch.int32)
+        sign = bits & -(2**31)
+        exponent = bits & 0x7F80_0000
+        mantissa = bits & 0x007F_FFFF
+        round_up = mantissa > torch.randint(0, 0x007F_FFFF, bits.shape, dtype=torch.int32)
+        exponent = torch.where(round_up, exponent + 0x0080_0000, exponent)
+        exponent = torch.clamp(exponent, 0x0900_0000, 0x4880_0000) >> 23
+        code = ((sign >> 24) & 0x80) | (exponent - 18)
+        return [code.to(torch.uint8)], tensor.shape
+
+    def decompress(self, payload, ctx):
+        code = payload[0]
+        negative = code > 127
+        exponent = (code & 0x7F).to(torch.int32)
+        floats = ((exponent + 18) << 23).view(torch.float32)
+        floats = torch.where(negative, -floats, floats) * (exponent >= 1).float()
+        return floats.view(ctx)
+
+
+class SignSGD(Reference):
+    def compress(self, tensor, name):
+        return [tensor >= 0], tensor.shape
+
+    def decompress(self, payload, ctx):
+        return (payload[0].float() * 2 - 1).view(ctx)
+
+
+class Signum(SignSGD):
+    def __init__(self, momentum: float = 0.9) -> None:
+        self.momentum = momentum
+        self.state: dict[str, torch.Tensor] = {}
+
+    def compress(self, tensor, name):
+        previous = self.state.get(name)
+        m = tensor if previous is None else (1 - self.momentum) * tensor + self.momentum * previous
+        self.state[name] = m
+        return super().compress(m, name)
+
+
+class EFSignSGD(Reference):
+    def compress(self, tensor, name):
+        return [tensor >= 0, tensor.abs().mean()], tensor.shape
+
+    def decompress(self, payload, ctx):
+        signs, mean = payload
+        return ((signs.float() * 2 - 1) * mean).view(ctx)
+
+
+class OneBit(Reference):
+    def compress(self, tensor, name):
+        negative = tensor < 0
+        count0 = negative.sum().float()
+        sum0 = tensor[negative].sum()
+        mean0 = sum0 / count0 if count0 > 0 else sum0
+        positive = ~negative
+        count1 = positive.sum().float()
+        sum1 = tensor[positive].sum()
+        mean1 = sum1 / count1 if count1 > 0 else sum1
+        return [negative.to(torch.uint8), mean0, mean1], tensor.shape
+
+    def decompress(self, payload, ctx):
+        negative, mean0, mean1 = payload
+        negative = negative.bool()
+        return (negative * mean0 + ~negative * mean1).view(ctx)
+
+
+class PowerSGD(Reference):
+    """Rank-``r`` power iteration with a Gram-Schmidt loop, warm-started ``Q`` per tensor; tensors
+    of fewer than 2 dimensions are sent as they are."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+        self.q: dict[str, torch.Tensor] = {}
+
+    def compress(self, tensor, name):
+        if tensor.dim() < 2:
+            return [tensor], None
+        matrix = tensor.view(tensor.shape[0], -1)
+        rank = min(self.rank, *matrix.shape)
+        q = self.q.get(name)
+        if q is None:
+            q = self.q[name] = torch.randn(matrix.shape[1], rank)
+        p = matrix @ q
+        for i in range(rank):
+            column = p[:, i]
+            for j in range(i):
+                column -= (column @ p[:, j]) * p[:, j]
+            column /= column.norm() + 1e-8
+        q = matrix.t() @ p
+        self.q[name] = q
+        return [p, q], tensor.shape
+
+    def decompress(self, payload, ctx):
+        if ctx is None:
+            return payload[0]
+        p, q = payload
+        return (p @ q.t()).view(ctx)

@@ -1,0 +1,292 @@
+"""Compressor throughput: compress + decompress over a whole model's gradients, every compressor.
+
+    python -m benchmarks.performance.throughput            # the full run (several minutes here)
+    python -m benchmarks.performance.throughput --quick    # a smoke run (seconds)
+
+For each compressor, three ways go over the same gradients, one tensor at a time, interleaved
+repetition by repetition so that drift of a shared machine hits them alike:
+
+* *grace-legacy*: ``resolve`` (tensors a compressor sends dense cost nothing), ``compress``,
+  the further rounds of multi-round compressors (PowerSGD) with the payload as its own sum, and
+  ``decompress``;
+* *per-tensor reference*: the straightforward GRACE-style code of
+  :mod:`benchmarks.performance.reference_compressors` (one ``torch.topk`` per tensor, ...);
+* *copy*: ``dst.copy_(src)`` of every gradient into a preallocated buffer, the memory-bandwidth
+  floor that any pass over the gradient pays; and, for reference, *clone*: ``src.clone()``, a copy
+  that allocates its output as ``decompress`` must (fresh pages cost their faults).
+
+Models: ResNet-50's 161 gradient tensors (25,557,032 fp32 parameters, from torchvision's layer
+definitions written out below) and a Transformer-base encoder (6 layers, d=512, 8 heads,
+feed-forward 2048, a 32,000-token embedding) whose shapes come from ``torch.nn``'s own
+``TransformerEncoderLayer`` on the meta device. Gradients are ``randn`` (a Threshold of 2.576
+keeps about 1% of them). One thread (``torch.set_num_threads(1)``): the machine is shared, and
+multithreaded kernels there measure the scheduler more than the code. Median and quartiles of the
+repetitions go to ``benchmarks/results/performance.md`` (section "throughput"),
+``throughput.json`` and ``throughput.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from benchmarks.performance import reference_compressors as ref
+
+REPO = Path(__file__).resolve().parents[2]
+TOPK_TARGET_SPEEDUP = 3.0
+TOPK_TARGET_VS_COPY = 3.0
+
+
+def resnet50_shapes() -> list[tuple[str, tuple[int, ...]]]:
+    """torchvision's ResNet-50 parameters, in ``named_parameters`` order: 161 tensors."""
+    shapes: list[tuple[str, tuple[int, ...]]] = []
+
+    def conv_bn(prefix: str, bn: str, out: int, inp: int, kernel: int) -> None:
+        shapes.append((f"{prefix}.weight" if not bn else f"{prefix}conv{bn}.weight", (out, inp, kernel, kernel)))
+        norm = f"{prefix}.1" if not bn else f"{prefix}bn{bn}"
+        shapes.extend([(f"{norm}.weight", (out,)), (f"{norm}.bias", (out,))])
+
+    shapes.append(("conv1.weight", (64, 3, 7, 7)))
+    shapes.extend([("bn1.weight", (64,)), ("bn1.bias", (64,))])
+    inplanes = 64
+    for layer, (width, blocks) in enumerate(zip((64, 128, 256, 512), (3, 4, 6, 3), strict=True), start=1):
+        for block in range(blocks):
+            prefix = f"layer{layer}.{block}."
+            conv_bn(prefix, "1", width, inplanes, 1)
+            conv_bn(prefix, "2", width, width, 3)
+            conv_bn(prefix, "3", width * 4, width, 1)
+            if block == 0:
+                conv_bn(f"{prefix}downsample.0", "", width * 4, inplanes, 1)
+            inplanes = width * 4
+    shapes.extend([("fc.weight", (1000, 2048)), ("fc.bias", (1000,))])
+    return shapes
+
+
+def transformer_shapes(layers: int = 6, d_model: int = 512, vocab: int = 32_000) -> list[tuple[str, tuple[int, ...]]]:
+    """A Transformer-base encoder's parameters, as ``torch.nn`` defines them (on the meta device)."""
+    shapes = [("embedding.weight", (vocab, d_model))]
+    layer = torch.nn.TransformerEncoderLayer(d_model, nhead=8, dim_feedforward=4 * d_model, device="meta")
+    for i in range(layers):
+        shapes += [(f"encoder.layers.{i}.{n}", tuple(p.shape)) for n, p in layer.named_parameters()]
+    return shapes
+
+
+def cases(quick: bool) -> list[tuple[str, Callable, Callable]]:
+    """(label, grace-legacy compressor factory, reference factory) for every compressor."""
+    import grace_legacy as gl
+
+    all_cases = [
+        ("NoCompression", gl.NoCompression, ref.NoCompression),
+        ("FP16", gl.FP16, ref.FP16),
+        ("TopK 0.001", lambda: gl.TopK(0.001), lambda: ref.TopK(0.001)),
+        ("TopK 0.01", lambda: gl.TopK(0.01), lambda: ref.TopK(0.01)),
+        ("DGC 0.001", lambda: gl.DGC(0.001), lambda: ref.DGC(0.001)),
+        ("DGC 0.01", lambda: gl.DGC(0.01), lambda: ref.DGC(0.01)),
+        ("RandomK 0.01", lambda: gl.RandomK(0.01), lambda: ref.RandomK(0.01)),
+        ("Threshold 2.576", lambda: gl.Threshold(2.576), lambda: ref.Threshold(2.576)),
+        ("QSGD 16 levels", lambda: gl.QSGD(16), lambda: ref.QSGD(16)),
+        ("TernGrad", gl.TernGrad, ref.TernGrad),
+        ("Natural", gl.Natural, ref.Natural),
+        ("SignSGD", gl.SignSGD, ref.SignSGD),
+        ("Signum", gl.Signum, ref.Signum),
+        ("EFSignSGD", lambda: gl.EFSignSGD(lr=0.1), ref.EFSignSGD),
+        ("OneBit", gl.OneBit, ref.OneBit),
+        ("PowerSGD rank 4", lambda: gl.PowerSGD(4), lambda: ref.PowerSGD(4)),
+    ]
+    return all_cases
+
+
+def library_round_trip(compressor, grads: list[tuple[str, torch.Tensor]]) -> None:
+    for name, grad in grads:
+        chosen = compressor.resolve(grad, name)
+        if chosen is None:
+            continue
+        payload, ctx = chosen.compress(grad, name)
+        for _ in range(chosen.rounds - 1):
+            payload, ctx = chosen.next_round(payload, ctx)
+        chosen.decompress(payload, ctx)
+
+
+def reference_round_trip(reference: ref.Reference, grads: list[tuple[str, torch.Tensor]]) -> None:
+    for name, grad in grads:
+        reference.decompress(*reference.compress(grad, name))
+
+
+def copy_round_trip(grads: list[tuple[str, torch.Tensor]], buffers: list[torch.Tensor]) -> None:
+    for (_, grad), buffer in zip(grads, buffers, strict=True):
+        buffer.copy_(grad)
+
+
+def clone_round_trip(grads: list[tuple[str, torch.Tensor]]) -> None:
+    for _, grad in grads:
+        grad.clone()
+
+
+def timed(run: Callable[[], None]) -> float:
+    start = time.perf_counter()
+    run()
+    return time.perf_counter() - start
+
+
+def quartiles(samples: list[float]) -> dict[str, float]:
+    q1, median, q3 = statistics.quantiles(samples, n=4) if len(samples) > 1 else samples * 3
+    return {"median": median, "q1": q1, "q3": q3}
+
+
+def measure_model(shapes: list[tuple[str, tuple[int, ...]]], repetitions: int, quick: bool) -> dict:
+    generator = torch.Generator().manual_seed(0)
+    grads = [(name, torch.randn(shape, generator=generator)) for name, shape in shapes]
+    buffers = [torch.empty_like(g) for _, g in grads]
+    total_bytes = sum(g.numel() * g.element_size() for _, g in grads)
+    results = {}
+    built = [(label, make(), make_ref()) for label, make, make_ref in cases(quick)]
+    for _, compressor, reference in built:  # warm-up: caches, first-call allocations
+        library_round_trip(compressor, grads)
+        reference_round_trip(reference, grads)
+    times: dict[str, dict[str, list[float]]] = {label: {"library": [], "reference": [], "copy": [], "clone": []}
+                                                for label, _, _ in built}
+    for _ in range(repetitions):
+        for label, compressor, reference in built:
+            times[label]["copy"].append(timed(lambda: copy_round_trip(grads, buffers)))
+            times[label]["clone"].append(timed(lambda: clone_round_trip(grads)))
+            times[label]["library"].append(timed(lambda c=compressor: library_round_trip(c, grads)))
+            times[label]["reference"].append(timed(lambda r=reference: reference_round_trip(r, grads)))
+    for label, ways in times.items():
+        stats = {way: quartiles([1000 * t for t in samples]) for way, samples in ways.items()}
+        library, reference, copy = (stats[w]["median"] for w in ("library", "reference", "copy"))
+        results[label] = {
+            "ms": stats,
+            "library_gb_per_s": total_bytes / library / 1e6,
+            "reference_gb_per_s": total_bytes / reference / 1e6,
+            "copy_gb_per_s": total_bytes / copy / 1e6,
+            "speedup_vs_reference": reference / library,
+            "library_vs_copy": library / copy,
+            "reference_vs_copy": reference / copy,
+            "library_vs_clone": library / stats["clone"]["median"],
+        }
+    return {"tensors": len(grads), "parameters": sum(g.numel() for _, g in grads), "bytes": total_bytes,
+            "repetitions": repetitions, "cases": results}
+
+
+def run(quick: bool, repetitions: int) -> dict:
+    from benchmarks.report import machine
+
+    torch.set_num_threads(1)
+    models = {"ResNet-50": resnet50_shapes(), "Transformer-base encoder": transformer_shapes()}
+    if quick:
+        models = {"ResNet-50": resnet50_shapes()[:30], "Transformer-base encoder": transformer_shapes(1, 128, 1000)}
+    return {"machine": machine(), "quick": quick,
+            "models": {name: measure_model(shapes, repetitions, quick) for name, shapes in models.items()}}
+
+
+def verdicts(result: dict) -> list[str]:
+    lines = []
+    resnet = result["models"]["ResNet-50"]["cases"]
+    for label in ("TopK 0.001", "TopK 0.01"):
+        case = resnet[label]
+        speedup, vs_copy = case["speedup_vs_reference"], case["library_vs_copy"]
+        met = speedup >= TOPK_TARGET_SPEEDUP and vs_copy <= TOPK_TARGET_VS_COPY
+        lines.append(f"- {label} on ResNet-50: **{speedup:.1f}x** faster than per-tensor `torch.topk` "
+                     f"(target >= {TOPK_TARGET_SPEEDUP:g}x) and **{vs_copy:.1f}x** the copy's time "
+                     f"(target <= {TOPK_TARGET_VS_COPY:g}x): {'met' if met else 'NOT met'}; "
+                     f"{case['library_vs_clone']:.1f}x an allocating clone's time.")
+    return lines
+
+
+def write(result: dict, results_dir: Path, command: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from benchmarks.report import update_section
+
+    results_dir.mkdir(parents=True, exist_ok=True)
+    (results_dir / "throughput.json").write_text(json.dumps(result, indent=1))
+    tables = []
+    for model, data in result["models"].items():
+        rows = []
+        for label, case in data["cases"].items():
+            ms = case["ms"]
+            lib, rf, cp = ms["library"], ms["reference"], ms["copy"]
+            rows.append(f"| {label} | {lib['median']:.1f} ({lib['q1']:.1f}-{lib['q3']:.1f}) | "
+                        f"{case['library_gb_per_s']:.2f} | {rf['median']:.1f} ({rf['q1']:.1f}-{rf['q3']:.1f}) | "
+                        f"{case['reference_gb_per_s']:.2f} | {cp['median']:.1f} | {ms['clone']['median']:.1f} | "
+                        f"**{case['speedup_vs_reference']:.2f}x** | {case['library_vs_copy']:.2f}x | "
+                        f"{case['reference_vs_copy']:.2f}x |")
+        tables.append(f"""### {model}: {data['tensors']} tensors, {data['parameters']:,} fp32 parameters \
+({data['bytes'] / 1e6:.1f} MB)
+
+| compressor | grace-legacy ms (quartiles) | GB/s | per-tensor reference ms (quartiles) | GB/s | copy ms | \
+clone ms | speed-up vs reference | grace-legacy / copy | reference / copy |
+|---|---|---|---|---|---|---|---|---|---|
+""" + "\n".join(rows))
+    first = next(iter(result["models"].values()))
+    text = f"""## Compressor throughput: compress + decompress, every compressor
+
+`{command}`
+
+Machine: {result['machine']}. Shared with other jobs while measured: the quartiles show the
+spread. Median of {first['repetitions']} interleaved repetitions (copy, clone, grace-legacy,
+reference, per compressor); times are for the whole model, one tensor after another; GB/s is the
+gradient's fp32 bytes over that time. The copy is `dst.copy_(grad)` into preallocated buffers:
+the memory floor; the clone (`grad.clone()`) allocates its output, as decompress must.
+grace-legacy's NoCompression costs nothing: it sends the gradient itself, dense. The reference is
+the straightforward GRACE-style code in `benchmarks/performance/reference_compressors.py`.
+DGC's reference keeps about k entries (within 30%) where grace-legacy's keeps exactly k; the sign
+compressors' references send unpacked bytes where grace-legacy packs 8 signs a byte.
+
+{chr(10).join(verdicts(result))}
+
+{(chr(10) * 2).join(tables)}
+
+![throughput](throughput.png)
+"""
+    update_section(results_dir / "performance.md", "throughput", text, title="Performance results")
+
+    models = result["models"]
+    figure, axes = plt.subplots(1, len(models), figsize=(7 * len(models), 6), sharey=True)
+    for axis, (model, data) in zip(axes, models.items(), strict=True):
+        labels = list(data["cases"])
+        positions = range(len(labels))
+        library = [data["cases"][label]["library_vs_copy"] for label in labels]
+        reference = [data["cases"][label]["reference_vs_copy"] for label in labels]
+        axis.barh([p + 0.2 for p in positions], library, height=0.4, label="grace-legacy", color="#4a4")
+        axis.barh([p - 0.2 for p in positions], reference, height=0.4, label="per-tensor reference", color="#c44")
+        axis.axvline(1.0, color="black", linewidth=1, label="copy (memory floor)")
+        axis.set_xscale("log")
+        axis.set_yticks(list(positions), labels)
+        axis.invert_yaxis()
+        axis.set_xlabel("compress + decompress time / copy time (log)")
+        axis.set_title(f"{model} ({data['parameters'] / 1e6:.1f}M fp32)")
+    axes[0].legend(loc="lower right")
+    figure.tight_layout()
+    figure.savefig(results_dir / "throughput.png", dpi=110)
+    plt.close(figure)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="a small smoke run")
+    parser.add_argument("--repetitions", type=int, default=None)
+    parser.add_argument("--results", type=Path, default=REPO / "benchmarks" / "results")
+    args = parser.parse_args()
+    repetitions = args.repetitions or (1 if args.quick else 5)
+    result = run(args.quick, repetitions)
+    command = "python -m benchmarks.performance.throughput" + (" --quick" if args.quick else "")
+    write(result, args.results, command)
+    for model, data in result["models"].items():
+        for label, case in data["cases"].items():
+            print(f"{model:26} {label:18} lib {case['ms']['library']['median']:9.1f} ms  "
+                  f"ref {case['ms']['reference']['median']:9.1f} ms  copy {case['ms']['copy']['median']:7.1f} ms  "
+                  f"speed-up {case['speedup_vs_reference']:6.2f}x  lib/copy {case['library_vs_copy']:6.2f}x")
+
+
+if __name__ == "__main__":
+    main()
