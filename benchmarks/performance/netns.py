@@ -11,8 +11,12 @@ can reach in.
 Horovod is launched the way ``horovodrun --gloo`` does it, without ssh: the rendezvous server
 (Horovod's own ``RendezvousServer``) runs in the switch namespace, and each worker is started
 with ``ip netns exec`` and the environment Horovod's Gloo launcher would give it.
-``HOROVOD_GLOO_IFACE`` pins every Gloo context (process sets included) to :data:`IFACE`: left
-to itself, Gloo resolves the hostname, which every namespace shares, and can land on loopback.
+``HOROVOD_GLOO_IFACE`` pins Horovod's global Gloo contexts to :data:`IFACE`, but the contexts it
+makes for process sets (the global one included) ignore it and bind to the address of the
+machine's hostname, which ``/etc/hosts`` maps to loopback: the workers would then try to reach
+each other on 127.0.0.1. So each namespace also gets its own hosts file (``ip netns exec``
+bind-mounts ``/etc/netns/NAME/hosts`` over ``/etc/hosts``) mapping the hostname to that
+namespace's address.
 
     with Cluster(4) as cluster:
         cluster.set_rate(100e6)                         # bits per second; None: unlimited
@@ -30,16 +34,19 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 IFACE = "bw0"
 SUBNET = "10.77.0"
 SWITCH_ADDRESS = f"{SUBNET}.254"
 PREFIX = "glbw"
+# Read by ``ip netns exec NAME`` and bind-mounted over /etc (see ip-netns(8)).
+NETNS_ETC = Path("/etc/netns")
 _OURS = re.compile(rf"^{PREFIX}(\d+)-")
 
 
@@ -88,10 +95,21 @@ def _alive(pid: int) -> bool:
 def remove_stale_namespaces() -> list[str]:
     """Delete namespaces of this module whose creating process is gone; return their names."""
     names = [line.split()[0] for line in _run(["ip", "netns", "list"]).splitlines() if line.strip()]
-    stale = [name for name in names if (match := _OURS.match(name)) and not _alive(int(match.group(1)))]
+    configs = [path.name for path in NETNS_ETC.glob(f"{PREFIX}*")] if NETNS_ETC.is_dir() else []
+    stale = sorted({name for name in names + configs
+                    if (match := _OURS.match(name)) and not _alive(int(match.group(1)))})
     for name in stale:
-        subprocess.run(["ip", "netns", "del", name], capture_output=True)
+        _delete_namespace(name)
     return stale
+
+
+def _delete_namespace(name: str) -> None:
+    subprocess.run(["ip", "netns", "del", name], capture_output=True)
+    shutil.rmtree(NETNS_ETC / name, ignore_errors=True)
+    try:
+        NETNS_ETC.rmdir()  # only if no other namespace has a configuration there
+    except OSError:
+        pass
 
 
 def tbf_parameters(bits_per_second: float) -> list[str]:
@@ -146,6 +164,10 @@ class Cluster:
                       "peer", "name", self._port(rank), "netns", self.switch])
                 _run(["ip", "-n", ns, "addr", "add", f"{self.address(rank)}/24", "dev", IFACE])
                 _run(["ip", "-n", ns, "link", "set", IFACE, "up"])
+                etc = NETNS_ETC / ns
+                etc.mkdir(parents=True, exist_ok=True)
+                (etc / "hosts").write_text(f"127.0.0.1 localhost\n::1 localhost\n"
+                                           f"{self.address(rank)} {socket.gethostname()} {ns}\n")
                 _run(["ip", "-n", self.switch, "link", "set", self._port(rank), "master", "br0", "up"])
             _run(["ip", "-n", self.switch, "link", "set", "br0", "up"])
         except BaseException:
@@ -160,7 +182,7 @@ class Cluster:
     def remove(self) -> None:
         """Delete every namespace this cluster made (their interfaces go with them). Idempotent."""
         while self._created:
-            subprocess.run(["ip", "netns", "del", self._created.pop()], capture_output=True)
+            _delete_namespace(self._created.pop())
 
     def set_rate(self, bits_per_second: float | None) -> None:
         """Limit every link, both directions, to ``bits_per_second`` (``None``: no limit)."""
@@ -207,7 +229,7 @@ class HorovodJob:
     """
 
     def __init__(self, cluster: Cluster, argv: Sequence[str], log_dir: Path,
-                 env: Mapping[str, str] | None = None) -> None:
+                 env: Mapping[str, str] | None = None, cwd: Path | None = None) -> None:
         from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
         from horovod.runner.gloo_run import create_slot_env_vars
 
@@ -220,7 +242,7 @@ class HorovodJob:
             cluster.command(cluster.switch, [sys.executable, "-m", "benchmarks.performance.netns",
                                              "rendezvous", hosts]),
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True,
-            env={**os.environ, **(env or {})})
+            env={**os.environ, **(env or {})}, cwd=cwd)
         try:
             port = self.rendezvous.stdout.readline().strip()
             if not port.isdigit():
@@ -230,20 +252,23 @@ class HorovodJob:
                       "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo",
                       "HOROVOD_GLOO_IFACE": IFACE}
             for slot in plan:
-                log = open(self.log_dir / f"rank{slot.rank}.log", "w")  # noqa: SIM115  (closed by the child's exit)
+                log = open(self.log_dir / f"rank{slot.rank}.log", "w")
                 self.procs.append(subprocess.Popen(
                     cluster.command(cluster.namespace(slot.rank), list(argv)),
-                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=cwd,
                     env={**common, **create_slot_env_vars(slot)}))
                 log.close()
         except BaseException:
             self.stop()
             raise
 
-    def wait(self, timeout: float, poll_s: float = 0.2) -> None:
-        """Wait for every worker; on the first failure (or the timeout) stop the rest and raise."""
+    def wait(self, timeout: float, poll: Callable[[], None] | None = None, poll_s: float = 0.1) -> None:
+        """Wait for every worker, calling ``poll`` meanwhile; on the first failure (or the timeout)
+        stop the rest and raise."""
         deadline = time.monotonic() + timeout
         while True:
+            if poll is not None:
+                poll()
             codes = [proc.poll() for proc in self.procs]
             failed = [rank for rank, code in enumerate(codes) if code not in (None, 0)]
             if failed:
