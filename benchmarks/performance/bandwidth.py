@@ -17,11 +17,13 @@ density 0.001 with error feedback, ``Grace(TopK(0.001), memory=Residual())``) an
 small tensors denser, scaled to send the same bytes as Top-k, also with error feedback).
 
 A step is timed from forward to the end of ``optimizer.step()`` (which waits for the gradients),
-on every rank after a barrier; the slowest rank's time counts. Wire bytes are read from the
-worker's interface counters around the step (Ethernet frames: payload, TCP/IP headers, Horovod's
-own coordination): the larger of sent and received, the slowest link's. The lower bound of a way
-at rate ``B`` is ``compute time + wire bytes / B``: what the step would take if communication
-cost nothing but the bytes on a saturated link and nothing overlapped with compute.
+on every rank after a barrier; the slowest rank's time counts. The lower bound of a way at rate
+``B`` is ``compute time + wire bytes / B``, where the wire bytes are what its collectives must
+put on each rank's link with bandwidth-optimal algorithms: ``2 (P-1)/P x`` the bytes of an
+allreduce, ``(P-1) x`` the bytes a rank contributes to an allgather (counted at grace_legacy's
+backend, so size headers and the per-step inf/NaN flags are in). The bytes really seen on the
+link (Ethernet frames from the interface counters: TCP/IP headers and Horovod's coordination
+traffic included, the larger of sent and received, the busiest link) are reported next to them.
 Results: ``benchmarks/results/performance.md`` (section "bandwidth"), ``bandwidth.json`` and
 ``bandwidth.png``.
 """
@@ -31,6 +33,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import signal
 import statistics
 import sys
@@ -71,10 +74,14 @@ class Way:
     compression: Any = None
     dense_bytes: int = 0
 
-    def step(self) -> None:
+    def step(self) -> float:
+        """One training step; returns when its backward pass ended (the hooks have compressed and
+        launched every gradient by then: what follows is waiting for the collectives, and SGD)."""
         self.optimizer.zero_grad()
         self.step_model.loss().backward()
+        backward_done = time.perf_counter()
         self.optimizer.step()
+        return backward_done
 
     def payload_bytes(self) -> int:
         """Bytes this rank has handed to collectives so far (grace_legacy's count; Horovod keeps none)."""
@@ -106,6 +113,30 @@ def build_way(name: str, model: str, quick: bool, hvd: Any) -> Way:
     return Way(name, step_model, optimizer, compression, sum(p.numel() * p.element_size() for _, p in named))
 
 
+def count_collective_bytes(world_size: int) -> list[float]:
+    """Make grace_legacy's Horovod backend count the link bytes its collectives need (see the
+    module docstring); returns the running total, a one-element list."""
+    from grace_legacy.backends.horovod import HorovodBackend
+
+    total = [0.0]
+    allreduce, allgather = HorovodBackend.allreduce_async, HorovodBackend.allgather_async
+
+    def counting_allreduce(self: HorovodBackend, tensor: Any, name: str, average: bool) -> Any:
+        total[0] += ring_allreduce_bytes(tensor.numel() * tensor.element_size(), world_size)
+        return allreduce(self, tensor, name, average)
+
+    def counting_allgather(self: HorovodBackend, tensor: Any, name: str) -> Any:
+        total[0] += (world_size - 1) * tensor.numel() * tensor.element_size()
+        return allgather(self, tensor, name)
+
+    HorovodBackend.allreduce_async, HorovodBackend.allgather_async = counting_allreduce, counting_allgather
+    return total
+
+
+def ring_allreduce_bytes(nbytes: float, world_size: int) -> float:
+    return 2 * (world_size - 1) / world_size * nbytes
+
+
 def interface_bytes() -> tuple[int, int]:
     """(sent, received) bytes of this namespace's link so far."""
     from benchmarks.performance.netns import IFACE
@@ -123,6 +154,7 @@ def worker(args: argparse.Namespace) -> None:
 
     hvd.init()
     torch.set_num_threads(1)
+    collective_bytes = count_collective_bytes(hvd.size())
     control = Path(args.control)
     barrier_flag = torch.zeros(1)
 
@@ -138,19 +170,23 @@ def worker(args: argparse.Namespace) -> None:
                 time.sleep(0.05)
         barrier()
 
-    def timed_step(way: Way) -> tuple[float, float, int]:
+    def timed_step(way: Way) -> dict[str, float]:
         barrier()
-        payload_before = way.payload_bytes()
+        payload_before, needed_before = way.payload_bytes(), collective_bytes[0]
         sent_before, received_before = interface_bytes()
         start = time.perf_counter()
-        way.step()
-        elapsed = time.perf_counter() - start
+        backward_done = way.step()
+        elapsed, backward = time.perf_counter() - start, backward_done - start
         sent, received = interface_bytes()
-        wire = max(sent - sent_before, received - received_before)
-        slowest = hvd.allreduce(torch.tensor([elapsed, float(wire)], dtype=torch.float64),
-                                name="bandwidth.slowest", op=hvd.Max)
-        payload = way.dense_bytes if way.name == "dense" else way.payload_bytes() - payload_before
-        return slowest[0].item(), slowest[1].item(), payload
+        seen = max(sent - sent_before, received - received_before)
+        if way.name == "dense":  # Horovod's own allreduce, not grace_legacy's backend
+            payload, needed = way.dense_bytes, ring_allreduce_bytes(way.dense_bytes, hvd.size())
+        else:
+            payload, needed = way.payload_bytes() - payload_before, collective_bytes[0] - needed_before
+        slowest = hvd.allreduce(torch.tensor([elapsed, backward, float(seen), needed], dtype=torch.float64),
+                                name="bandwidth.slowest", op=hvd.Max).tolist()
+        return {"step_s": slowest[0], "backward_s": slowest[1], "link_bytes": slowest[2], "wire_bytes": slowest[3],
+                "payload_bytes": payload}
 
     results: dict[str, Any] = {"workers": hvd.size(), "density": DENSITY, "models": {}}
     request = 0
@@ -158,9 +194,9 @@ def worker(args: argparse.Namespace) -> None:
         ways = {name: build_way(name, model, args.quick, hvd) for name in WAYS}
         parameters = [p for p in ways["compute only"].step_model.model.parameters()]
         numel = sum(p.numel() for p in parameters)
-        dense_wire = 2 * (hvd.size() - 1) / hvd.size() * 4 * numel
+        dense_wire = ring_allreduce_bytes(4 * numel, hvd.size())
         record: dict[str, Any] = {
-            "parameters": numel, "tensors": len(parameters), "dense_ring_bytes": dense_wire,
+            "parameters": numel, "tensors": len(parameters),
             "legacy": repr(ways["LEGACY"].compression.compressor), "rates": {}}
         for phase, rate in enumerate(args.rates):
             set_rate(request, rate)
@@ -170,7 +206,8 @@ def worker(args: argparse.Namespace) -> None:
                 slow = name == "dense" and dense_wire * 8 / rate > SLOW_STEP_S
                 warmup = 0 if slow and phase > 0 else args.warmup
                 plan[name] = (warmup, args.slow_steps if slow else args.steps)
-            measured = {name: {"step_s": [], "wire_bytes": [], "payload_bytes": []} for name in WAYS}
+            measured = {name: {"step_s": [], "backward_s": [], "wire_bytes": [], "link_bytes": [], "payload_bytes": []}
+                        for name in WAYS}
             for iteration in range(max(w + s for w, s in plan.values())):
                 # Rotated each iteration so that no way always follows the same one.
                 order = WAYS[iteration % len(WAYS):] + WAYS[:iteration % len(WAYS)]
@@ -178,11 +215,10 @@ def worker(args: argparse.Namespace) -> None:
                     warmup, steps = plan[name]
                     if iteration >= warmup + steps:
                         continue
-                    step_s, wire, payload = timed_step(ways[name])
+                    timing = timed_step(ways[name])
                     if iteration >= warmup:
-                        measured[name]["step_s"].append(step_s)
-                        measured[name]["wire_bytes"].append(wire)
-                        measured[name]["payload_bytes"].append(payload)
+                        for key, value in timing.items():
+                            measured[name][key].append(value)
             record["rates"][repr(rate)] = measured
             if hvd.rank() == 0:
                 print(f"{model} at {label(rate)}: " + ", ".join(
@@ -222,6 +258,8 @@ def launch(args: argparse.Namespace) -> dict:
     reason = unavailable_reason()
     if reason:
         raise SystemExit(f"bandwidth benchmark: {reason}")
+    load_before = os.getloadavg()[0]
+    started = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp, Cluster(WORKERS) as cluster:
         control = Path(tmp) / "control"
         control.mkdir()
@@ -239,6 +277,10 @@ def launch(args: argparse.Namespace) -> dict:
             print(job.tail(0, chars=2000))
         result = json.loads(out.read_text())
     result["machine"] = machine()
+    result["namespace_prefix"] = cluster.prefix
+    # Other work on the machine slows the compute part (and the timings' spread): say how much there was.
+    result["load_average"] = [load_before, os.getloadavg()[0]]
+    result["duration_s"] = time.monotonic() - started
     return result
 
 
@@ -258,10 +300,17 @@ def summarise(result: dict) -> dict[str, dict[str, dict[str, dict[str, float]]]]
                 bound = compute + wire * 8 / rate
                 rows[name] = {"step_s": step, "wire_bytes": wire, "bound_s": bound, "vs_bound": step / bound,
                               "speedup_vs_dense": dense / step,
+                              "link_bytes": statistics.median(measured["link_bytes"]),
+                              "backward_s": statistics.median(measured["backward_s"]),
                               "payload_bytes": statistics.median(measured["payload_bytes"]),
+                              "step_s_range": [min(measured["step_s"]), max(measured["step_s"])],
                               "steps": len(measured["step_s"])}
             table[model][rate_key] = rows
     return table
+
+
+TABLE_HEAD = ("| model | rate | way | step s | range s | backward s | payload MB | wire MB | link MB | lower bound s "
+              "| vs bound | vs dense | steps |\n" + "|---" * 13 + "|")
 
 
 def write(result: dict, results_dir: Path, command: str) -> None:
@@ -281,46 +330,63 @@ def write(result: dict, results_dir: Path, command: str) -> None:
         record = result["models"][model]
         for rate_key, ways in rates.items():
             for name, row in ways.items():
-                wire = "-" if name == "compute only" else f"{row['wire_bytes'] / 1e6:.3f}"
-                rows.append(f"| {model} | {label(float(rate_key))} | {name} | {row['step_s']:.3f} | {wire} | "
-                            f"{row['bound_s']:.3f} | {row['vs_bound']:.2f} | {row['speedup_vs_dense']:.2f}x | "
-                            f"{row['steps']} |")
+                low, high = row["step_s_range"]
+                volumes = " | ".join("-" if name == "compute only" else f"{row[key] / 1e6:.3f}"
+                                     for key in ("payload_bytes", "wire_bytes", "link_bytes"))
+                rows.append(f"| {model} | {label(float(rate_key))} | {name} | **{row['step_s']:.3f}** | "
+                            f"{low:.3f}-{high:.3f} | {row['backward_s']:.3f} | {volumes} | {row['bound_s']:.3f} | "
+                            f"{row['vs_bound']:.2f} | {row['speedup_vs_dense']:.2f}x | {row['steps']} |")
         at_100 = rates.get(repr(1e8))
         if at_100:
-            topk = at_100["Top-k"]
+            topk, legacy, compute = at_100["Top-k"], at_100["LEGACY"], at_100["compute only"]["step_s"]
+            compute_backward = at_100["compute only"]["backward_s"]
             speedup_ok, bound_ok = topk["speedup_vs_dense"] >= 5, topk["vs_bound"] <= 1.5
             verdicts.append(
-                f"- {model} ({record['parameters'] / 1e6:.1f}M parameters, {record['tensors']} tensors) at 100 Mbit/s: "
-                f"Top-k {DENSITY} + EF steps in {topk['step_s']:.3f} s vs dense {at_100['dense']['step_s']:.3f} s, "
-                f"**{topk['speedup_vs_dense']:.1f}x** faster ({'meets' if speedup_ok else 'misses'} the 5x target), "
-                f"**{topk['vs_bound']:.2f}x** its lower bound of {topk['bound_s']:.3f} s "
-                f"({'meets' if bound_ok else 'misses'} the 1.5x target); LEGACY at the same volume "
-                f"{at_100['LEGACY']['step_s']:.3f} s ({at_100['LEGACY']['speedup_vs_dense']:.1f}x, "
-                f"{at_100['LEGACY']['vs_bound']:.2f}x its bound). Top-k's selection alone takes "
-                f"{record['topk_compress_s']:.3f} s per step on this model, compute "
-                f"{at_100['compute only']['step_s']:.3f} s.")
+                f"- **{model}** ({record['parameters'] / 1e6:.1f}M parameters, {record['tensors']} tensors) at "
+                f"100 Mbit/s: Top-k {DENSITY} + EF steps in {topk['step_s']:.3f} s vs dense "
+                f"{at_100['dense']['step_s']:.3f} s: **{topk['speedup_vs_dense']:.1f}x** faster "
+                f"({'meets' if speedup_ok else 'misses'} the 5x target) and **{topk['vs_bound']:.2f}x** its lower "
+                f"bound of {topk['bound_s']:.3f} s ({'meets' if bound_ok else 'misses'} the 1.5x target). "
+                f"LEGACY at the same volume: {legacy['step_s']:.3f} s ({legacy['speedup_vs_dense']:.1f}x faster "
+                f"than dense, {legacy['vs_bound']:.2f}x its bound). Of Top-k's "
+                f"{topk['step_s'] - topk['bound_s']:.3f} s above the bound, "
+                f"{topk['backward_s'] - compute_backward:.3f} s are spent in the backward pass beyond "
+                f"compute's (the Top-k selection alone takes about "
+                f"{record['topk_compress_s']:.3f} s, measured apart with all ranks at once) and "
+                f"{topk['step_s'] - topk['backward_s'] - (compute - compute_backward):.3f} s after it beyond "
+                f"compute's (waiting for the collectives, {topk['wire_bytes'] * 8 / 1e8:.3f} s of which the "
+                f"bytes need at this rate).")
     schedules = "\n".join(f"- {model}: `{record['legacy']}`" for model, record in result["models"].items())
+    load = result.get("load_average", [float("nan")] * 2)
     text = f"""## Bandwidth-limited training step
 
 `{command}`
 
-Machine: {result['machine']}. {result['workers']} Horovod workers over Gloo TCP, each in its own
-network namespace, on veth links to a bridge rate limited in both directions with `tc tbf` (a
-full-duplex link of the given rate per worker). All four workers share this machine's CPU cores,
-so the compute part is slower than on four separate hosts. Per model, rate and way: the median
-over interleaved steps of the slowest rank's step time (forward, backward, communication,
-optimizer). *Wire* is the median of the slowest link's bytes (Ethernet frames, the larger of
-sent and received) per step; the lower bound is `compute only + wire / rate`; *vs bound* is
-step time / lower bound; *vs dense* is dense's step time / this way's.
+Machine: {result['machine']}; load average {load[0]:.1f} before and {load[1]:.1f} after the run
+({result.get('duration_s', 0) / 60:.0f} minutes). {result['workers']} Horovod workers over Gloo TCP,
+each in its own network namespace, on veth links to a bridge, every link rate limited in both
+directions with `tc tbf` (a full-duplex link of the given rate per worker). The four workers share
+this machine's CPU cores (and, here, other jobs' load), so the compute part is slower and noisier
+than on four separate hosts; the ways are interleaved step by step so they see the same load.
+
+Per model, rate and way: the median (and range) over steps of the slowest rank's step time
+(forward, backward, communication, optimizer). *Backward*: the part of it up to the end of the
+backward pass (for compressed ways, the compression and launch of every gradient in Horovod's
+hooks are in it; the rest of the step is waiting for the collectives, the inf/NaN flags'
+allreduce, and SGD). *Payload*: bytes a rank hands to its collectives
+per step. *Wire*: what those collectives must put on each rank's link at the least (2(P-1)/P x
+allreduced bytes + (P-1) x allgathered bytes). *Link*: bytes actually seen on the busiest link
+(Ethernet frames: TCP/IP headers and Horovod's coordination traffic, which runs every cycle
+even when idle, included). Lower bound: `compute only + wire / rate`. *vs bound*: step time /
+lower bound. *vs dense*: dense's step time / this way's.
 
 Ways: dense = Horovod's allreduce (`hvd.Compression.none`); Top-k = `Grace(TopK({DENSITY}),
 memory=Residual())`; LEGACY = `Legacy.budget_matched(TopK(), {DENSITY}, by="layer",
-splits={LEGACY_SPLITS}, layer_factors={[int(f) for f in LEGACY_FACTORS]})` with `Residual()`,
-which sends as many bytes as Top-k:
+splits={LEGACY_SPLITS}, layer_factors={[int(f) for f in LEGACY_FACTORS]})` with `Residual()`, which
+hands over as many bytes as Top-k:
 {schedules}
 
-| model | rate | way | step s | wire MB / step | lower bound s | vs bound | vs dense | steps |
-|---|---|---|---|---|---|---|---|---|
+{TABLE_HEAD}
 {chr(10).join(rows)}
 
 {chr(10).join(verdicts)}
