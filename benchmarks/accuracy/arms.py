@@ -104,42 +104,6 @@ def _lgreco(run: Run) -> Grace:
     return Grace(LGreCo(TopK(), choices, reference=DENSITY, interval=run.steps_per_epoch), memory=Residual())
 
 
-def _dgc_warmup(run: Run) -> Grace:
-    """DGC's warm-up, its target density solved so the run's expected bytes equal the uniform
-    arm's. DGC warms over 4 of 90+ epochs; these runs are 6-15 epochs, so the warm-up takes one
-    (two or more cannot be matched: their dense-ish first epochs alone exceed the budget)."""
-    numels = [p.numel() for p in run.model.parameters()]
-
-    def run_bytes(schedule: DGCWarmup | None, density: float) -> float:
-        knobs = [schedule.knob_at(e) for e in range(run.epochs)] if schedule else [density]
-        return sum(bytes_sent(TopK(knob), n, torch.float32, run.world_size)
-                   for knob in knobs for n in numels) / len(knobs)
-
-    budget = run_bytes(None, DENSITY)
-    low, high = DENSITY / 100, DENSITY
-    for _ in range(60):  # bisection on the target: the run's bytes grow with it
-        target = (low + high) / 2
-        schedule = DGCWarmup(TopK(), target=target, warmup_epochs=1, steps_per_epoch=run.steps_per_epoch)
-        low, high = (target, high) if run_bytes(schedule, 0) < budget else (low, target)
-    if abs(run_bytes(schedule, 0) - budget) > 0.01 * budget:
-        raise ValueError(f"DGC warm-up: no target matches the uniform budget over {run.epochs} epochs")
-    return Grace(schedule, memory=Residual())
-
-
-def _accordion(run: Run) -> Grace:
-    # The paper's pairing: light compression 2x the uniform density in critical regimes, heavy
-    # 0.5x otherwise, decided once an epoch. Its volume follows the regimes, so it is measured.
-    return Grace(Accordion(TopK(), low=2 * DENSITY, high=DENSITY / 2, interval=run.steps_per_epoch),
-                 memory=Residual())
-
-
-def _lgreco(run: Run) -> Grace:
-    # Per-tensor densities from 4x to 0.25x the uniform one, re-chosen every epoch for no more
-    # error than the uniform density: at most the uniform volume, measured.
-    choices = [4 * DENSITY, 2 * DENSITY, DENSITY, DENSITY / 2, DENSITY / 4]
-    return Grace(LGreCo(TopK(), choices, reference=DENSITY, interval=run.steps_per_epoch), memory=Residual())
-
-
 ARMS = [
     Arm("dense", "dense", False, lambda run: hvd.Compression.none),
     Arm("uniform Top-k", "uniform", False, lambda run: Grace(TopK(DENSITY), memory=NoMemory())),
