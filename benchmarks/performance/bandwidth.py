@@ -1,6 +1,6 @@
 """Bandwidth-limited training step: dense allreduce vs Top-k vs LEGACY at 1 Gbit/s to 10 Mbit/s.
 
-    python -m benchmarks.performance.bandwidth            # the full run (about 15 minutes here)
+    python -m benchmarks.performance.bandwidth            # the full run (17 minutes on 2 busy cores)
     python -m benchmarks.performance.bandwidth --quick    # a smoke run with tiny models
 
 Needs root: four Horovod workers run over Gloo TCP, each in its own Linux network namespace,
