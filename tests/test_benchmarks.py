@@ -55,3 +55,54 @@ def test_legacy_overhead_benchmark_quick(tmp_path):
     assert "LEGACY overhead" in text
     sent = json.loads((tmp_path / "legacy_overhead.json").read_text())["run"]["bytes_sent"]
     assert len(sent) == 2 and len(set(sent.values())) == 1, "both arms must send the same bytes"
+
+def bandwidth_unavailable() -> str | None:
+    from benchmarks.performance.netns import unavailable_reason
+
+    return unavailable_reason()
+
+
+def namespaces_named(prefix: str) -> list[str]:
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
+    names = [line.split()[0] for line in listed.splitlines() if line.strip()]
+    configs = [p.name for p in Path("/etc/netns").glob("*")] if Path("/etc/netns").is_dir() else []
+    return [name for name in names + configs if name.startswith(prefix + "-")]
+
+
+def test_bandwidth_benchmark_quick(tmp_path):
+    import json
+
+    reason = bandwidth_unavailable()
+    if reason:
+        pytest.skip(reason)
+    run_module("benchmarks.performance.bandwidth", tmp_path, timeout=400)
+    assert "Bandwidth-limited training step" in (tmp_path / "performance.md").read_text()
+    assert (tmp_path / "bandwidth.png").stat().st_size > 1000
+    result = json.loads((tmp_path / "bandwidth.json").read_text())
+    for model in ("resnet", "transformer"):
+        for rate in result["summary"][model].values():
+            assert set(rate) == {"compute only", "dense", "Top-k", "LEGACY"}
+    assert namespaces_named(result["namespace_prefix"]) == []
+
+
+def test_bandwidth_benchmark_removes_its_namespaces_on_ctrl_c(tmp_path):
+    import signal
+    import time
+
+    reason = bandwidth_unavailable()
+    if reason:
+        pytest.skip(reason)
+    proc = subprocess.Popen([sys.executable, "-m", "benchmarks.performance.bandwidth", "--quick", "--results",
+                             str(tmp_path)], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    prefix = f"glbw{proc.pid}"
+    try:
+        deadline = time.monotonic() + 120
+        while not namespaces_named(prefix) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert namespaces_named(prefix), "the benchmark never made its namespaces"
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert namespaces_named(prefix) == []

@@ -1,0 +1,456 @@
+"""Bandwidth-limited training step: dense allreduce vs Top-k vs LEGACY at 1 Gbit/s to 10 Mbit/s.
+
+    python -m benchmarks.performance.bandwidth            # the full run (17 minutes on 2 busy cores)
+    python -m benchmarks.performance.bandwidth --quick    # a smoke run with tiny models
+
+Needs root: four Horovod workers run over Gloo TCP, each in its own Linux network namespace,
+joined by veth links to a bridge whose ports are rate limited with ``tc`` token buckets in both
+directions (:mod:`benchmarks.performance.netns`; the namespaces are made and removed here, and
+traffic never leaves them). The rate is changed between phases while the workers keep running.
+
+Each worker trains the same two models (:mod:`benchmarks.performance.step_models`, about 11M
+parameters each, on fixed synthetic batches) four ways, side by side and interleaved step by
+step: *compute only* (forward, backward and SGD with no communication: the compute time of the
+lower bound), *dense* (Horovod's own allreduce, ``hvd.Compression.none``), *Top-k* (uniform
+density 0.001 with error feedback, ``Grace(TopK(0.001), memory=Residual())``) and *LEGACY*
+(``Legacy.budget_matched(TopK(), 0.001, by="layer", ...)``: the reference's layer-wise shape,
+small tensors denser, scaled to send the same bytes as Top-k, also with error feedback).
+
+A step is timed from forward to the end of ``optimizer.step()`` (which waits for the gradients),
+on every rank after a barrier; the slowest rank's time counts. The lower bound of a way at rate
+``B`` is ``compute time + wire bytes / B``, where the wire bytes are what its collectives must
+put on each rank's link with bandwidth-optimal algorithms: ``2 (P-1)/P x`` the bytes of an
+allreduce, ``(P-1) x`` the bytes a rank contributes to an allgather (counted at grace_legacy's
+backend, so size headers and the per-step inf/NaN flags are in). The bytes really seen on the
+link (Ethernet frames from the interface counters: TCP/IP headers and Horovod's coordination
+traffic included, the larger of sent and received, the busiest link) are reported next to them.
+Results: ``benchmarks/results/performance.md`` (section "bandwidth"), ``bandwidth.json`` and
+``bandwidth.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+WORKERS = 4
+DENSITY = 0.001
+# LEGACY's shape, the reference's layer example (``--group_compressions 100,1,0.1
+# --group_splits 10000,1000000``): tensors under 10k elements 1000x the density of those over 1M,
+# those in between 10x; budget_matched scales it to Top-k's bytes.
+LEGACY_SPLITS = [10_000, 1_000_000]
+LEGACY_FACTORS = [1000.0, 10.0, 1.0]
+RATES = [1e9, 1e8, 1e7]
+QUICK_RATES = [1e9, 1e8]
+WAYS = ("compute only", "dense", "Top-k", "LEGACY")
+# A way whose dense communication alone would take longer than this gets fewer steps and no
+# warm-up at that rate (it has warmed up at the faster rates before): 10 Mbit/s costs a minute a step.
+SLOW_STEP_S = 10.0
+LEARNING_RATE = 1e-3
+
+
+def label(rate: float) -> str:
+    return f"{rate / 1e9:g} Gbit/s" if rate >= 1e9 else f"{rate / 1e6:g} Mbit/s"
+
+
+# -- the workers ---------------------------------------------------------------------------------------
+
+@dataclass
+class Way:
+    name: str
+    step_model: Any
+    optimizer: Any
+    compression: Any = None
+    dense_bytes: int = 0
+
+    def step(self) -> float:
+        """One training step; returns when its backward pass ended (the hooks have compressed and
+        launched every gradient by then: what follows is waiting for the collectives, and SGD)."""
+        self.optimizer.zero_grad()
+        self.step_model.loss().backward()
+        backward_done = time.perf_counter()
+        self.optimizer.step()
+        return backward_done
+
+    def payload_bytes(self) -> int:
+        """Bytes this rank has handed to collectives so far (grace_legacy's count; Horovod keeps none)."""
+        return self.compression.stats["bytes_sent"] if hasattr(self.compression, "stats") else 0
+
+
+def build_way(name: str, model: str, quick: bool, hvd: Any) -> Way:
+    import torch
+
+    from benchmarks.performance.step_models import build
+    from grace_legacy import Grace, Legacy, Residual, TopK
+
+    step_model = build(model, quick, seed=0, data_seed=hvd.rank())
+    optimizer = torch.optim.SGD(step_model.model.parameters(), lr=LEARNING_RATE, momentum=0.9)
+    if name == "compute only":
+        return Way(name, step_model, optimizer)
+    # Names unique per way: the ways' collectives must never be mistaken for one another.
+    named = [(f"{model}.{name}.{n}", p) for n, p in step_model.model.named_parameters()]
+    if name == "dense":
+        compression = hvd.Compression.none
+    elif name == "Top-k":
+        compression = Grace(TopK(DENSITY), memory=Residual())
+    else:
+        schedule = Legacy.budget_matched(TopK(), DENSITY, by="layer", sizes=named, splits=LEGACY_SPLITS,
+                                         layer_factors=LEGACY_FACTORS, world_size=hvd.size())
+        compression = Grace(schedule, memory=Residual())
+    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=named, compression=compression)
+    hvd.broadcast_parameters(step_model.model.state_dict(), root_rank=0)
+    return Way(name, step_model, optimizer, compression, sum(p.numel() * p.element_size() for _, p in named))
+
+
+def count_collective_bytes(world_size: int) -> list[float]:
+    """Make grace_legacy's Horovod backend count the link bytes its collectives need (see the
+    module docstring); returns the running total, a one-element list."""
+    from grace_legacy.backends.horovod import HorovodBackend
+
+    total = [0.0]
+    allreduce, allgather = HorovodBackend.allreduce_async, HorovodBackend.allgather_async
+
+    def counting_allreduce(self: HorovodBackend, tensor: Any, name: str, average: bool) -> Any:
+        total[0] += ring_allreduce_bytes(tensor.numel() * tensor.element_size(), world_size)
+        return allreduce(self, tensor, name, average)
+
+    def counting_allgather(self: HorovodBackend, tensor: Any, name: str) -> Any:
+        total[0] += (world_size - 1) * tensor.numel() * tensor.element_size()
+        return allgather(self, tensor, name)
+
+    HorovodBackend.allreduce_async, HorovodBackend.allgather_async = counting_allreduce, counting_allgather
+    return total
+
+
+def ring_allreduce_bytes(nbytes: float, world_size: int) -> float:
+    return 2 * (world_size - 1) / world_size * nbytes
+
+
+def interface_bytes() -> tuple[int, int]:
+    """(sent, received) bytes of this namespace's link so far."""
+    from benchmarks.performance.netns import IFACE
+
+    base = Path("/sys/class/net") / IFACE / "statistics"
+    return int((base / "tx_bytes").read_text()), int((base / "rx_bytes").read_text())
+
+
+def worker(args: argparse.Namespace) -> None:
+    import horovod.torch as hvd
+    import torch
+
+    import grace_legacy  # noqa: F401  (lets hvd.DistributedOptimizer take grace_legacy compression)
+    from grace_legacy import TopK
+
+    hvd.init()
+    torch.set_num_threads(1)
+    collective_bytes = count_collective_bytes(hvd.size())
+    control = Path(args.control)
+    barrier_flag = torch.zeros(1)
+
+    def barrier() -> None:
+        hvd.allreduce(barrier_flag, name="bandwidth.barrier")
+
+    def set_rate(request: int, rate: float) -> None:
+        # Rank 0 asks the driver (which owns the network) and waits; the others wait at the barrier.
+        if hvd.rank() == 0:
+            (control / f"request-{request}.tmp").write_text(repr(rate))
+            (control / f"request-{request}.tmp").rename(control / f"request-{request}")
+            while not (control / f"applied-{request}").exists():
+                time.sleep(0.05)
+        barrier()
+
+    def timed_step(way: Way) -> dict[str, float]:
+        barrier()
+        payload_before, needed_before = way.payload_bytes(), collective_bytes[0]
+        sent_before, received_before = interface_bytes()
+        start = time.perf_counter()
+        backward_done = way.step()
+        elapsed, backward = time.perf_counter() - start, backward_done - start
+        sent, received = interface_bytes()
+        seen = max(sent - sent_before, received - received_before)
+        if way.name == "dense":  # Horovod's own allreduce, not grace_legacy's backend
+            payload, needed = way.dense_bytes, ring_allreduce_bytes(way.dense_bytes, hvd.size())
+        else:
+            payload, needed = way.payload_bytes() - payload_before, collective_bytes[0] - needed_before
+        slowest = hvd.allreduce(torch.tensor([elapsed, backward, float(seen), needed], dtype=torch.float64),
+                                name="bandwidth.slowest", op=hvd.Max).tolist()
+        return {"step_s": slowest[0], "backward_s": slowest[1], "link_bytes": slowest[2], "wire_bytes": slowest[3],
+                "payload_bytes": payload}
+
+    results: dict[str, Any] = {"workers": hvd.size(), "density": DENSITY, "models": {}}
+    request = 0
+    for model in args.models:
+        ways = {name: build_way(name, model, args.quick, hvd) for name in WAYS}
+        parameters = [p for p in ways["compute only"].step_model.model.parameters()]
+        numel = sum(p.numel() for p in parameters)
+        dense_wire = ring_allreduce_bytes(4 * numel, hvd.size())
+        record: dict[str, Any] = {
+            "parameters": numel, "tensors": len(parameters),
+            "legacy": repr(ways["LEGACY"].compression.compressor), "rates": {}}
+        for phase, rate in enumerate(args.rates):
+            set_rate(request, rate)
+            request += 1
+            plan = {}
+            for name in WAYS:
+                slow = name == "dense" and dense_wire * 8 / rate > SLOW_STEP_S
+                warmup = 0 if slow and phase > 0 else args.warmup
+                plan[name] = (warmup, args.slow_steps if slow else args.steps)
+            measured = {name: {"step_s": [], "backward_s": [], "wire_bytes": [], "link_bytes": [], "payload_bytes": []}
+                        for name in WAYS}
+            for iteration in range(max(w + s for w, s in plan.values())):
+                # Rotated each iteration so that no way always follows the same one.
+                order = WAYS[iteration % len(WAYS):] + WAYS[:iteration % len(WAYS)]
+                for name in order:
+                    warmup, steps = plan[name]
+                    if iteration >= warmup + steps:
+                        continue
+                    timing = timed_step(ways[name])
+                    if iteration >= warmup:
+                        for key, value in timing.items():
+                            measured[name][key].append(value)
+            record["rates"][repr(rate)] = measured
+            if hvd.rank() == 0:
+                print(f"{model} at {label(rate)}: " + ", ".join(
+                    f"{n} {statistics.median(m['step_s']):.3f} s" for n, m in measured.items()), flush=True)
+        # What Top-k's selection alone costs on this model's gradients, all ranks at once (as in a step).
+        topk, grads = TopK(DENSITY), [torch.randn_like(p) for p in parameters]
+        selection = []
+        for _ in range(3):
+            barrier()
+            start = time.perf_counter()
+            for index, grad in enumerate(grads):
+                topk.compress(grad, str(index))
+            selection.append(time.perf_counter() - start)
+        record["topk_compress_s"] = statistics.median(selection)
+        results["models"][model] = record
+        del ways, parameters, grads
+        gc.collect()
+    if hvd.rank() == 0:
+        Path(args.json).write_text(json.dumps(results))
+
+
+# -- the driver ----------------------------------------------------------------------------------------
+
+def serve_rate_requests(cluster: Any, control: Path) -> None:
+    """Apply every rate a worker has asked for since the last call."""
+    for request in sorted(control.glob("request-[0-9]*"), key=lambda p: int(p.name.split("-")[1])):
+        applied = control / f"applied-{request.name.split('-')[1]}"
+        if not applied.exists():
+            cluster.set_rate(float(request.read_text()))
+            applied.touch()
+
+
+def launch(args: argparse.Namespace) -> dict:
+    from benchmarks.performance.netns import Cluster, HorovodJob, unavailable_reason
+    from benchmarks.report import machine
+
+    reason = unavailable_reason()
+    if reason:
+        raise SystemExit(f"bandwidth benchmark: {reason}")
+    load_before = os.getloadavg()[0]
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory() as tmp, Cluster(WORKERS) as cluster:
+        control = Path(tmp) / "control"
+        control.mkdir()
+        out = Path(tmp) / "bandwidth.json"
+        argv = [sys.executable, "-m", "benchmarks.performance.bandwidth", "--worker", "--control", str(control),
+                "--json", str(out), "--models", *args.models, "--rates", *map(repr, args.rates),
+                "--steps", str(args.steps), "--slow-steps", str(args.slow_steps), "--warmup", str(args.warmup)]
+        if args.quick:
+            argv.append("--quick")
+        env = {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1",
+               # A 44 MB allreduce at 10 Mbit/s takes a minute: longer than Gloo's and Horovod's patience.
+               "HOROVOD_GLOO_TIMEOUT_SECONDS": "900", "HOROVOD_STALL_CHECK_DISABLE": "1"}
+        with HorovodJob(cluster, argv, Path(tmp) / "logs", env=env, cwd=REPO) as job:
+            job.wait(args.timeout, poll=lambda: serve_rate_requests(cluster, control))
+            print(job.tail(0, chars=2000))
+        result = json.loads(out.read_text())
+    result["machine"] = machine()
+    result["namespace_prefix"] = cluster.prefix
+    # Other work on the machine slows the compute part (and the timings' spread): say how much there was.
+    result["load_average"] = [load_before, os.getloadavg()[0]]
+    result["duration_s"] = time.monotonic() - started
+    return result
+
+
+def summarise(result: dict) -> dict[str, dict[str, dict[str, dict[str, float]]]]:
+    """Per model, rate and way: median step time, wire bytes, the lower bound and the ratios."""
+    table: dict[str, Any] = {}
+    for model, record in result["models"].items():
+        table[model] = {}
+        for rate_key, ways in record["rates"].items():
+            rate = float(rate_key)
+            compute = statistics.median(ways["compute only"]["step_s"])
+            dense = statistics.median(ways["dense"]["step_s"])
+            rows = {}
+            for name, measured in ways.items():
+                step = statistics.median(measured["step_s"])
+                wire = statistics.median(measured["wire_bytes"])
+                bound = compute + wire * 8 / rate
+                rows[name] = {"step_s": step, "wire_bytes": wire, "bound_s": bound, "vs_bound": step / bound,
+                              "speedup_vs_dense": dense / step,
+                              "link_bytes": statistics.median(measured["link_bytes"]),
+                              "backward_s": statistics.median(measured["backward_s"]),
+                              "payload_bytes": statistics.median(measured["payload_bytes"]),
+                              "step_s_range": [min(measured["step_s"]), max(measured["step_s"])],
+                              "steps": len(measured["step_s"])}
+            table[model][rate_key] = rows
+    return table
+
+
+TABLE_HEAD = ("| model | rate | way | step s | range s | backward s | payload MB | wire MB | link MB | lower bound s "
+              "| vs bound | vs dense | steps |\n" + "|---" * 13 + "|")
+
+
+def write(result: dict, results_dir: Path, command: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from benchmarks.report import update_section
+
+    table = summarise(result)
+    result = {**result, "summary": table}
+    results_dir.mkdir(parents=True, exist_ok=True)
+    (results_dir / "bandwidth.json").write_text(json.dumps(result, indent=1))
+    rows, verdicts = [], []
+    for model, rates in table.items():
+        record = result["models"][model]
+        for rate_key, ways in rates.items():
+            for name, row in ways.items():
+                low, high = row["step_s_range"]
+                volumes = " | ".join("-" if name == "compute only" else f"{row[key] / 1e6:.3f}"
+                                     for key in ("payload_bytes", "wire_bytes", "link_bytes"))
+                rows.append(f"| {model} | {label(float(rate_key))} | {name} | **{row['step_s']:.3f}** | "
+                            f"{low:.3f}-{high:.3f} | {row['backward_s']:.3f} | {volumes} | {row['bound_s']:.3f} | "
+                            f"{row['vs_bound']:.2f} | {row['speedup_vs_dense']:.2f}x | {row['steps']} |")
+        at_100 = rates.get(repr(1e8))
+        if at_100:
+            topk, legacy, compute = at_100["Top-k"], at_100["LEGACY"], at_100["compute only"]["step_s"]
+            compute_backward = at_100["compute only"]["backward_s"]
+            speedup_ok, bound_ok = topk["speedup_vs_dense"] >= 5, topk["vs_bound"] <= 1.5
+            verdicts.append(
+                f"- **{model}** ({record['parameters'] / 1e6:.1f}M parameters, {record['tensors']} tensors) at "
+                f"100 Mbit/s: Top-k {DENSITY} + EF steps in {topk['step_s']:.3f} s vs dense "
+                f"{at_100['dense']['step_s']:.3f} s: **{topk['speedup_vs_dense']:.1f}x** faster "
+                f"({'meets' if speedup_ok else 'misses'} the 5x target) and **{topk['vs_bound']:.2f}x** its lower "
+                f"bound of {topk['bound_s']:.3f} s ({'meets' if bound_ok else 'misses'} the 1.5x target). "
+                f"LEGACY at the same volume: {legacy['step_s']:.3f} s ({legacy['speedup_vs_dense']:.1f}x faster "
+                f"than dense, {legacy['vs_bound']:.2f}x its bound). Of Top-k's "
+                f"{topk['step_s'] - topk['bound_s']:.3f} s above the bound, "
+                f"{topk['backward_s'] - compute_backward:.3f} s are spent in the backward pass beyond "
+                f"compute's (the Top-k selection alone takes about "
+                f"{record['topk_compress_s']:.3f} s, measured apart with all ranks at once) and "
+                f"{topk['step_s'] - topk['backward_s'] - (compute - compute_backward):.3f} s after it beyond "
+                f"compute's (waiting for the collectives, {topk['wire_bytes'] * 8 / 1e8:.3f} s of which the "
+                f"bytes need at this rate).")
+    schedules = "\n".join(f"- {model}: `{record['legacy']}`" for model, record in result["models"].items())
+    load = result.get("load_average", [float("nan")] * 2)
+    text = f"""## Bandwidth-limited training step
+
+`{command}`
+
+Machine: {result['machine']}; load average {load[0]:.1f} before and {load[1]:.1f} after the run
+({result.get('duration_s', 0) / 60:.0f} minutes). {result['workers']} Horovod workers over Gloo TCP,
+each in its own network namespace, on veth links to a bridge, every link rate limited in both
+directions with `tc tbf` (a full-duplex link of the given rate per worker). The four workers share
+this machine's CPU cores (and, here, other jobs' load), so the compute part is slower and noisier
+than on four separate hosts; the ways are interleaved step by step so they see the same load.
+
+Per model, rate and way: the median (and range) over steps of the slowest rank's step time
+(forward, backward, communication, optimizer). *Backward*: the part of it up to the end of the
+backward pass (for compressed ways, the compression and launch of every gradient in Horovod's
+hooks are in it; the rest of the step is waiting for the collectives, the inf/NaN flags'
+allreduce, and SGD). *Payload*: bytes a rank hands to its collectives
+per step. *Wire*: what those collectives must put on each rank's link at the least (2(P-1)/P x
+allreduced bytes + (P-1) x allgathered bytes). *Link*: bytes actually seen on the busiest link
+(Ethernet frames: TCP/IP headers and Horovod's coordination traffic, which runs every cycle
+even when idle, included). Lower bound: `compute only + wire / rate`. *vs bound*: step time /
+lower bound. *vs dense*: dense's step time / this way's.
+
+Ways: dense = Horovod's allreduce (`hvd.Compression.none`); Top-k = `Grace(TopK({DENSITY}),
+memory=Residual())`; LEGACY = `Legacy.budget_matched(TopK(), {DENSITY}, by="layer",
+splits={LEGACY_SPLITS}, layer_factors={[int(f) for f in LEGACY_FACTORS]})` with `Residual()`, which
+hands over as many bytes as Top-k:
+{schedules}
+
+{TABLE_HEAD}
+{chr(10).join(rows)}
+
+{chr(10).join(verdicts)}
+
+![step time vs bandwidth](bandwidth.png)
+"""
+    update_section(results_dir / "performance.md", "bandwidth", text, title="Performance results")
+
+    colours = {"dense": "#c44", "Top-k": "#36b", "LEGACY": "#2a2"}
+    figure, axes = plt.subplots(1, len(table), figsize=(6 * len(table), 4.2), squeeze=False)
+    for axis, (model, rates) in zip(axes[0], table.items(), strict=True):
+        xs = sorted(float(r) for r in rates)
+        rows_at = [rates[repr(x)] for x in xs]
+        axis.plot(xs, [r["compute only"]["step_s"] for r in rows_at], ":", color="#777", label="compute only")
+        for name, colour in colours.items():
+            axis.plot(xs, [r[name]["step_s"] for r in rows_at], "o-", color=colour, label=f"{name}")
+            axis.plot(xs, [r[name]["bound_s"] for r in rows_at], "--", color=colour, alpha=0.6,
+                      label=f"{name} lower bound")
+        axis.set_xscale("log")
+        axis.set_yscale("log")
+        axis.set_xticks(xs, [label(x) for x in xs])
+        axis.set_xlabel("link rate per worker")
+        axis.set_ylabel("training step time (s, median)")
+        parameters = result["models"][model]["parameters"]
+        axis.set_title(f"{model}, {parameters / 1e6:.1f}M parameters, {result['workers']} workers")
+        axis.grid(True, which="both", alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(results_dir / "bandwidth.png", dpi=120)
+    plt.close(figure)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="tiny models, two rates, two steps: a smoke run")
+    parser.add_argument("--models", nargs="+", default=["resnet", "transformer"])
+    parser.add_argument("--rates", nargs="+", type=float, default=None, help="link rates in bit/s")
+    parser.add_argument("--steps", type=int, default=None, help="timed steps per way and rate")
+    parser.add_argument("--slow-steps", type=int, default=2, help=f"timed steps where dense takes > {SLOW_STEP_S} s")
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--timeout", type=float, default=None, help="seconds before the workers are stopped")
+    parser.add_argument("--results", type=Path, default=REPO / "benchmarks" / "results")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--control", help=argparse.SUPPRESS)
+    parser.add_argument("--json", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.rates is None:
+        args.rates = QUICK_RATES if args.quick else RATES
+    if args.steps is None:
+        args.steps = 2 if args.quick else 8
+    if args.timeout is None:
+        args.timeout = 600 if args.quick else 3600
+    if args.worker:
+        worker(args)
+        return
+    # SIGTERM and SIGHUP unwind like Ctrl-C, so the namespaces and workers are always removed.
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, lambda number, frame: sys.exit(128 + number))
+    result = launch(args)
+    command = "python -m benchmarks.performance.bandwidth" + (" --quick" if args.quick else "")
+    write(result, args.results, command)
+    print(json.dumps({model: {label(float(r)): {n: round(w["step_s"], 3) for n, w in ways.items()}
+                              for r, ways in rates.items()} for model, rates in summarise(result).items()}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
