@@ -16,7 +16,8 @@ user's ``broadcast_parameters`` could hang on a different model, and again befor
 gradient collective (``set_epoch`` or a loaded state may have moved a schedule since); on a
 mismatch every rank raises the same :class:`~grace_legacy.consistency.RanksDisagree`. After
 every synchronization one small allreduce tells every rank which gradients held an inf or NaN on
-any rank; those are made NaN everywhere (so ``torch.amp.GradScaler`` skips the step on every
+any rank (in the gradient itself, in its error-compensated form, or in the synchronized result);
+those are made NaN everywhere (so ``torch.amp.GradScaler`` skips the step on every
 rank, as it would without compression) and, since the whole step is then skipped, every
 tensor's memory and compressor state (schedules' observations included) is rolled back to before
 the step.
