@@ -41,21 +41,6 @@ def description_digest(description: Description) -> int:
     return derived_seed(canonical(description))
 
 
-def seeds_of(component: object) -> list[str]:
-    """Every ``seed`` of ``component`` and of the compressors it wraps (``base``, as schedules
-    do), as ``"PowerSGD.seed=0"`` entries: stochastic compressors' reprs leave their seed out,
-    yet ranks with different seeds would draw different indices or projections."""
-    found, path, seen = [], type(component).__name__, set()
-    while component is not None and id(component) not in seen:
-        seen.add(id(component))
-        seed = getattr(component, "seed", None)
-        if seed is not None:
-            found.append(f"{path}.seed={seed!r}")
-        component = getattr(component, "base", None)
-        path += f".base({type(component).__name__})" if component is not None else ""
-    return found
-
-
 def _ranks(ranks: Sequence[int]) -> str:
     return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
 

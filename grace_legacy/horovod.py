@@ -44,7 +44,7 @@ from horovod.torch.compression import Compression
 from horovod.torch.mpi_ops import Adasum, Average, Sum, global_process_set
 
 from grace_legacy.backends.horovod import HorovodBackend
-from grace_legacy.consistency import seeds_of, verify_ranks_agree
+from grace_legacy.consistency import verify_ranks_agree
 from grace_legacy.core import Compressor
 from grace_legacy.grace import Grace
 
@@ -76,7 +76,6 @@ def _description(self: Any) -> dict[str, str | list[str]]:
         "op": "Average" if self.op == Average else "Sum",
         "backward_passes_per_step": str(self.backward_passes_per_step),
         **self._grace.describe(),
-        "seeds": seeds_of(self._grace.compressor) + seeds_of(self._grace.memory),
     }
 
 
