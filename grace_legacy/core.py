@@ -188,6 +188,12 @@ def saved_configuration(state: Any, owner: str) -> Any:
     return state["config"]
 
 
+def refuse_other_state(state: Any, owner: str, configuration: str) -> None:
+    """A ``ValueError`` unless ``state`` is a state saved under ``configuration`` (a compressor's or
+    a memory's, which is one string)."""
+    refuse_other_configuration(owner, {"config": saved_configuration(state, owner)}, {"config": configuration})
+
+
 #: The gradient dtypes every compressor encodes. float8 types are floating point too, but
 #: PyTorch implements too few operations on them (abs, topk, norms) for any compressor.
 GRADIENT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
@@ -417,8 +423,7 @@ class Compressor(ABC):
         """Continue from ``state`` (from :meth:`state_dict` of a compressor configured alike; a
         ``ValueError`` names what differs otherwise). Call between steps."""
         owner = f"{type(self).__name__}.load_state_dict"
-        refuse_other_configuration(owner, {"config": saved_configuration(state, owner)},
-                                   {"config": self.configuration()})
+        refuse_other_state(state, owner, self.configuration())
         self.commit()
         self._traffic.load_state_dict(state["traffic"])
         # Update in place: with_knob copies share this dict.
@@ -488,8 +493,7 @@ class Memory(ABC):
         """Check that ``state`` was saved by a memory configured alike (``ValueError`` naming the
         difference otherwise); subclasses then load their tensors. Call between steps."""
         owner = f"{type(self).__name__}.load_state_dict"
-        refuse_other_configuration(owner, {"config": saved_configuration(state, owner)},
-                                   {"config": self.configuration()})
+        refuse_other_state(state, owner, self.configuration())
         unknown = set(state) - set(self.state_dict())
         if unknown:
             raise ValueError(f"{owner}: the state holds {sorted(unknown)}, which {type(self).__name__} does not keep")

@@ -13,9 +13,6 @@ from grace_legacy.compressors.selection import top_k_at_or_above
 from grace_legacy.compressors.sparsify import SparseContext, TopK, index_dtype, kept_count
 from grace_legacy.core import ArgumentTypeError, Memory, Payload, check_gradient
 
-#: The exact selection from any threshold estimate (kept under its first name).
-top_k_above = top_k_at_or_above
-
 
 class DGC(TopK):
     """Deep Gradient Compression's sparsifier: the ``k = max(1, floor(ratio * n))`` entries of

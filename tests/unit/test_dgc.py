@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from grace_legacy import DGC, Grace, Legacy, TopK
-from grace_legacy.compressors.dgc import top_k_above
+from grace_legacy.compressors.selection import top_k_at_or_above
 from grace_legacy.compressors.sparsify import kept_count
 from grace_legacy.memories import DGCMemory
 
@@ -107,12 +107,12 @@ def test_dgc_is_exact_when_a_few_huge_entries_escape_the_sample(n, huge, seed, d
 
 @given(n=st.integers(1, 500), k_fraction=st.floats(0.0, 1.0), where=st.floats(-0.5, 1.5), seed=st.integers(0, 999))
 @settings(max_examples=150, deadline=None)
-def test_top_k_above_is_exact_for_any_threshold_estimate(n, k_fraction, where, seed):
+def test_top_k_at_or_above_is_exact_for_any_threshold_estimate(n, k_fraction, where, seed):
     x = distinct_magnitudes(n, seed).abs()
     k = max(1, min(n, round(k_fraction * n)))
     # Estimates below, inside and above the range of the magnitudes.
     estimate = torch.tensor(where * (n + 1))
-    assert set(top_k_above(x, k, estimate).tolist()) == top_set(x, k)
+    assert set(top_k_at_or_above(x, k, estimate).tolist()) == top_set(x, k)
 
 
 def test_dgc_leaves_the_global_rng_alone_and_samples_differently_per_rank():
