@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from grace_legacy.core import Backend, Compressor, Knob, StepJournal, derived_seed
+from grace_legacy.core import Backend, Compressor, Knob, StepJournal, derived_seed, nonfinite_flag
 from grace_legacy.grace import bytes_sent
 from grace_legacy.schedule import ArgumentTypeError, KnobSchedule, check_positive_int, is_int
 
@@ -106,7 +106,7 @@ class _Accumulator:
 
     def add(self, name: str, aggregated: torch.Tensor) -> bool:
         """Add ``aggregated`` unless it holds an inf or NaN; return whether it was added."""
-        if not bool(torch.isfinite(aggregated).all()):
+        if bool(nonfinite_flag(aggregated)):
             return False
         self._journal.remember(self.sums, name)
         self._journal.remember(self.counts, name)

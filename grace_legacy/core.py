@@ -218,6 +218,20 @@ def check_gradient(tensor: torch.Tensor, owner: str) -> None:
         raise TypeError(f"{owner}: sparse tensors are not supported; densify the gradient first")
 
 
+def nonfinite_flag(tensor: torch.Tensor) -> torch.Tensor:
+    """A 0-dim bool tensor: whether ``tensor`` holds an inf or a NaN (``False`` when empty).
+
+    The same answer as ``~torch.isfinite(tensor).all()``, from one ``aminmax`` pass instead of a
+    bool temporary of the tensor's size: the minimum and maximum are NaN if any entry is (both
+    propagate NaN) and infinite if an infinity is the extreme, and they cannot overflow. The flag
+    stays a tensor, so asking costs no synchronization.
+    """
+    if tensor.numel() == 0:
+        return torch.zeros((), dtype=torch.bool, device=tensor.device)
+    low, high = torch.aminmax(tensor.detach())
+    return ~(torch.isfinite(low) & torch.isfinite(high))
+
+
 class Compressor(ABC):
     """Turns a gradient into a small payload and back.
 
@@ -232,6 +246,10 @@ class Compressor(ABC):
     so a gather needs no per-rank size header.
 
     ``lossless``: ``D(C(x)) == x`` exactly, so error feedback has nothing to keep.
+
+    ``sends_entries``: a sparsifier whose payload values are the input's own entries at
+    :meth:`support`, copied unscaled, so ``x - D(C(x))`` is ``x`` with those entries set to zero
+    (``Residual`` then keeps ``x`` and zeroes them instead of decompressing and subtracting).
 
     ``aggregates_by_mean``: :meth:`aggregate` is the sum (or mean) of the decompressed payloads,
     so sending the tensor dense is this compressor's exact limit and the bundle may do so when it
@@ -250,6 +268,7 @@ class Compressor(ABC):
     additive: ClassVar[bool] = False
     uniform_payload: ClassVar[bool] = True
     lossless: ClassVar[bool] = False
+    sends_entries: ClassVar[bool] = False
     aggregates_by_mean: ClassVar[bool] = True
     rounds: ClassVar[int] = 1
 
@@ -446,7 +465,14 @@ class Compressor(ABC):
 
 
 class Memory(ABC):
-    """Per-tensor state carried between steps (error feedback and its relatives)."""
+    """Per-tensor state carried between steps (error feedback and its relatives).
+
+    ``keeps_nonfinite``: an inf or NaN in the tensor given to :meth:`compensate` is still one in
+    what it returns (an element-wise sum with finite or non-finite state does that), so the
+    bundle need only look at the compensated gradient to flag a step.
+    """
+
+    keeps_nonfinite: ClassVar[bool] = False
 
     @abstractmethod
     def compensate(self, tensor: torch.Tensor, name: str) -> torch.Tensor:

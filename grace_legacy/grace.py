@@ -20,6 +20,7 @@ from grace_legacy.core import (
     Payload,
     Pending,
     derived_seed,
+    nonfinite_flag,
     refuse_other_configuration,
     saved_configuration,
 )
@@ -156,10 +157,12 @@ class Grace:
         if backend.rank() != self.compressor.rank:
             self.compressor.set_rank(backend.rank())
         # A sparsifier or a sign may drop an inf; the flag makes sure every rank still sees it.
-        nonfinite = ~torch.isfinite(tensor).all()
         compensated = self.memory.compensate(tensor, name)
-        if compensated is not tensor:  # finite state can still overflow (momentum, an fp16 sum)
-            nonfinite = nonfinite | ~torch.isfinite(compensated).all()
+        # Finite state can still overflow (momentum, an fp16 sum), so the compensated gradient is
+        # always looked at; the raw one too unless the memory keeps its infs and NaNs.
+        nonfinite = nonfinite_flag(compensated)
+        if compensated is not tensor and not self.memory.keeps_nonfinite:
+            nonfinite = nonfinite | nonfinite_flag(tensor)
         self._nonfinite[name] = nonfinite
         concrete = self.compressor.resolve(compensated, name) if tensor.numel() else None
         route = "dense"
@@ -189,7 +192,7 @@ class Grace:
         def finish() -> torch.Tensor:
             result = self.memory.aggregated(name, inner())
             # A compressor can overflow finite input (FP16 beyond 65504); the step is skipped then too.
-            self._nonfinite[name] = self._nonfinite.get(name, False) | ~torch.isfinite(result).all()
+            self._nonfinite[name] = self._nonfinite.get(name, False) | nonfinite_flag(result)
             self.compressor.observe(name, result)
             # Recorded on arrival: a multi-round payload's later rounds are only sent in inner().
             self.compressor.record_traffic(name, tensor, inner.bytes_sent, route)

@@ -126,6 +126,10 @@ class Legacy(KnobSchedule):
         self.by = by
         # One configured copy per distinct value, built once: a step costs a table lookup.
         self._configure(v for row in self.table for v in row)
+        # The phase changes only with progress, and the group only with the size: both are looked
+        # up once, not per tensor and step (Fraction arithmetic costs microseconds).
+        self._phase_now: tuple[tuple[int, int], int] | None = None
+        self._group_by_numel: dict[int, int] = {}
 
     def with_knob(self, value: Any) -> Compressor:
         raise ValueError("Legacy sets its base's knob itself; change values= instead")
@@ -144,6 +148,19 @@ class Legacy(KnobSchedule):
             return bisect.bisect_right(self.boundaries, progress)
         return min(self.phases - 1, math.floor(progress * self.phases / self.epochs))
 
+    def current_phase(self) -> int:
+        """:meth:`phase_of` the current progress, computed once per progress."""
+        at = (self.epoch, self.steps)
+        if self._phase_now is None or self._phase_now[0] != at:
+            self._phase_now = (at, self.phase_of(self.progress))
+        return self._phase_now[1]
+
+    def _group_of_numel(self, numel: int) -> int:
+        group = self._group_by_numel.get(numel)
+        if group is None:
+            group = self._group_by_numel[numel] = self.group_of(numel)
+        return group
+
     def knob_for(self, numel: int, progress: Fraction | int | None = None) -> Any:
         """The knob value for a tensor of ``numel`` elements at ``progress`` (default: now)."""
         phase = self.phase_of(self.progress if progress is None else progress)
@@ -153,14 +170,14 @@ class Legacy(KnobSchedule):
         return self.concrete(self.table[phase][group])
 
     def knob_for_tensor(self, tensor: torch.Tensor, name: str) -> Any:
-        return self.table[self.phase_of(self.progress)][self.group_of(tensor.numel())]
+        return self.table[self.current_phase()][self._group_of_numel(tensor.numel())]
 
     def traffic_labels(self, name: str, tensor: torch.Tensor) -> dict[str, Any]:
         labels = {}
         if self.by in ("layer", "both"):
-            labels["group"] = self.group_of(tensor.numel())
+            labels["group"] = self._group_of_numel(tensor.numel())
         if self.by in ("epoch", "both"):
-            labels["phase"] = self.phase_of(self.progress)
+            labels["phase"] = self.current_phase()
         return labels
 
     def __repr__(self) -> str:

@@ -113,6 +113,10 @@ class KnobSchedule(Compressor):
         return self.base.sparsifies
 
     @property
+    def sends_entries(self) -> bool:  # type: ignore[override]
+        return self.base.sends_entries
+
+    @property
     def aggregates_by_mean(self) -> bool:  # type: ignore[override]
         return self.base.aggregates_by_mean
 

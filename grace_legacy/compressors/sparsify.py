@@ -68,6 +68,7 @@ class TopK(Compressor):
     """
 
     knob = DENSITY
+    sends_entries = True
 
     def __init__(self, ratio: float | None = None) -> None:
         super().__init__()
@@ -121,6 +122,7 @@ class RandomK(Compressor):
 
     knob = DENSITY
     additive = True
+    sends_entries = True
 
     def __init__(self, ratio: float | None = None, seed: int = 0) -> None:
         super().__init__()

@@ -46,6 +46,7 @@ class Threshold(Compressor):
 
     knob = THRESHOLD
     uniform_payload = False
+    sends_entries = True
 
     def __init__(self, threshold: float | None = None) -> None:
         super().__init__()

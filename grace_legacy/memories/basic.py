@@ -12,6 +12,8 @@ from grace_legacy.core import Compressor, Memory, Payload, StepJournal
 class NoMemory(Memory):
     """Compresses the gradient as it is and forgets what compression dropped."""
 
+    keeps_nonfinite = True
+
     def compensate(self, tensor: torch.Tensor, name: str) -> torch.Tensor:
         return tensor
 
@@ -31,11 +33,22 @@ class Residual(Memory):
     so what compression dropped at one step is added to the next step's gradient, and
     ``D(sent_t) + e_{t+1} == g_t + e_t`` holds exactly whenever ``D(sent_t)`` equals the
     compensated gradient on the entries it keeps (sparsifiers).
+
+    For a compressor that ``sends_entries`` (Top-k, Random-k, Threshold) ``D(sent_t)`` is
+    ``g_t + e_t`` on the sent entries and zero elsewhere, so ``e_{t+1}`` is ``g_t + e_t`` with the
+    sent entries zeroed: the compensated tensor is kept and zeroed there in place, with no dense
+    decompression, subtraction or new allocation. It equals the subtraction bit for bit on finite
+    entries (``x - 0`` is ``x``, ``x - x`` is ``+0``); a sent inf or NaN leaves 0 where the
+    subtraction would leave NaN, in a step that is flagged non-finite anyway.
     """
+
+    keeps_nonfinite = True  # g + e is non-finite wherever g is
 
     def __init__(self) -> None:
         self.residuals: dict[str, torch.Tensor] = {}
         self._journal = StepJournal()
+        # The g + e that compensate made this step, which no one else holds (see update).
+        self._made: dict[str, torch.Tensor] = {}
 
     def compensate(self, tensor: torch.Tensor, name: str) -> torch.Tensor:
         residual = self.residuals.get(name)
@@ -44,15 +57,27 @@ class Residual(Memory):
         if residual.shape != tensor.shape or residual.dtype != tensor.dtype:
             raise ValueError(f"Residual: tensor {name!r} changed from {tuple(residual.shape)} "
                              f"{residual.dtype} to {tuple(tensor.shape)} {tensor.dtype}")
-        return tensor + residual
+        compensated = self._made[name] = tensor + residual
+        return compensated
 
     def update(self, compensated: torch.Tensor, name: str, compressor: Compressor,
                payload: Payload, ctx: Any) -> None:
         self._journal.remember(self.residuals, name)
+        made = self._made.pop(name, None)
         if compressor.lossless:
             self.residuals.pop(name, None)
             return
+        if compressor.sends_entries and made is compensated and compensated.is_contiguous():
+            # compensate made this tensor and the payload holds copies of its entries, so it can
+            # become the residual in place.
+            compensated.view(-1).index_fill_(0, compressor.support(payload, ctx).to(compensated.device), 0)
+            self.residuals[name] = compensated
+            return
         self.residuals[name] = compensated - compressor.decompress(payload, ctx)
+
+    def commit(self) -> None:
+        super().commit()
+        self._made.clear()
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(),

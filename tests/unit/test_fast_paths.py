@@ -1,0 +1,147 @@
+"""The hot path's shortcuts give what the straightforward code gives.
+
+- ``nonfinite_flag`` (one ``aminmax``) answers as ``~torch.isfinite(x).all()`` does.
+- ``Residual`` keeps ``g + e`` with the sent entries zeroed for compressors that send entries:
+  bit for bit the reference ``(g + e) - D(C(g + e))`` on finite input, and it never writes into
+  a tensor it did not make.
+- ``Grace`` looks only at the compensated gradient when the memory keeps infs and NaNs.
+- ``Legacy`` computes its phase once per progress, and still follows every change of progress.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from threaded_backend import run_ranks
+
+from grace_legacy import DGC, Grace, Legacy, NoMemory, RandomK, Residual, Threshold, TopK
+from grace_legacy.core import nonfinite_flag
+
+DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
+SPECIALS = [float("nan"), float("inf"), float("-inf")]
+
+
+@given(shape=st.lists(st.integers(0, 40), max_size=3), dtype=st.sampled_from(DTYPES),
+       specials=st.lists(st.tuples(st.integers(0, 10**6), st.sampled_from(SPECIALS)), max_size=3),
+       scale=st.sampled_from([1e-30, 1.0, 1e4, 1e30]), seed=st.integers(0, 2**16))
+@settings(max_examples=300, deadline=None)
+def test_nonfinite_flag_answers_as_isfinite_all(shape, dtype, specials, scale, seed):
+    x = (torch.randn(shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64) * scale).to(dtype)
+    flat = x.view(-1)
+    for position, value in specials:
+        if flat.numel():
+            flat[position % flat.numel()] = value
+    flag = nonfinite_flag(x)
+    assert flag.dtype == torch.bool and flag.dim() == 0
+    assert bool(flag) == (not bool(torch.isfinite(x).all()))
+
+
+def test_nonfinite_flag_of_a_view_and_of_an_empty_tensor():
+    x = torch.ones(4, 5)
+    x[3, 0] = float("nan")
+    assert not nonfinite_flag(x[:3])
+    assert nonfinite_flag(x.t()[0])
+    assert not nonfinite_flag(torch.empty(0, 3))
+
+
+def sparsifier(kind: str, ratio: float):
+    return {"topk": lambda: TopK(ratio), "randomk": lambda: RandomK(ratio, seed=3),
+            "threshold": lambda: Threshold(ratio * 2), "dgc": lambda: DGC(ratio)}[kind]()
+
+
+@given(kind=st.sampled_from(["topk", "randomk", "threshold", "dgc"]), ratio=st.sampled_from([0.001, 0.01, 0.3, 1.0]),
+       n=st.integers(1, 70_000), dtype=st.sampled_from(DTYPES), steps=st.integers(1, 4), seed=st.integers(0, 2**16))
+@settings(max_examples=80, deadline=None)
+def test_residual_in_place_equals_the_subtraction_bit_for_bit(kind, ratio, n, dtype, steps, seed):
+    compressor = sparsifier(kind, ratio)
+    assert compressor.sends_entries
+    memory, reference = Residual(), None
+    draw = torch.Generator().manual_seed(seed)
+    for step in range(steps):
+        g = torch.randn(n, generator=draw).to(dtype)
+        expected_compensated = g if reference is None else g + reference
+        compensated = memory.compensate(g, "w")
+        assert torch.equal(compensated, expected_compensated)
+        payload, ctx = compressor.compress(compensated, "w")
+        sent = compressor.decompress(payload, ctx)
+        reference = expected_compensated - sent
+        before = g.clone()
+        memory.update(compensated, "w", compressor, payload, ctx)
+        memory.commit()
+        assert torch.equal(g, before), "the gradient itself must never be written into"
+        if step > 0:  # compensate made g + e: the in-place path was taken
+            assert memory.residuals["w"] is compensated
+        assert bits(memory.residuals["w"]).equal(bits(reference)), "bit for bit, signed zeros included"
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(-1).view({2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
+
+
+def test_residual_does_not_write_into_a_tensor_it_did_not_make():
+    memory = Residual()
+    memory.residuals["w"] = torch.ones(100)
+    mine = torch.arange(100.0)
+    compressor = TopK(0.1)
+    payload, ctx = compressor.compress(mine, "w")
+    memory.update(mine, "w", compressor, payload, ctx)
+    assert torch.equal(mine, torch.arange(100.0))
+    assert memory.residuals["w"] is not mine
+    assert torch.equal(memory.residuals["w"][:90], torch.arange(90.0))
+
+
+def test_rollback_after_the_in_place_update_restores_the_old_residual():
+    memory, compressor = Residual(), TopK(0.1)
+    memory.residuals["w"] = old = torch.linspace(-1, 1, 50)
+    kept = old.clone()
+    compensated = memory.compensate(torch.randn(50), "w")
+    memory.update(compensated, "w", compressor, *compressor.compress(compensated, "w"))
+    assert memory.residuals["w"] is compensated
+    memory.rollback("w")
+    assert memory.residuals["w"] is old and torch.equal(old, kept)
+
+
+@pytest.mark.parametrize("memory_class", [Residual, NoMemory])
+def test_grace_flags_a_raw_nan_that_compression_drops(memory_class):
+    """Residual and NoMemory keep NaNs, so Grace looks only at what they return; a NaN that
+    Threshold never sends is still flagged, on every rank."""
+    assert memory_class.keeps_nonfinite
+
+    def body(backend):
+        memory = memory_class()
+        if memory_class is Residual:
+            memory.residuals["w"] = torch.zeros(1000)  # so that compensate makes g + e
+        bundle = Grace(Threshold(0.5), memory)
+        g = torch.linspace(-1, 1, 1000)
+        if backend.rank() == 0:
+            g[7] = float("nan")
+        result = bundle.start(g, "w", backend, average=True)()
+        assert bool(torch.isfinite(result).all())  # only the flag can tell
+        return bundle.nonfinite_names(["w"], backend)
+
+    assert run_ranks(2, body) == [{"w"}, {"w"}]
+
+
+@given(steps_per_epoch=st.integers(1, 7), epochs=st.integers(2, 6), phases=st.integers(2, 4),
+       moves=st.lists(st.one_of(st.just("step"), st.integers(0, 8)), max_size=40))
+@settings(max_examples=100, deadline=None)
+def test_legacy_phase_cache_follows_every_change_of_progress(steps_per_epoch, epochs, phases, moves):
+    values = [[0.5 / (p + 1), 0.1 / (p + 1)] for p in range(phases)]
+    schedule = Legacy(TopK(), by="both", values=values, splits=[100], epochs=epochs, steps_per_epoch=steps_per_epoch)
+    small, large = torch.zeros(10), torch.zeros(1000)
+    for move in moves:
+        if move == "step":
+            schedule.end_step()
+        else:
+            schedule.set_epoch(move)
+        phase = schedule.phase_of(schedule.progress)
+        assert schedule.knob_for_tensor(small, "s") == values[phase][0]
+        assert schedule.knob_for_tensor(large, "l") == values[phase][1]
+        assert schedule.traffic_labels("l", large) == {"group": 1, "phase": phase}
+    state = schedule.state_dict()
+    fresh = Legacy(TopK(), by="both", values=values, splits=[100], epochs=epochs, steps_per_epoch=steps_per_epoch)
+    fresh.knob_for_tensor(small, "s")  # fill the cache at progress 0 before loading
+    fresh.load_state_dict(state)
+    assert fresh.current_phase() == schedule.phase_of(schedule.progress)
