@@ -70,7 +70,7 @@ def _qsgd_legacy(run: Run) -> Grace:
 
 def _dgc_warmup(run: Run) -> Grace:
     """DGC's warm-up, its target density solved so the run's expected bytes equal the uniform
-    arm's. DGC warms over 4 of 90+ epochs; these runs are 6-15 epochs, so the warm-up takes one
+    arm's. DGC warms over 4 of 90+ epochs; these runs are 4-12 epochs, so the warm-up takes one
     (two or more cannot be matched: their dense-ish first epochs alone exceed the budget)."""
     numels = [p.numel() for p in run.model.parameters()]
 

@@ -37,8 +37,8 @@ class Task:
 
 TASKS = {
     "digits": Task("digits", "accuracy", epochs=12, batch_size=32, lr=0.02, optimizer="sgd", split=10_000),
-    "mnist1d": Task("mnist1d", "accuracy", epochs=15, batch_size=32, lr=0.02, optimizer="sgd", split=5_000),
-    "charlm": Task("charlm", "perplexity", epochs=6, batch_size=16, lr=0.003, optimizer="adam", split=30_000),
+    "mnist1d": Task("mnist1d", "accuracy", epochs=12, batch_size=32, lr=0.02, optimizer="sgd", split=5_000),
+    "charlm": Task("charlm", "perplexity", epochs=4, batch_size=16, lr=0.003, optimizer="adam", split=30_000),
 }
 
 
@@ -63,7 +63,7 @@ class SignalMLP(nn.Module):
 
 
 class CharLSTM(nn.Module):
-    def __init__(self, vocabulary: int, width: int = 256) -> None:
+    def __init__(self, vocabulary: int, width: int = 128) -> None:
         super().__init__()
         self.embed = nn.Embedding(vocabulary, 64)
         self.lstm = nn.LSTM(64, width, batch_first=True)
