@@ -28,6 +28,19 @@ def machine() -> str:
             f"{datetime.date.today().isoformat()}")
 
 
+def load_average() -> float:
+    """The 1-minute load average: how busy the machine is (other jobs make timings noisy)."""
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return float("nan")
+
+
+def load_note(before_after: list[float]) -> str:
+    before, after = before_after
+    return f"load average {before:.1f} before and {after:.1f} after the run"
+
+
 def update_section(path: Path, key: str, markdown: str, title: str | None = None) -> None:
     """Replace (or append) the section between ``<!-- begin KEY -->`` and ``<!-- end KEY -->``."""
     begin, end = f"<!-- begin {key} -->", f"<!-- end {key} -->"

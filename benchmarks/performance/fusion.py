@@ -142,8 +142,9 @@ def worker(args: argparse.Namespace) -> None:
 
 
 def launch(args: argparse.Namespace) -> dict:
-    from benchmarks.report import machine
+    from benchmarks.report import load_average, machine
 
+    before = load_average()
     runs = {}
     with tempfile.TemporaryDirectory() as tmp:
         for setting, extra_env in HOROVOD_FUSION.items():
@@ -159,7 +160,7 @@ def launch(args: argparse.Namespace) -> dict:
                 env.pop("HOROVOD_FUSION_THRESHOLD", None)
             subprocess.run(cmd, check=True, cwd=REPO, env=env)
             runs[setting] = json.loads(out.read_text())
-    return {"runs": runs, "machine": machine()}
+    return {"runs": runs, "machine": machine(), "load_average": [before, load_average()]}
 
 
 def write(result: dict, results_dir: Path, command: str) -> None:
@@ -168,7 +169,7 @@ def write(result: dict, results_dir: Path, command: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from benchmarks.report import update_section
+    from benchmarks.report import load_note, update_section
 
     runs = result["runs"]
     first = runs["on"]
@@ -187,8 +188,9 @@ def write(result: dict, results_dir: Path, command: str) -> None:
 
 `{command}`
 
-Machine: {result['machine']}. 4 Horovod workers on Gloo, on this one machine (loopback: latency per
-collective is small here, so fusion gains less than it does across real hosts).
+Machine: {result['machine']}; {load_note(result['load_average'])}.
+4 Horovod workers on Gloo, on this one machine (loopback: latency per collective is small here,
+so fusion gains less than it does across real hosts).
 Model: {first['tensors']} parameter tensors, {first['parameters']:,} fp32 parameters; Top-k at density
 {first['density']} ({first['payload_bytes_per_rank']:,} payload bytes per rank), compressed before timing,
 so the times are communication only (pack, collectives, unpack, aggregate). Fused: {first['buckets']} bucket(s)

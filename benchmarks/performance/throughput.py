@@ -175,14 +175,15 @@ def measure_model(shapes: list[tuple[str, tuple[int, ...]]], repetitions: int, q
 
 
 def run(quick: bool, repetitions: int) -> dict:
-    from benchmarks.report import machine
+    from benchmarks.report import load_average, machine
 
+    before = load_average()
     torch.set_num_threads(1)
     models = {"ResNet-50": resnet50_shapes(), "Transformer-base encoder": transformer_shapes()}
     if quick:
         models = {"ResNet-50": resnet50_shapes()[:30], "Transformer-base encoder": transformer_shapes(1, 128, 1000)}
-    return {"machine": machine(), "quick": quick,
-            "models": {name: measure_model(shapes, repetitions, quick) for name, shapes in models.items()}}
+    measured = {name: measure_model(shapes, repetitions, quick) for name, shapes in models.items()}
+    return {"machine": machine(), "quick": quick, "load_average": [before, load_average()], "models": measured}
 
 
 def verdicts(result: dict) -> list[str]:
@@ -205,7 +206,7 @@ def write(result: dict, results_dir: Path, command: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from benchmarks.report import update_section
+    from benchmarks.report import load_note, update_section
 
     results_dir.mkdir(parents=True, exist_ok=True)
     (results_dir / "throughput.json").write_text(json.dumps(result, indent=1))
@@ -232,8 +233,8 @@ clone ms | speed-up vs reference | grace-legacy / copy | reference / copy |
 
 `{command}`
 
-Machine: {result['machine']}. Shared with other jobs while measured: the quartiles show the
-spread. Median of {first['repetitions']} interleaved repetitions (copy, clone, grace-legacy,
+Machine: {result['machine']}; {load_note(result['load_average'])} (other jobs add noise: the
+quartiles show the spread). Median of {first['repetitions']} interleaved repetitions (copy, clone, grace-legacy,
 reference, per compressor); times are for the whole model, one tensor after another; GB/s is the
 gradient's fp32 bytes over that time. The copy is `dst.copy_(grad)` into preallocated buffers:
 the memory floor; the clone (`grad.clone()`) allocates its output, as decompress must.

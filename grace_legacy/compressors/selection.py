@@ -155,7 +155,7 @@ def _select_cpu(flat: torch.Tensor, k: int, threshold_bits: int) -> torch.Tensor
     """Steps 2 and 3 of the module doc, on magnitude bits, with numpy on CPU."""
     bits, mask = _magnitude_bits(flat)
     bits = bits.numpy()
-    candidates = _candidates_cpu(bits, mask, threshold_bits)
+    candidates = _candidates_cpu(bits, mask, threshold_bits, limit=bits.size // 2)
     if candidates is None:  # more than half the entries: a plain top-k is cheaper
         return _plain_top_k(flat, k)
     count = candidates.size
@@ -180,12 +180,30 @@ def _largest(positions: np.ndarray, magnitudes: np.ndarray, k: int) -> np.ndarra
     return np.concatenate([chosen, ties])
 
 
-def _candidates_cpu(bits: np.ndarray, mask: int, threshold_bits: int) -> np.ndarray | None:
+def positions_at_or_above(flat: torch.Tensor, bound: torch.Tensor) -> torch.Tensor:
+    """The sorted flat positions (int64) of the entries of the 1-D ``flat`` whose magnitude is
+    ``>= bound`` (a non-negative 0-dim tensor of ``flat``'s dtype, possibly infinite), NaN never
+    among them: ``torch.nonzero(flat.abs() >= bound)``, in one cache-friendly pass on CPU."""
+    if flat.device.type != "cpu":
+        return torch.nonzero(flat.abs() >= bound).reshape(-1)
+    bits, mask = _magnitude_bits(flat)
+    bits = bits.numpy()
+    bound_bits, _ = _magnitude_bits(bound.reshape(1).to(flat.dtype))
+    infinity_bits, _ = _magnitude_bits(torch.tensor([float("inf")], dtype=flat.dtype))
+    positions = _candidates_cpu(bits, mask, int(bound_bits.numpy()[0]) & mask, limit=None)
+    if positions.size:
+        # NaN's patterns sort above infinity's; |NaN| >= t is false.
+        positions = positions[np.bitwise_and(bits[positions], mask) <= int(infinity_bits.numpy()[0])]
+    if not positions.size:  # numpy's empty array can carry a zero stride, which torch cannot view
+        return torch.empty(0, dtype=torch.int64)
+    return torch.from_numpy(positions)
+
+
+def _candidates_cpu(bits: np.ndarray, mask: int, threshold_bits: int, limit: int | None) -> np.ndarray | None:
     """The sorted positions whose magnitude bits are ``>= threshold_bits``, or ``None`` once they
-    are more than half of all. The pass goes chunk by chunk, each small enough that its masked
-    magnitudes and comparison stay in cache: main memory is read once."""
+    are more than ``limit`` (``None``: no limit). The pass goes chunk by chunk, each small enough
+    that its masked magnitudes and comparison stay in cache: main memory is read once."""
     numel = bits.size
-    limit = numel // 2
     width = min(numel, CHUNK)
     magnitudes, above = _work_buffer(width, bits.dtype), _work_buffer(width, np.bool_)
     found, count = [], 0
@@ -199,7 +217,7 @@ def _candidates_cpu(bits: np.ndarray, mask: int, threshold_bits: int) -> np.ndar
             positions += start
             found.append(positions)
             count += positions.size
-            if count > limit:
+            if limit is not None and count > limit:
                 return None
     return np.concatenate(found) if found else np.empty(0, dtype=np.int64)
 

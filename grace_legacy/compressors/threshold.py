@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from grace_legacy.compressors.selection import positions_at_or_above
 from grace_legacy.compressors.sparsify import SparseContext, index_dtype, scatter_sum
 from grace_legacy.core import Compressor, Knob, Memory, Payload, check_gradient
 
@@ -61,9 +62,9 @@ class Threshold(Compressor):
         self.check_ready()
         flat = tensor.reshape(-1)
         bound = smallest_at_least(self.threshold, flat.dtype).to(flat.device)
-        indices = torch.nonzero(flat.abs() >= bound).reshape(-1)
+        indices = positions_at_or_above(flat, bound)
         ctx = SparseContext(tensor.shape, flat.numel(), tensor.dtype, tensor.device)
-        return [flat[indices], indices.to(index_dtype(flat.numel()))], ctx
+        return [flat.index_select(0, indices), indices.to(index_dtype(flat.numel()))], ctx
 
     def decompress(self, payload: Payload, ctx: SparseContext) -> torch.Tensor:
         values, indices = payload

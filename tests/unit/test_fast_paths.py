@@ -6,6 +6,7 @@
   a tensor it did not make.
 - ``Grace`` looks only at the compensated gradient when the memory keeps infs and NaNs.
 - ``Legacy`` computes its phase once per progress, and still follows every change of progress.
+- Threshold's one-pass selection finds the positions ``torch.nonzero(|x| >= t)`` finds.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from hypothesis import strategies as st
 from threaded_backend import run_ranks
 
 from grace_legacy import DGC, Grace, Legacy, NoMemory, RandomK, Residual, Threshold, TopK
+from grace_legacy.compressors.selection import positions_at_or_above
+from grace_legacy.compressors.threshold import smallest_at_least
 from grace_legacy.core import nonfinite_flag
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
@@ -145,3 +148,21 @@ def test_legacy_phase_cache_follows_every_change_of_progress(steps_per_epoch, ep
     fresh.knob_for_tensor(small, "s")  # fill the cache at progress 0 before loading
     fresh.load_state_dict(state)
     assert fresh.current_phase() == schedule.phase_of(schedule.progress)
+
+
+@given(n=st.integers(1, 200_000), dtype=st.sampled_from(DTYPES), threshold=st.floats(0.0, 5.0),
+       specials=st.lists(st.tuples(st.integers(0, 10**6), st.sampled_from(SPECIALS + [0.0, -0.0])), max_size=6),
+       seed=st.integers(0, 2**16))
+@settings(max_examples=150, deadline=None)
+def test_threshold_positions_equal_torch_nonzero(n, dtype, threshold, specials, seed):
+    flat = torch.randn(n, generator=torch.Generator().manual_seed(seed)).to(dtype)
+    for position, value in specials:
+        flat[position % n] = value
+    bound = smallest_at_least(threshold, dtype)
+    expected = torch.nonzero(flat.abs() >= bound).reshape(-1)
+    assert torch.equal(positions_at_or_above(flat, bound), expected)
+
+
+def test_threshold_positions_with_an_infinite_bound_are_the_infinities():
+    flat = torch.tensor([1.0, float("inf"), float("nan"), -float("inf"), 3e38])
+    assert positions_at_or_above(flat, torch.tensor(float("inf"))).tolist() == [1, 3]
