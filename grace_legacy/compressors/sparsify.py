@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from fractions import Fraction
 from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 
 from grace_legacy.compressors.selection import top_k_indices
@@ -31,6 +32,27 @@ def kept_count(ratio: float, numel: int) -> int:
 def index_dtype(numel: int) -> torch.dtype:
     """int32 indices halve their bytes; int64 only where int32 cannot address the tensor."""
     return torch.int32 if numel < _INT32_LIMIT else torch.int64
+
+
+def uniform_subset(n: int, k: int, generator: torch.Generator) -> torch.Tensor:
+    """``k`` distinct integers from ``range(n)``, every ``k``-subset equally likely (int64).
+
+    A permutation of all ``n`` costs ``O(n)`` for every draw; for ``k`` well below ``n`` the
+    first ``k`` distinct values of a stream of uniform draws are the same distribution (sampling
+    without replacement by rejecting repeats) at ``O(k log k)``. Few draws repeat: ``k`` draws
+    hold about ``k^2 / 2n`` repeats, so a stream of ``k + 2 k^2 / n + 64`` rarely needs topping up.
+    """
+    if 4 * k > n:
+        return torch.randperm(n, generator=generator)[:k]
+    draws = torch.empty(0, dtype=torch.int64)
+    while True:
+        more = k - draws.numel() + 2 * k * k // n + 64
+        draws = torch.cat([draws, torch.randint(n, (more,), generator=generator)])
+        # np.unique's return_index is each distinct value's first position in the stream.
+        _, first = np.unique(draws.numpy(), return_index=True)
+        if first.size >= k:
+            break
+    return draws[torch.from_numpy(np.sort(first)[:k])]
 
 
 class SparseContext(NamedTuple):
@@ -136,10 +158,10 @@ class RandomK(Compressor):
         return self.knob_value
 
     def indices(self, name: str, step: int, numel: int) -> torch.Tensor:
-        """The indices kept for tensor ``name`` at its ``step``-th compression (int64)."""
+        """The indices kept for tensor ``name`` at its ``step``-th compression (int64, distinct,
+        in no particular order): a uniformly random ``k``-subset of ``range(numel)``."""
         generator = self.generator(self.seed, name, step, per_rank=False)
-        k = kept_count(self.ratio, numel)
-        return torch.randperm(numel, generator=generator)[:k]
+        return uniform_subset(numel, kept_count(self.ratio, numel), generator)
 
     def compress(self, tensor: torch.Tensor, name: str) -> tuple[Payload, Any]:
         check_gradient(tensor, "RandomK")

@@ -7,6 +7,7 @@
 - ``Grace`` looks only at the compensated gradient when the memory keeps infs and NaNs.
 - ``Legacy`` computes its phase once per progress, and still follows every change of progress.
 - Threshold's one-pass selection finds the positions ``torch.nonzero(|x| >= t)`` finds.
+- Random-k's subsets without a full permutation are still uniform.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from threaded_backend import run_ranks
 
 from grace_legacy import DGC, Grace, Legacy, NoMemory, RandomK, Residual, Threshold, TopK
 from grace_legacy.compressors.selection import positions_at_or_above
+from grace_legacy.compressors.sparsify import uniform_subset
 from grace_legacy.compressors.threshold import smallest_at_least
 from grace_legacy.core import nonfinite_flag
 
@@ -166,3 +168,26 @@ def test_threshold_positions_equal_torch_nonzero(n, dtype, threshold, specials, 
 def test_threshold_positions_with_an_infinite_bound_are_the_infinities():
     flat = torch.tensor([1.0, float("inf"), float("nan"), -float("inf"), 3e38])
     assert positions_at_or_above(flat, torch.tensor(float("inf"))).tolist() == [1, 3]
+
+
+@given(n=st.integers(1, 10**7), fraction=st.floats(0.0, 1.0), seed=st.integers(0, 2**16))
+@settings(max_examples=100, deadline=None)
+def test_uniform_subset_is_k_distinct_values_in_range(n, fraction, seed):
+    k = max(1, min(n, int(fraction * min(n, 50_000))))
+    subset = uniform_subset(n, k, torch.Generator().manual_seed(seed))
+    assert subset.dtype == torch.int64 and subset.numel() == k
+    assert subset.unique().numel() == k and int(subset.min()) >= 0 and int(subset.max()) < n
+
+
+@pytest.mark.parametrize(("n", "k"), [(9, 2), (12, 3)])
+def test_uniform_subset_makes_every_subset_equally_likely(n, k):
+    """Chi-square over every k-subset (the rejection path: 4k <= n), fixed seeds, so not flaky."""
+    from itertools import combinations
+
+    from scipy.stats import chisquare
+
+    cells = {frozenset(c): 0 for c in combinations(range(n), k)}
+    draws = 60 * len(cells)
+    for seed in range(draws):
+        cells[frozenset(uniform_subset(n, k, torch.Generator().manual_seed(seed)).tolist())] += 1
+    assert chisquare(list(cells.values())).pvalue > 1e-4
