@@ -75,31 +75,32 @@ def packed_size_of(spec: Sequence[tuple[int, torch.dtype]], with_header: bool) -
 
 def pack(parts: Sequence[torch.Tensor], with_header: bool) -> torch.Tensor:
     """Copy ``parts`` into one aligned ``uint8`` buffer (see the module docstring)."""
-    if not parts:
-        raise ValueError("a payload must have at least one part")
-    leading = [_leading(p) for p in parts]
-    offsets, total = layout(parts, leading, with_header)
-    device = parts[0].device
-    buffer = torch.zeros(total, dtype=torch.uint8, device=device)
-    if with_header:
-        header = torch.tensor([total, *leading], dtype=_HEADER_DTYPE, device=device)
-        buffer[: header.numel() * 8].copy_(header.view(torch.uint8))
-    for part, start in zip(parts, offsets, strict=True):
-        raw = part.contiguous().reshape(-1).view(torch.uint8)
-        buffer[start: start + raw.numel()].copy_(raw)
+    return pack_many([(parts, with_header)])
+
+
+def pack_many(members: Sequence[tuple[Sequence[torch.Tensor], bool]]) -> torch.Tensor:
+    """``torch.cat([pack(parts, with_header) for parts, with_header in members])``, written into
+    one buffer: one allocation and one copy of each part, however many members a bucket holds."""
+    placed = []
+    end = 0
+    for parts, with_header in members:
+        if not parts:
+            raise ValueError("a payload must have at least one part")
+        leading = [_leading(p) for p in parts]
+        offsets, total = layout(parts, leading, with_header)
+        placed.append((parts, with_header, leading, offsets, total, end))
+        end += total
+    device = members[0][0][0].device if members else torch.device("cpu")
+    buffer = torch.zeros(end, dtype=torch.uint8, device=device)  # padding travels as zeros
+    for parts, with_header, leading, offsets, total, base in placed:
+        if with_header:
+            header = torch.tensor([total, *leading], dtype=_HEADER_DTYPE, device=device)
+            buffer[base: base + header.numel() * 8].copy_(header.view(torch.uint8))
+        for part, start in zip(parts, offsets, strict=True):
+            if part.numel():  # an empty part may carry strides that cannot be viewed as bytes
+                raw = part.contiguous().reshape(-1).view(torch.uint8)
+                buffer[base + start: base + start + raw.numel()].copy_(raw)
     return buffer
-
-
-def _read(buffer: torch.Tensor, like: Sequence[torch.Tensor], leading: Sequence[int],
-          with_header: bool) -> tuple[list[torch.Tensor], int]:
-    offsets, total = layout(like, leading, with_header)
-    parts = []
-    for template, rows, start in zip(like, leading, offsets, strict=True):
-        trailing = tuple(template.shape[1:])
-        count = rows * _row_elements(template)
-        flat = buffer[start: start + count * template.element_size()].view(template.dtype)
-        parts.append(flat.view(rows, *trailing) if template.dim() > 0 else flat.view(()))
-    return parts, total
 
 
 def unpack_gathered(gathered: torch.Tensor, like: Sequence[torch.Tensor], world_size: int,
@@ -119,13 +120,16 @@ def unpack_gathered_many(gathered: torch.Tensor, members: Sequence[tuple[Sequenc
     a header. Returns ``payloads[member][rank]``.
 
     Each packed buffer is 8-byte aligned and either of a size every rank knows (no header) or
-    self-describing (header), so the concatenation needs no framing of its own.
+    self-describing (header), so the concatenation needs no framing of its own. A member without
+    a header has the local layout on every rank, so it is computed once, not once per rank.
     """
-    local_leading = [[_leading(p) for p in like] for like, _ in members]
+    local = []
+    for like, with_header in members:
+        leading = [_leading(p) for p in like]
+        local.append((leading, layout(like, leading, with_header)))
     out: list[list[list[torch.Tensor]]] = [[] for _ in members]
     if not any(with_header for _, with_header in members):
-        sizes = [layout(like, leading, False)[1] for (like, _), leading in zip(members, local_leading, strict=True)]
-        chunk = sum(sizes)
+        chunk = sum(total for _, (_, total) in local)
         if gathered.numel() != chunk * world_size:
             raise RuntimeError(
                 f"ranks disagree on the payload size of {name!r}: this rank sent {chunk} bytes, "
@@ -133,7 +137,7 @@ def unpack_gathered_many(gathered: torch.Tensor, members: Sequence[tuple[Sequenc
                 f"the same compressor configuration and model.")
     offset = 0
     for rank in range(world_size):
-        for index, ((like, with_header), leading) in enumerate(zip(members, local_leading, strict=True)):
+        for index, ((like, with_header), (leading, placement)) in enumerate(zip(members, local, strict=True)):
             if with_header:
                 header_bytes = (1 + len(like)) * 8
                 if offset + header_bytes > gathered.numel():
@@ -142,13 +146,28 @@ def unpack_gathered_many(gathered: torch.Tensor, members: Sequence[tuple[Sequenc
                 total, leading = int(header[0]), [int(v) for v in header[1:]]
                 if len(leading) != len(like) or offset + total > gathered.numel():
                     raise RuntimeError(f"corrupt gather for {name!r}: rank {rank}'s header {header} does not fit")
-            expected = layout(like, leading, with_header)[1]
+                placement = layout(like, leading, with_header)
+            offsets, expected = placement
             if (with_header and expected != total) or offset + expected > gathered.numel():
                 raise RuntimeError(f"corrupt gather for {name!r}: rank {rank}'s payload needs {expected} bytes "
                                    f"at offset {offset} of {gathered.numel()}")
-            parts, _ = _read(gathered[offset: offset + expected], like, leading, with_header)
-            out[index].append(parts)
+            out[index].append(_views(gathered, offset, like, leading, offsets))
             offset += expected
     if offset != gathered.numel():
         raise RuntimeError(f"gather for {name!r} has {gathered.numel() - offset} unexplained bytes")
     return out
+
+
+def _views(buffer: torch.Tensor, base: int, like: Sequence[torch.Tensor], leading: Sequence[int],
+           offsets: Sequence[int]) -> list[torch.Tensor]:
+    """The parts of the packed payload at ``buffer[base:]`` (byte ``offsets`` from there), as
+    views in the local parts' dtypes and trailing shapes with ``leading`` rows."""
+    parts = []
+    for template, rows, start in zip(like, leading, offsets, strict=True):
+        count = rows * _row_elements(template)
+        if count == 0:
+            parts.append(torch.empty((rows, *template.shape[1:]), dtype=template.dtype, device=buffer.device))
+            continue
+        flat = buffer[base + start: base + start + count * template.element_size()].view(template.dtype)
+        parts.append(flat.view(rows, *template.shape[1:]) if template.dim() > 0 else flat.view(()))
+    return parts

@@ -73,7 +73,7 @@ class Flight:
         gathered = [m for m in self.members if m.gathered]
         self._gather = None
         if gathered:
-            buffer = torch.cat([wire.pack(m.payload, not m.compressor.uniform_payload) for m in gathered])
+            buffer = wire.pack_many([(m.payload, not m.compressor.uniform_payload) for m in gathered])
             self._gather = (gathered, backend.allgather_async(buffer, self._name(0)))
         self._reduced = {id(m): list(m.payload) for m in self.members if not m.gathered}
         self._reduce = self._launch_reduce([m for m in self.members if not m.gathered], round_index=0)

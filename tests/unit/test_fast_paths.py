@@ -8,6 +8,7 @@
 - ``Legacy`` computes its phase once per progress, and still follows every change of progress.
 - Threshold's one-pass selection finds the positions ``torch.nonzero(|x| >= t)`` finds.
 - Random-k's subsets without a full permutation are still uniform.
+- A bucket packed in one buffer is the concatenation of its members' packed payloads.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from threaded_backend import run_ranks
 
-from grace_legacy import DGC, Grace, Legacy, NoMemory, RandomK, Residual, Threshold, TopK
+from grace_legacy import DGC, Grace, Legacy, NoMemory, RandomK, Residual, Threshold, TopK, wire
 from grace_legacy.compressors.selection import positions_at_or_above
 from grace_legacy.compressors.sparsify import uniform_subset
 from grace_legacy.compressors.threshold import smallest_at_least
@@ -191,3 +192,22 @@ def test_uniform_subset_makes_every_subset_equally_likely(n, k):
     for seed in range(draws):
         cells[frozenset(uniform_subset(n, k, torch.Generator().manual_seed(seed)).tolist())] += 1
     assert chisquare(list(cells.values())).pvalue > 1e-4
+
+
+@given(members=st.lists(st.tuples(st.lists(st.tuples(st.integers(0, 9), st.sampled_from(
+    [torch.float32, torch.int32, torch.float16, torch.uint8, torch.int64])), min_size=1, max_size=3), st.booleans()),
+    min_size=1, max_size=6), world=st.integers(1, 4))
+@settings(max_examples=100, deadline=None)
+def test_pack_many_is_the_concatenation_of_packs_and_unpacks_back(members, world):
+    def payload(parts, rank):
+        return [torch.arange(rank * 100, rank * 100 + rows * 2).to(dtype).view(rows, 2) for rows, dtype in parts]
+
+    local = [(payload(parts, 0), with_header) for parts, with_header in members]
+    assert torch.equal(wire.pack_many(local), torch.cat([wire.pack(p, h) for p, h in local]))
+    # Every rank sends the same shapes (a header-less member must); the contents differ.
+    gathered = torch.cat([wire.pack_many([(payload(parts, r), h) for parts, h in members]) for r in range(world)])
+    back = wire.unpack_gathered_many(gathered, local, world, "bucket")
+    for index, (parts, _) in enumerate(members):
+        for rank in range(world):
+            for got, want in zip(back[index][rank], payload(parts, rank), strict=True):
+                assert torch.equal(got, want)
