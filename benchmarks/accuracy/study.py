@@ -1,6 +1,6 @@
 """The accuracy study: every arm on every task, trained by real ``horovodrun -np 4`` workers.
 
-    python -m benchmarks.accuracy.study            # the whole study (about an hour on 2 cores)
+    python -m benchmarks.accuracy.study            # the whole study (about 40 minutes on 2 cores)
     python -m benchmarks.accuracy.study --quick    # a smoke run (a few minutes)
 
 Each task is one ``horovodrun`` launch whose workers train every arm for every seed in turn (one

@@ -1,7 +1,7 @@
 """LEGACY's overhead: training-step time with ``Legacy(TopK(), ...)`` against ``TopK`` at the same
 density, through the real ``hvd.DistributedOptimizer`` path.
 
-    python -m benchmarks.performance.legacy_overhead            # the full run (a few minutes here)
+    python -m benchmarks.performance.legacy_overhead            # the full run (about 4 minutes here)
     python -m benchmarks.performance.legacy_overhead --quick    # a smoke run (seconds)
 
 Two Horovod workers (``horovodrun -np 2 --gloo``) train two identical copies of a ResNet-like CNN
@@ -238,7 +238,7 @@ def main() -> None:
     parser.add_argument("--json", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.steps is None:
-        args.steps = 8 if args.quick else 300
+        args.steps = 8 if args.quick else 1000
     if args.quick:
         args.warmup = min(args.warmup, 2)
     if args.worker:
