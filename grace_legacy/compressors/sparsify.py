@@ -40,19 +40,20 @@ def uniform_subset(n: int, k: int, generator: torch.Generator) -> torch.Tensor:
     A permutation of all ``n`` costs ``O(n)`` for every draw; for ``k`` well below ``n`` the
     first ``k`` distinct values of a stream of uniform draws are the same distribution (sampling
     without replacement by rejecting repeats) at ``O(k log k)``. Few draws repeat: ``k`` draws
-    hold about ``k^2 / 2n`` repeats, so a stream of ``k + 2 k^2 / n + 64`` rarely needs topping up.
+    hold about ``k^2 / 2n`` repeats, so a stream of ``k + 2 k^2 / n + 64`` rarely needs topping up
+    (by ``2 m + 64`` more draws while ``m`` distinct values are missing). ``k > n / 4`` takes the
+    first ``k`` of a permutation instead.
     """
     if 4 * k > n:
         return torch.randperm(n, generator=generator)[:k]
-    draws = torch.empty(0, dtype=torch.int64)
+    draws = torch.randint(n, (k + 2 * k * k // n + 64,), generator=generator)
     while True:
-        more = k - draws.numel() + 2 * k * k // n + 64
-        draws = torch.cat([draws, torch.randint(n, (more,), generator=generator)])
         # np.unique's return_index is each distinct value's first position in the stream.
         _, first = np.unique(draws.numpy(), return_index=True)
         if first.size >= k:
-            break
-    return draws[torch.from_numpy(np.sort(first)[:k])]
+            return draws[torch.from_numpy(np.sort(first)[:k])]
+        missing = k - first.size
+        draws = torch.cat([draws, torch.randint(n, (2 * missing + 64,), generator=generator)])
 
 
 class SparseContext(NamedTuple):

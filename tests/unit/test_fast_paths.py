@@ -211,3 +211,19 @@ def test_pack_many_is_the_concatenation_of_packs_and_unpacks_back(members, world
         for rank in range(world):
             for got, want in zip(back[index][rank], payload(parts, rank), strict=True):
                 assert torch.equal(got, want)
+
+
+def test_uniform_subset_tops_up_when_the_first_draws_repeat(monkeypatch):
+    """A first stream of nothing but repeats must be topped up, not loop forever."""
+    real_randint = torch.randint
+    calls = []
+
+    def randint(high, size, generator=None):
+        calls.append(size)
+        if len(calls) == 1:
+            return torch.zeros(size, dtype=torch.int64)
+        return real_randint(high, size, generator=generator)
+
+    monkeypatch.setattr(torch, "randint", randint)
+    subset = uniform_subset(1000, 50, torch.Generator().manual_seed(0))
+    assert len(calls) >= 2 and subset.unique().numel() == 50 and 0 in subset.tolist()

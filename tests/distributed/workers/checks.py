@@ -93,10 +93,27 @@ def topk_reference(tensor: torch.Tensor, ratio: float) -> torch.Tensor:
 
 
 def randomk_indices_reference(seed: int, name: str, step: int, numel: int, ratio: float) -> torch.Tensor:
-    """The documented Random-k rule: randperm from a generator seeded by blake2b(seed, name, step)."""
+    """The documented Random-k rule, from a generator seeded by blake2b(seed, name, step): the
+    first k of a randperm when k > numel / 4, else the first k distinct values of a stream of
+    randint draws (k + 2k^2/n + 64 of them, topped up by 2m + 64 while m are missing)."""
     digest = hashlib.blake2b(f"{seed}\0{name}\0{step}".encode(), digest_size=8).digest()
     generator = torch.Generator().manual_seed(int.from_bytes(digest, "little") & (2**63 - 1))
-    return torch.randperm(numel, generator=generator)[: kept(ratio, numel)]
+    k = kept(ratio, numel)
+    if 4 * k > numel:
+        return torch.randperm(numel, generator=generator)[:k]
+    stream = torch.randint(numel, (k + 2 * k * k // numel + 64,), generator=generator).tolist()
+    chosen: list[int] = []
+    seen: set[int] = set()
+    position = 0
+    while len(chosen) < k:
+        if position == len(stream):
+            stream += torch.randint(numel, (2 * (k - len(chosen)) + 64,), generator=generator).tolist()
+        value = stream[position]
+        position += 1
+        if value not in seen:
+            seen.add(value)
+            chosen.append(value)
+    return torch.tensor(chosen, dtype=torch.int64)
 
 
 def mean_of(tensors: list[torch.Tensor]) -> torch.Tensor:
