@@ -45,6 +45,16 @@ def test_every_rank_raises_the_same_error_for_a_different_schedule(agreement_run
     assert len({report["messages"][label] for report in reports.values()}) == 1
 
 
+def output_by_rank(stdout: str) -> dict[str, str]:
+    """Each rank's stderr, reassembled: under MPI a rank's line can arrive in fragments, each with
+    its own ``[1,r]<stderr>:`` tag, interleaved with other ranks' fragments."""
+    pieces = re.split(r"\[(?:1,)?(\d)\]<stderr>:", stdout)
+    by_rank: dict[str, str] = {}
+    for rank, text in zip(pieces[1::2], pieces[2::2], strict=True):
+        by_rank[rank] = by_rank.get(rank, "") + text
+    return by_rank
+
+
 def test_a_different_model_ends_every_rank_with_the_message(agreement_run):
     result, reports = agreement_run
     assert result.returncode != 0
@@ -54,7 +64,8 @@ def test_a_different_model_ends_every_rank_with_the_message(agreement_run):
     assert "ranks 0, 1, 3: 7 entries; rank 2: 9 entries, has extra.bias[8] float32, extra.weight[8, 8] float32" \
         in message, message
     # Each rank's own traceback reaches the log, so every rank exited because of it.
-    ranks_raising = set(re.findall(r"\[(?:1,)?(\d)\]<stderr>:grace_legacy.consistency.RanksDisagree", result.stdout))
+    ranks_raising = {rank for rank, text in output_by_rank(result.stdout).items()
+                     if "grace_legacy.consistency.RanksDisagree" in text}
     assert ranks_raising == {str(r) for r in range(NP)}, result.stdout[-6000:]
 
 
