@@ -76,11 +76,14 @@ class Knob:
             if not self.integer:
                 value = _finite_float(value, where, self)
         else:
-            value = _finite_float(value, where, self)
+            given = value
+            # A Fraction's float can round onto an integer (2**52 + 1/2 does): judge it exactly.
+            fractional = isinstance(given, numbers.Rational) and given.denominator != 1
+            value = _finite_float(given, where, self)
             if self.integer:
-                if not value.is_integer():
-                    raise ValueError(f"{where} must be {self.describe_range()}, got {value!r}")
-                value = int(value)
+                if fractional or not value.is_integer():
+                    raise ValueError(f"{where} must be {self.describe_range()}, got {given!r}")
+                value = int(given) if isinstance(given, numbers.Rational) else int(value)
         too_low = self.low is not None and (value < self.low or (value == self.low and not self.low_inclusive))
         too_high = self.high is not None and (value > self.high or (value == self.high and not self.high_inclusive))
         if too_low or too_high:

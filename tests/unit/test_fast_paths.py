@@ -227,3 +227,14 @@ def test_uniform_subset_tops_up_when_the_first_draws_repeat(monkeypatch):
     monkeypatch.setattr(torch, "randint", randint)
     subset = uniform_subset(1000, 50, torch.Generator().manual_seed(0))
     assert len(calls) >= 2 and subset.unique().numel() == 50 and 0 in subset.tolist()
+
+
+def test_an_integer_knob_refuses_a_fraction_whose_float_is_an_integer():
+    """Found by the fuzzer: float(Fraction(2**53 + 1, 2)) rounds to the integer 2**52."""
+    from fractions import Fraction
+
+    from grace_legacy import PowerSGD
+
+    with pytest.raises(ValueError, match="rank"):
+        PowerSGD(rank=Fraction(2**53 + 1, 2))
+    assert PowerSGD(rank=Fraction(8, 2)).knob_value == 4
