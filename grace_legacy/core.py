@@ -389,6 +389,14 @@ class Compressor(ABC):
             total /= len(payloads)
         return total
 
+    def stacked_entries(self, stacked: Payload, ctx: Any) -> tuple[torch.Tensor, torch.Tensor, Any] | None:
+        """For compressors whose :meth:`aggregate` is exactly a scatter-add of payload values at
+        flat positions into zeros, rank by rank (Top-k, DGC, Threshold): every rank's payload with
+        its parts stacked along a leading rank dimension, as ``(values, flat indices, ctx)`` with
+        ``[ranks, k]`` values and indices and the ``SparseContext``. A bucket then aggregates all
+        such members with one ``index_add_``. ``None`` (the default): aggregate on its own."""
+        return None
+
     def payload_spec(self, numel: int, dtype: torch.dtype) -> list[tuple[int, torch.dtype]]:
         """(element count, dtype) of each payload part for a tensor of ``numel`` elements, as
         configured now; used to predict bytes (budget matching) without compressing anything."""

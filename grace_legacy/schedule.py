@@ -193,6 +193,10 @@ class KnobSchedule(Compressor):
             return super().aggregate(payloads, ctx, average)
         return concrete.aggregate(payloads, inner, average)
 
+    def stacked_entries(self, stacked: Payload, ctx: Any) -> tuple[torch.Tensor, torch.Tensor, Any] | None:
+        concrete, inner = ctx
+        return None if concrete is None else concrete.stacked_entries(stacked, inner)
+
     # -- bookkeeping ----------------------------------------------------------------------------
     def record_traffic(self, name: str, tensor: torch.Tensor, sent_bytes: int, route: str) -> None:
         self._traffic.record(dense_bytes=tensor.numel() * tensor.element_size(), sent_bytes=sent_bytes,

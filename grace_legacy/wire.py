@@ -123,18 +123,14 @@ def unpack_gathered_many(gathered: torch.Tensor, members: Sequence[tuple[Sequenc
     self-describing (header), so the concatenation needs no framing of its own. A member without
     a header has the local layout on every rank, so it is computed once, not once per rank.
     """
+    if not any(with_header for _, with_header in members):
+        # Every rank has the local layout: one view per part covers all ranks.
+        return [per_rank(parts) for parts in unpack_stacked(gathered, members, world_size, name)]
     local = []
     for like, with_header in members:
         leading = [_leading(p) for p in like]
         local.append((leading, layout(like, leading, with_header)))
     out: list[list[list[torch.Tensor]]] = [[] for _ in members]
-    if not any(with_header for _, with_header in members):
-        chunk = sum(total for _, (_, total) in local)
-        if gathered.numel() != chunk * world_size:
-            raise RuntimeError(
-                f"ranks disagree on the payload size of {name!r}: this rank sent {chunk} bytes, "
-                f"the gather returned {gathered.numel()} for {world_size} ranks. Every rank must use "
-                f"the same compressor configuration and model.")
     offset = 0
     for rank in range(world_size):
         for index, ((like, with_header), (leading, placement)) in enumerate(zip(members, local, strict=True)):
@@ -156,6 +152,42 @@ def unpack_gathered_many(gathered: torch.Tensor, members: Sequence[tuple[Sequenc
     if offset != gathered.numel():
         raise RuntimeError(f"gather for {name!r} has {gathered.numel() - offset} unexplained bytes")
     return out
+
+
+def unpack_stacked(gathered: torch.Tensor, members: Sequence[tuple[Sequence[torch.Tensor], bool]],
+                   world_size: int, name: str) -> list[list[torch.Tensor]]:
+    """The gather of a bucket whose members all travel without a header (every rank's buffer has
+    the local layout), as ``parts[member][part]`` with a leading rank dimension: part ``i`` of
+    member ``m`` on rank ``r`` is ``parts[m][i][r]``. Views into ``gathered``, one per part
+    whatever the number of ranks."""
+    if any(with_header for _, with_header in members):
+        raise ValueError(f"unpack_stacked({name!r}): members with a size header differ between ranks")
+    placements = [layout(like, [_leading(p) for p in like], False) for like, _ in members]
+    chunk = sum(total for _, total in placements)
+    if gathered.numel() != chunk * world_size:
+        raise RuntimeError(
+            f"ranks disagree on the payload size of {name!r}: this rank sent {chunk} bytes, "
+            f"the gather returned {gathered.numel()} for {world_size} ranks. Every rank must use "
+            f"the same compressor configuration and model.")
+    by_rank = gathered.view(world_size, chunk)
+    out, base = [], 0
+    for (like, _), (offsets, total) in zip(members, placements, strict=True):
+        parts = []
+        for template, start in zip(like, offsets, strict=True):
+            shape = (world_size, *template.shape)
+            if template.numel() == 0:
+                parts.append(torch.empty(shape, dtype=template.dtype, device=gathered.device))
+                continue
+            span = by_rank[:, base + start: base + start + template.numel() * template.element_size()]
+            parts.append(span.view(template.dtype).view(shape))
+        out.append(parts)
+        base += total
+    return out
+
+
+def per_rank(stacked: Sequence[torch.Tensor]) -> list[list[torch.Tensor]]:
+    """One payload per rank from parts stacked along a leading rank dimension."""
+    return [list(parts) for parts in zip(*(part.unbind(0) for part in stacked), strict=True)]
 
 
 def _views(buffer: torch.Tensor, base: int, like: Sequence[torch.Tensor], leading: Sequence[int],

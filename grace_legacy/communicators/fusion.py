@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from grace_legacy import wire
+from grace_legacy.compressors.sparsify import scatter_sum_many
 from grace_legacy.core import Backend, Compressor, Payload, Pending
 
 Learn = Callable[[Payload, Any], None]
@@ -118,12 +119,7 @@ class Flight:
     def _finish_all(self) -> dict[str, torch.Tensor]:
         results: dict[str, torch.Tensor] = {}
         if self._gather is not None:
-            members, handle = self._gather
-            received = wire.unpack_gathered_many(
-                self.backend.wait(handle), [(m.payload, not m.compressor.uniform_payload) for m in members],
-                self.backend.size(), self.label)
-            for member, payloads in zip(members, received, strict=True):
-                results[member.name] = member.compressor.aggregate(payloads, member.ctx, self.average)
+            results.update(self._aggregate_gathered(*self._gather))
 
         self._wait_reduce(self._reduce)
         reducing = [m for m in self.members if not m.gathered]
@@ -142,6 +138,29 @@ class Flight:
             if member.compressor.rounds > 1:
                 member.compressor.end_exchange(reduced, member.ctx)
             results[member.name] = member.compressor.decompress(reduced, member.ctx)
+        return results
+
+
+    def _aggregate_gathered(self, members: list[Member], handle: Any) -> dict[str, torch.Tensor]:
+        gathered = self.backend.wait(handle)
+        layouts = [(m.payload, not m.compressor.uniform_payload) for m in members]
+        if any(with_header for _, with_header in layouts):
+            received = wire.unpack_gathered_many(gathered, layouts, self.backend.size(), self.label)
+            return {m.name: m.compressor.aggregate(payloads, m.ctx, self.average)
+                    for m, payloads in zip(members, received, strict=True)}
+        # Every rank sent the local layout: each part is one view over all ranks, and the members
+        # whose aggregate is a scatter-add (Top-k, DGC) are aggregated together.
+        results: dict[str, torch.Tensor] = {}
+        scattered: list[tuple[str, tuple]] = []
+        for member, parts in zip(members, wire.unpack_stacked(gathered, layouts, self.backend.size(), self.label),
+                                 strict=True):
+            entries = member.compressor.stacked_entries(parts, member.ctx)
+            if entries is not None:
+                scattered.append((member.name, entries))
+                continue
+            results[member.name] = member.compressor.aggregate(wire.per_rank(parts), member.ctx, self.average)
+        sums = scatter_sum_many([entries for _, entries in scattered], self.average)
+        results.update(zip((name for name, _ in scattered), sums, strict=True))
         return results
 
 

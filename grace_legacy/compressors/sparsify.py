@@ -78,7 +78,67 @@ def scatter_sum(payloads: Sequence[Payload], ctx: SparseContext, average: bool) 
     return out.view(ctx.shape)
 
 
-class TopK(Compressor):
+def scatter_sum_many(members: Sequence[tuple[torch.Tensor, torch.Tensor, SparseContext]],
+                     average: bool) -> list[torch.Tensor]:
+    """:func:`scatter_sum` of many tensors at once, from their stacked entries (``[ranks, k]``
+    values and flat indices, see :meth:`~grace_legacy.core.Compressor.stacked_entries`): the
+    outputs of one dtype and device are slices of one zero buffer, filled by one ``index_add_``
+    of every member's entries shifted by the member's offset in that buffer.
+
+    The entries go in rank by rank (row-major over ``[ranks, sum k]``), and members' slices are
+    disjoint, so each output element receives the same additions in the same order as from its own
+    :func:`scatter_sum`: the results are identical to it, bit for bit."""
+    results: list[torch.Tensor | None] = [None] * len(members)
+    groups: dict[tuple[torch.dtype, torch.device], list[int]] = {}
+    for index, (_, _, ctx) in enumerate(members):
+        groups.setdefault((ctx.dtype, ctx.device), []).append(index)
+    for (dtype, device), group in groups.items():
+        contexts = [members[i][2] for i in group]
+        starts = [0]
+        for ctx in contexts:
+            starts.append(starts[-1] + ctx.numel)
+        if len(group) == 1:
+            values, indices, _ = members[group[0]]
+        else:
+            counts = [members[i][1].shape[1] for i in group]
+            shift = torch.repeat_interleave(torch.tensor(starts[:-1], device=device),
+                                            torch.tensor(counts, device=device))
+            values = torch.cat([members[i][0] for i in group], dim=1)
+            indices = torch.cat([members[i][1] for i in group], dim=1).to(torch.int64) + shift
+        out = torch.zeros(starts[-1], dtype=dtype, device=device)
+        out.index_add_(0, indices.reshape(-1), values.reshape(-1))
+        if average:
+            out /= values.shape[0]
+        for i, ctx, start in zip(group, contexts, starts, strict=False):
+            results[i] = out[start: start + ctx.numel].view(ctx.shape)
+    return results  # type: ignore[return-value]
+
+
+class EntrySparsifier(Compressor):
+    """A sparsifier whose payload is ``[values, flat indices]`` with a :class:`SparseContext`:
+    decoding scatters the values into zeros, aggregating scatter-adds every rank's entries."""
+
+    sends_entries = True
+
+    def decompress(self, payload: Payload, ctx: SparseContext) -> torch.Tensor:
+        values, indices = payload
+        out = torch.zeros(ctx.numel, dtype=ctx.dtype, device=ctx.device)
+        out.index_put_((indices,), values)
+        return out.view(ctx.shape)
+
+    def support(self, payload: Payload, ctx: SparseContext) -> torch.Tensor:
+        """The flat indices whose values ``payload`` carries (what DGC's factor masking zeroes)."""
+        return payload[1].long()
+
+    def aggregate(self, payloads: Sequence[Payload], ctx: SparseContext, average: bool) -> torch.Tensor:
+        return scatter_sum(payloads, ctx, average)
+
+    def stacked_entries(self, stacked: Payload, ctx: SparseContext) -> tuple[torch.Tensor, torch.Tensor, SparseContext]:
+        values, indices = stacked
+        return values, indices, ctx
+
+
+class TopK(EntrySparsifier):
     """Keeps the ``k = max(1, floor(ratio * n))`` entries of largest magnitude.
 
     Payload: ``[values, indices]`` with the signed values in the gradient's dtype and int32 indices
@@ -91,7 +151,6 @@ class TopK(Compressor):
     """
 
     knob = DENSITY
-    sends_entries = True
 
     def __init__(self, ratio: float | None = None) -> None:
         super().__init__()
@@ -110,19 +169,6 @@ class TopK(Compressor):
         values = flat.index_select(0, indices)  # several times faster than flat[indices] on CPU
         ctx = SparseContext(tensor.shape, flat.numel(), tensor.dtype, tensor.device)
         return [values, indices.to(index_dtype(flat.numel()))], ctx
-
-    def decompress(self, payload: Payload, ctx: SparseContext) -> torch.Tensor:
-        values, indices = payload
-        out = torch.zeros(ctx.numel, dtype=ctx.dtype, device=ctx.device)
-        out.index_put_((indices,), values)
-        return out.view(ctx.shape)
-
-    def support(self, payload: Payload, ctx: SparseContext) -> torch.Tensor:
-        """The flat indices whose values ``payload`` carries (what DGC's factor masking zeroes)."""
-        return payload[1].long()
-
-    def aggregate(self, payloads: Sequence[Payload], ctx: SparseContext, average: bool) -> torch.Tensor:
-        return scatter_sum(payloads, ctx, average)
 
     def payload_spec(self, numel: int, dtype: torch.dtype) -> list[tuple[int, torch.dtype]]:
         k = kept_count(self.ratio, numel)

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from grace_legacy.compressors.selection import positions_at_or_above
-from grace_legacy.compressors.sparsify import SparseContext, index_dtype, scatter_sum
-from grace_legacy.core import Compressor, Knob, Memory, Payload, check_gradient
+from grace_legacy.compressors.sparsify import EntrySparsifier, SparseContext, index_dtype
+from grace_legacy.core import Knob, Memory, Payload, check_gradient
 
 THRESHOLD = Knob("threshold", low=0.0, high=None, low_inclusive=False, high_inclusive=False, dense=None)
 
@@ -29,7 +28,7 @@ def smallest_at_least(threshold: float, dtype: torch.dtype) -> torch.Tensor:
     return rounded
 
 
-class Threshold(Compressor):
+class Threshold(EntrySparsifier):
     """Sends the entries with ``|g_i| >= threshold`` (Strom 2015, without his 1-bit quantization),
     as ``[values, indices]``: signed values in the gradient's dtype, int32 indices in increasing
     order (int64 for tensors of 2**31 elements or more).
@@ -47,7 +46,6 @@ class Threshold(Compressor):
 
     knob = THRESHOLD
     uniform_payload = False
-    sends_entries = True
 
     def __init__(self, threshold: float | None = None) -> None:
         super().__init__()
@@ -65,19 +63,6 @@ class Threshold(Compressor):
         indices = positions_at_or_above(flat, bound)
         ctx = SparseContext(tensor.shape, flat.numel(), tensor.dtype, tensor.device)
         return [flat.index_select(0, indices), indices.to(index_dtype(flat.numel()))], ctx
-
-    def decompress(self, payload: Payload, ctx: SparseContext) -> torch.Tensor:
-        values, indices = payload
-        out = torch.zeros(ctx.numel, dtype=ctx.dtype, device=ctx.device)
-        out.index_put_((indices,), values)
-        return out.view(ctx.shape)
-
-    def support(self, payload: Payload, ctx: SparseContext) -> torch.Tensor:
-        """The flat indices whose values ``payload`` carries (what DGC's factor masking zeroes)."""
-        return payload[1].long()
-
-    def aggregate(self, payloads: Sequence[Payload], ctx: SparseContext, average: bool) -> torch.Tensor:
-        return scatter_sum(payloads, ctx, average)
 
     def payload_spec(self, numel: int, dtype: torch.dtype) -> list[tuple[int, torch.dtype]]:
         raise NotImplementedError(

@@ -8,7 +8,9 @@
 - ``Legacy`` computes its phase once per progress, and still follows every change of progress.
 - Threshold's one-pass selection finds the positions ``torch.nonzero(|x| >= t)`` finds.
 - Random-k's subsets without a full permutation are still uniform.
-- A bucket packed in one buffer is the concatenation of its members' packed payloads.
+- A bucket packed in one buffer is the concatenation of its members' packed payloads; a
+  header-less bucket's stacked views are every rank's parts; one ``index_add_`` for a bucket of
+  sparse members gives each member's own scatter-sum, bit for bit.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from threaded_backend import run_ranks
 
 from grace_legacy import DGC, Grace, Legacy, NoMemory, RandomK, Residual, Threshold, TopK, wire
 from grace_legacy.compressors.selection import positions_at_or_above
-from grace_legacy.compressors.sparsify import uniform_subset
+from grace_legacy.compressors.sparsify import SparseContext, scatter_sum, scatter_sum_many, uniform_subset
 from grace_legacy.compressors.threshold import smallest_at_least
 from grace_legacy.core import nonfinite_flag
 
@@ -238,3 +240,95 @@ def test_an_integer_knob_refuses_a_fraction_whose_float_is_an_integer():
     with pytest.raises(ValueError, match="rank"):
         PowerSGD(rank=Fraction(2**53 + 1, 2))
     assert PowerSGD(rank=Fraction(8, 2)).knob_value == 4
+
+
+@given(members=st.lists(st.tuples(st.lists(st.tuples(st.integers(0, 9), st.sampled_from(
+    [torch.float32, torch.int32, torch.float16, torch.uint8, torch.int64])), min_size=1, max_size=3),
+    st.booleans()), min_size=1, max_size=6), world=st.integers(1, 4))
+@settings(max_examples=100, deadline=None)
+def test_stacked_views_of_a_headerless_bucket_are_every_ranks_parts(members, world):
+    def part(numel, dtype, rank, scalar):
+        values = torch.arange(numel, dtype=torch.int64) * (rank + 3) + rank
+        shaped = values.reshape(()) if scalar and numel == 1 else values.reshape(numel, 1)
+        return shaped.to(dtype)
+
+    def payload(member, rank):
+        parts, scalar = member
+        return [part(numel, dtype, rank, scalar) for numel, dtype in parts]
+
+    local = [(payload(m, 0), False) for m in members]
+    gathered = torch.cat([wire.pack_many([(payload(m, r), False) for m in members]) for r in range(world)])
+    stacked = wire.unpack_stacked(gathered, local, world, "bucket")
+    for member, parts in zip(members, stacked, strict=True):
+        for rank in range(world):
+            for got, want in zip(parts, payload(member, rank), strict=True):
+                assert got[rank].dtype == want.dtype and torch.equal(got[rank], want)
+        back = wire.per_rank(parts)
+        assert len(back) == world
+        for rank in range(world):
+            assert all(torch.equal(g, w) for g, w in zip(back[rank], payload(member, rank), strict=True))
+
+
+def test_stacked_views_refuse_headers_and_report_ranks_that_disagree():
+    payload = [torch.ones(4), torch.arange(4, dtype=torch.int32)]
+    with pytest.raises(ValueError, match="size header"):
+        wire.unpack_stacked(wire.pack(payload, True), [(payload, True)], 1, "w")
+    other = [torch.ones(5), torch.arange(5, dtype=torch.int32)]
+    gathered = torch.cat([wire.pack(payload, False), wire.pack(other, False)])
+    with pytest.raises(RuntimeError, match="ranks disagree on the payload size of 'w'"):
+        wire.unpack_stacked(gathered, [(payload, False)], 2, "w")
+
+
+ENTRY_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
+
+
+@given(data=st.data(), world=st.integers(1, 4), average=st.booleans())
+@settings(max_examples=150, deadline=None)
+def test_one_index_add_for_a_bucket_is_each_members_scatter_sum_bit_for_bit(data, world, average):
+    """Repeated indices, signed zeros, infinities and NaN included, members of several dtypes."""
+    members = []
+    for _ in range(data.draw(st.integers(1, 5))):
+        numel = data.draw(st.integers(1, 40))
+        k = data.draw(st.integers(0, 12))
+        dtype = data.draw(st.sampled_from(ENTRY_DTYPES))
+        index_dtype = data.draw(st.sampled_from([torch.int32, torch.int64]))
+        pool = [0.0, -0.0, 1.5, -2.25, 1e-3, 3e4, *SPECIALS]
+        values = torch.tensor(data.draw(st.lists(st.lists(st.one_of(st.sampled_from(pool), st.floats(-1e3, 1e3)),
+                                                          min_size=k, max_size=k), min_size=world, max_size=world)),
+                              dtype=torch.float64).reshape(world, k).to(dtype)
+        indices = torch.tensor(data.draw(st.lists(st.lists(st.integers(0, numel - 1), min_size=k, max_size=k),
+                                                  min_size=world, max_size=world)), dtype=torch.int64)
+        shape = data.draw(st.sampled_from([(numel,), (1, numel)]))
+        ctx = SparseContext(torch.Size(shape), numel, dtype, torch.device("cpu"))
+        members.append((values, indices.reshape(world, k).to(index_dtype), ctx))
+    joint = scatter_sum_many(members, average)
+    for (values, indices, ctx), got in zip(members, joint, strict=True):
+        want = scatter_sum([[values[r], indices[r]] for r in range(world)], ctx, average)
+        assert got.shape == want.shape and got.dtype == want.dtype
+        # Bit patterns (so -0.0 != 0.0), except a NaN's sign and payload, which torch's kernels
+        # for different index dtypes do not keep alike.
+        nan = want.isnan()
+        assert torch.equal(got.isnan(), nan)
+        int_dtype = {2: torch.int16, 4: torch.int32, 8: torch.int64}[want.element_size()]
+        assert torch.equal(got[~nan].view(int_dtype), want[~nan].view(int_dtype))
+
+
+@pytest.mark.parametrize("make", [lambda: TopK(0.2), lambda: DGC(0.2, min_samples=4),
+                                  lambda: Legacy(TopK(), by="layer", values=[0.5, 0.1], splits=[50])])
+def test_a_bucket_of_scattered_members_aggregates_as_each_member_alone(make):
+    """The bucket's joint scatter-add against each member's own ``aggregate`` (4 threaded ranks)."""
+    shapes = {"a": (30,), "b": (8, 9), "c": (200,), "d": ()}
+
+    def run(backend, bucket_bytes):
+        bundle = Grace(make(), memory=NoMemory(), dense_fallback=False)
+        bundle.bucket_bytes = bucket_bytes
+        bundle.plan_buckets([(n, 4 * torch.Size(s).numel()) for n, s in shapes.items()])
+        grads = {n: torch.randn(s, generator=torch.Generator().manual_seed(7 * backend.rank() + i))
+                 for i, (n, s) in enumerate(shapes.items())}
+        pending = {n: bundle.start(g, n, backend, True) for n, g in grads.items()}
+        return {n: p() for n, p in pending.items()}
+
+    alone, fused = run_ranks(4, lambda b: run(b, 0)), run_ranks(4, lambda b: run(b, 1 << 20))
+    for rank in range(4):
+        for name in shapes:
+            assert torch.equal(fused[rank][name], alone[rank][name]), (rank, name)
