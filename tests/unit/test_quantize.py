@@ -284,6 +284,30 @@ def test_natural_keeps_subnormals_and_powers_of_two_exact(dtype):
     assert torch.equal(compressor.decompress(*compressor.compress(x, "w")), x)
 
 
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("top", [-1100, -160, -20, 0, 1, 16, 130, 1030])
+def test_natural_decodes_every_code_byte_as_documented(dtype, top):
+    """The decode table against the documented meaning of each of the 256 codes."""
+    work = torch.float64 if dtype == torch.float64 else torch.float32
+    codes = torch.arange(256, dtype=torch.uint8)
+    ctx = Natural().compress(torch.ones(256, dtype=dtype), "w")[1]
+    out = Natural().decompress([torch.tensor([top], dtype=torch.int16), codes], ctx)
+    expected = []
+    for code in range(256):
+        magnitude = code & 0x7F
+        if code == 0x80:
+            expected.append(math.nan)
+        elif magnitude == 0:
+            expected.append(0.0)
+        else:
+            power = math.ldexp(1.0, top - 127 + magnitude) if top - 127 + magnitude <= 1023 else math.inf
+            expected.append(-power if code & 0x80 else power)
+    want = torch.tensor(expected, dtype=torch.float64).to(work).to(dtype)
+    assert out.dtype == dtype
+    assert torch.equal(out.isnan(), want.isnan())
+    assert torch.equal(out[~want.isnan()], want[~want.isnan()])
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_pow2_is_exact_over_the_whole_exponent_range(dtype):
     info = torch.finfo(dtype)

@@ -20,7 +20,8 @@ from grace_legacy import (
     TopK,
     wire,
 )
-from grace_legacy.compressors.bits import pack_bits, packed_length, unpack_bits
+from grace_legacy.compressors.bits import _pack_bits_torch, _unpack_bits_torch, pack_bits, packed_length, unpack_bits
+from grace_legacy.compressors.sign import SignContext, majority_vote
 from grace_legacy.grace import bytes_sent
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
@@ -62,6 +63,31 @@ def test_pack_round_trips_random_shapes(shape, seed):
     n = bits.numel()
     assert packed.numel() == -(-n // 8)
     assert torch.equal(unpack_bits(packed, n).view(shape), bits)
+
+
+@given(shape=shapes, seed=st.integers(0, 2**16), rows=st.integers(1, 4))
+@settings(max_examples=80, deadline=None)
+def test_the_torch_path_other_devices_take_packs_as_the_cpu_path(shape, seed, rows):
+    """On CPU the bits go through numpy; on other devices through torch: same bytes, same bits,
+    from non-contiguous input too (a transposed tensor, rows sliced out of a wider gather)."""
+    generator = torch.Generator().manual_seed(seed)
+    bits = torch.rand(shape, generator=generator) > 0.5
+    for source in (bits, bits.t() if bits.dim() == 2 else bits):
+        packed = pack_bits(source)
+        assert torch.equal(packed, _pack_bits_torch(source))
+        assert torch.equal(unpack_bits(packed, source.numel()), _unpack_bits_torch(packed, source.numel()))
+    n = bits.numel()
+    width = packed_length(n)
+    gathered = torch.randint(0, 256, (rows, width + 5), dtype=torch.uint8, generator=generator)
+    stacked = gathered[:, 3:3 + width]  # a strided view, as wire.unpack_stacked hands over
+    assert torch.equal(unpack_bits(stacked, n), _unpack_bits_torch(stacked, n))
+
+
+def test_empty_bits_pack_to_no_bytes_and_back():
+    packed = pack_bits(torch.zeros(0, dtype=torch.bool))
+    assert packed.shape == (0,) and packed.dtype == torch.uint8
+    assert unpack_bits(packed, 0).shape == (0,)
+    assert unpack_bits(torch.zeros(3, 0, dtype=torch.uint8), 0).shape == (3, 0)
 
 
 def test_unpack_rows_unpacks_each_rank_independently():
@@ -503,3 +529,13 @@ def test_efsignsgd_memory_scales_any_compressor_back_to_gradient_units():
     result = synchronize([bundle], [[tensor_of([4.0, -1.0, 2.0, 0.5])]])[0][0]
     assert torch.equal(result, tensor_of([4.0, 0.0, 2.0, 0.0]))
     assert torch.equal(bundle.memory.residuals["w"], tensor_of([0.0, -0.5, 0.0, 0.25]))
+
+
+def test_a_vote_of_more_ranks_than_int16_can_double_still_counts_right():
+    ctx = SignContext(torch.Size([3]), 3, torch.float32, torch.device("cpu"))
+    yes, no = pack_bits(torch.tensor([True, False, True])), pack_bits(torch.tensor([False, False, True]))
+    # 8,193 + 8,192 = 16,385 ranks: 2 * ranks overflows int16.
+    vote = majority_vote([[yes]] * 8193 + [[no]] * 8192, ctx)
+    assert torch.equal(vote, torch.tensor([1.0, -1.0, 1.0]))
+    tie = majority_vote([[yes]] * 8192 + [[no]] * 8192, ctx)
+    assert torch.equal(tie, torch.tensor([0.0, -1.0, 1.0]))
