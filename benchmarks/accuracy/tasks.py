@@ -12,6 +12,7 @@ Each task gives a model builder, its data split by rank, and the knobs the study
 
 from __future__ import annotations
 
+import os
 import pickle
 import sysconfig
 from dataclasses import dataclass
@@ -96,7 +97,9 @@ def _mnist1d():
 
         data = make_dataset(get_dataset_args())   # generated locally; get_dataset() would download
         CACHE.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
+        # Every rank of a fresh checkout generates the same data at once: a file of its own, then
+        # an atomic rename, so no rank renames a file another has already moved.
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_bytes(pickle.dumps({k: data[k] for k in ("x", "y", "x_test", "y_test")}))
         tmp.replace(path)
     data = pickle.loads(path.read_bytes())

@@ -56,6 +56,9 @@ _MAGNITUDE_BITS = {
     torch.float32: (torch.int32, 0x7FFF_FFFF),
     torch.float64: (torch.int64, 0x7FFF_FFFF_FFFF_FFFF),
 }
+#: float dtype -> the bit pattern of +inf (every NaN's magnitude bits are above it)
+_INFINITY_BITS = {dtype: int(torch.tensor([float("inf")], dtype=dtype).view(int_dtype)[0])
+                  for dtype, (int_dtype, _) in _MAGNITUDE_BITS.items()}
 
 _scratch = threading.local()
 
@@ -189,11 +192,10 @@ def positions_at_or_above(flat: torch.Tensor, bound: torch.Tensor) -> torch.Tens
     bits, mask = _magnitude_bits(flat)
     bits = bits.numpy()
     bound_bits, _ = _magnitude_bits(bound.reshape(1).to(flat.dtype))
-    infinity_bits, _ = _magnitude_bits(torch.tensor([float("inf")], dtype=flat.dtype))
     positions = _candidates_cpu(bits, mask, int(bound_bits.numpy()[0]) & mask, limit=None)
     if positions.size:
         # NaN's patterns sort above infinity's; |NaN| >= t is false.
-        positions = positions[np.bitwise_and(bits[positions], mask) <= int(infinity_bits.numpy()[0])]
+        positions = positions[np.bitwise_and(bits[positions], mask) <= _INFINITY_BITS[flat.dtype]]
     if not positions.size:  # numpy's empty array can carry a zero stride, which torch cannot view
         return torch.empty(0, dtype=torch.int64)
     return torch.from_numpy(positions)
