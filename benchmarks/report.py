@@ -9,6 +9,7 @@ import platform
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import torch
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -53,3 +54,11 @@ def update_section(path: Path, key: str, markdown: str, title: str | None = None
         text = text.rstrip() + "\n\n" + block + "\n"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
+
+
+def median_interval(samples: list[float], resamples: int = 10_000, seed: int = 0) -> tuple[float, float]:
+    """A 95% bootstrap confidence interval (percentile method) of the median of ``samples``."""
+    values = np.asarray(samples)
+    draws = np.random.default_rng(seed).integers(0, values.size, (resamples, values.size))
+    medians = np.median(values[draws], axis=1)
+    return float(np.percentile(medians, 2.5)), float(np.percentile(medians, 97.5))

@@ -144,19 +144,11 @@ def summarize(run: dict) -> dict:
     topk, legacy = steps["TopK"]["median"], steps["Legacy(TopK)"]["median"]
     resolve = run["resolve_ns_per_tensor"]
     lookup_ms = (resolve["Legacy(TopK)"] - resolve["TopK"]) * run["tensors"] / 1e6
+    from benchmarks.report import median_interval
+
     low, high = median_interval(run["paired_ratios"])
     return {"steps": steps, "ratio_of_medians": legacy / topk, "paired": quartiles(run["paired_ratios"]),
             "paired_median_95": [low, high], "lookup_ms_per_step": lookup_ms, "lookup_share": lookup_ms / topk}
-
-
-def median_interval(samples: list[float], resamples: int = 10_000, seed: int = 0) -> tuple[float, float]:
-    """A 95% bootstrap confidence interval (percentile method) of the median of ``samples``."""
-    import numpy as np
-
-    values = np.asarray(samples)
-    draws = np.random.default_rng(seed).integers(0, values.size, (resamples, values.size))
-    medians = np.median(values[draws], axis=1)
-    return float(np.percentile(medians, 2.5)), float(np.percentile(medians, 97.5))
 
 
 def launch(args: argparse.Namespace) -> dict:
