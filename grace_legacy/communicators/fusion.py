@@ -140,7 +140,6 @@ class Flight:
             results[member.name] = member.compressor.decompress(reduced, member.ctx)
         return results
 
-
     def _aggregate_gathered(self, members: list[Member], handle: Any) -> dict[str, torch.Tensor]:
         gathered = self.backend.wait(handle)
         layouts = [(m.payload, not m.compressor.uniform_payload) for m in members]
@@ -149,7 +148,8 @@ class Flight:
             return {m.name: m.compressor.aggregate(payloads, m.ctx, self.average)
                     for m, payloads in zip(members, received, strict=True)}
         # Every rank sent the local layout: each part is one view over all ranks, and the members
-        # whose aggregate is a scatter-add (Top-k, DGC) are aggregated together.
+        # whose aggregate is a scatter-add (Top-k, DGC) are aggregated together: one zero buffer
+        # and one index_add_ for the bucket instead of one each per member.
         results: dict[str, torch.Tensor] = {}
         scattered: list[tuple[str, tuple]] = []
         for member, parts in zip(members, wire.unpack_stacked(gathered, layouts, self.backend.size(), self.label),

@@ -87,7 +87,8 @@ def scatter_sum_many(members: Sequence[tuple[torch.Tensor, torch.Tensor, SparseC
 
     The entries go in rank by rank (row-major over ``[ranks, sum k]``), and members' slices are
     disjoint, so each output element receives the same additions in the same order as from its own
-    :func:`scatter_sum`: the results are identical to it, bit for bit."""
+    :func:`scatter_sum`: the results are identical to it, bit for bit (a NaN's sign and payload
+    aside: torch's kernels for int32 and int64 indices do not keep those alike)."""
     results: list[torch.Tensor | None] = [None] * len(members)
     groups: dict[tuple[torch.dtype, torch.device], list[int]] = {}
     for index, (_, _, ctx) in enumerate(members):
@@ -109,7 +110,7 @@ def scatter_sum_many(members: Sequence[tuple[torch.Tensor, torch.Tensor, SparseC
         out.index_add_(0, indices.reshape(-1), values.reshape(-1))
         if average:
             out /= values.shape[0]
-        for i, ctx, start in zip(group, contexts, starts, strict=False):
+        for i, ctx, start in zip(group, contexts, starts[:-1], strict=True):
             results[i] = out[start: start + ctx.numel].view(ctx.shape)
     return results  # type: ignore[return-value]
 
