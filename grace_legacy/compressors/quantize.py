@@ -142,12 +142,15 @@ class QSGD(Compressor):
         norm = _float32_at_least(torch.linalg.vector_norm(x, dtype=torch.float64))
         usable = torch.isfinite(norm) & (norm > 0)
         # Divided first: an element equal to the norm (any 1-element tensor) gets exactly s.
-        # A zero or non-finite norm makes 0/0 or inf/inf NaN, which where() discards.
-        ratio = torch.where(usable, x.abs() / norm.to(work) * s, 0.0)
-        ratio = ratio.clamp_(0, s)  # only undoes a last-bit rounding of a float64 gradient's norm
-        lower = ratio.floor()
-        level = lower + (_uniform(self, self.seed, name, tensor, work) < ratio - lower).to(work)
-        signed = torch.where(x < 0, -level, level).to(level_dtype(s))
+        # A zero or non-finite norm makes 0/0 or inf/inf NaN, which the mask discards. In place
+        # from here on: each pass writes into a tensor this call made (fresh memory is costly).
+        ratio = x.abs().div_(norm.to(work)).mul_(s).masked_fill_(~usable, 0.0)
+        ratio.clamp_(0, s)  # only undoes a last-bit rounding of a float64 gradient's norm
+        level = ratio.floor()
+        # The draw becomes 1.0 where it falls below the fractional part: the chance of rounding up.
+        level += _uniform(self, self.seed, name, tensor, work).lt_(ratio.sub_(level))
+        # copysign, not where(x < 0, -l, l): the two differ only at l = 0 (-0.0), the same integer.
+        signed = level.copysign_(x).to(level_dtype(s))
         return [_scale_part(norm), signed], QSGDContext(tensor.shape, tensor.dtype, work, s)
 
     def decompress(self, payload: Payload, ctx: QSGDContext) -> torch.Tensor:
@@ -210,9 +213,10 @@ class TernGrad(Compressor):
         # amax propagates NaN, and a NaN scale makes the whole tensor decode to NaN.
         scale = _float32_at_least(clipped.abs().amax())
         usable = torch.isfinite(scale) & (scale > 0)
-        probability = torch.where(usable, clipped.abs() / scale.to(work), 0.0)
-        keep = _uniform(self, self.seed, name, tensor, work) < probability
-        ternary = torch.where(keep, clipped.sign(), 0.0).to(torch.int8)
+        probability = clipped.abs().div_(scale.to(work)).masked_fill_(~usable, 0.0)
+        dropped = _uniform(self, self.seed, name, tensor, work) >= probability
+        # masked_fill_, not a product with 0/1: the sign of a NaN entry must become 0, not NaN.
+        ternary = clipped.sign_().masked_fill_(dropped, 0.0).to(torch.int8)
         return [_scale_part(scale), ternary], ScaledContext(tensor.shape, tensor.dtype, work)
 
     def decompress(self, payload: Payload, ctx: ScaledContext) -> torch.Tensor:
@@ -296,27 +300,30 @@ class Natural(Compressor):
         check_gradient(tensor, "Natural")
         work = _work_dtype(tensor.dtype)
         x = tensor.detach().reshape(-1).to(work)
+        # In place wherever the tensor is this call's own: every fresh full-size tensor costs.
         magnitude = x.abs()
         finite = torch.isfinite(x)
-        present = finite & (magnitude > 0)
+        absent = (magnitude > 0).logical_and_(finite).logical_not_()
         # |x| = m * 2^e with m in [0.5, 1): a = e - 1, and the chance of rounding up, |x| / 2^a - 1,
         # is 2m - 1, exact.
-        mantissa, exponent = torch.frexp(torch.where(finite, magnitude, 0.0))
+        mantissa, exponent = torch.frexp(magnitude.masked_fill_(~finite, 0.0))
         a = exponent - 1
         lowest = torch.iinfo(a.dtype).min
-        top = torch.where(present.any(), torch.where(present, a, lowest).amax() + 1, 0)
+        top = torch.where(absent.all(), 0, a.masked_fill(absent, lowest).amax() + 1)
         bottom = top - (NATURAL_SPAN - 1)
         draw = _uniform(self, self.seed, name, tensor, work)
 
-        rounded = a + (draw < 2 * mantissa - 1).to(a.dtype)
-        in_range_code = rounded - bottom + 1
-        # Below the range the two neighbours are 0 and 2^bottom; e - bottom <= 0, so no overflow.
-        below_code = (draw < mantissa * pow2(exponent - bottom, work)).to(a.dtype)
-        code = torch.where(a >= bottom, in_range_code, below_code)
-        code = torch.where(present, code, 0)
-        # The sign bit only on nonzero codes: 0x80 is kept for inf and NaN.
-        code = torch.where((x < 0) & (code > 0), code | 0x80, code)
-        code = torch.where(finite, code, NON_FINITE_CODE)
+        # The code in range is a + (rounded up) - bottom + 1 (1..127: 2^(bottom - 1 + code)).
+        code = (draw < 2 * mantissa - 1).to(a.dtype).add_(a).sub_(bottom - 1)
+        below = a < bottom
+        if bool(below.any()):  # elements some 2^126 under the largest: rare, so only then
+            # Below the range the two neighbours are 0 and 2^bottom; e - bottom <= 0, so no overflow.
+            below_code = (draw < mantissa * pow2(exponent - bottom, work)).to(a.dtype)
+            code = torch.where(below, below_code, code)
+        code.masked_fill_(absent, 0)
+        # The sign bit only on nonzero codes (<= 127, so | 0x80 is + 0x80): 0x80 is kept for inf and NaN.
+        code.add_((x < 0).logical_and_(code > 0), alpha=0x80)
+        code.masked_fill_(~finite, NON_FINITE_CODE)
         return [top.to(torch.int16).reshape(1), code.to(torch.uint8)], ScaledContext(tensor.shape, tensor.dtype, work)
 
     def decompress(self, payload: Payload, ctx: ScaledContext) -> torch.Tensor:
