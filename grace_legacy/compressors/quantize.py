@@ -289,7 +289,8 @@ class Natural(Compressor):
     hold and become inf.
 
     Bytes: ``2 + n`` rounded up to a multiple of 8. Any floating dtype; pure tensor arithmetic
-    (``frexp`` and integer shifts), so it runs on CPU and GPU alike. No knob.
+    (``frexp`` and integer shifts), so it runs on CPU and GPU alike (one host sync per tensor
+    decides whether the rare below-range rule is needed at all). No knob.
     """
 
     def __init__(self, seed: int = 0) -> None:
