@@ -81,43 +81,36 @@ def same_bits(got: list[torch.Tensor], want: list[torch.Tensor]) -> None:
             assert torch.equal(g, w)
 
 
-@given(case=tensors(), levels=st.sampled_from([1, 2, 16, 127, 128, 40_000, 2**25]))
-@settings(max_examples=150, deadline=None)
-def test_qsgd_is_its_formula(case, levels):
+def assert_follows(compressor, case, formula, work=None) -> None:
+    """``compressor`` compresses the case's tensor as ``formula`` does with the same draws, and
+    leaves the tensor as it was."""
     values, scale, dtype = case
     tensor = (torch.tensor(values, dtype=torch.float64) * scale).to(dtype)
     original = tensor.clone()
-    compressor = QSGD(levels, seed=5)
-    work = torch.float64 if levels > 2**24 else work_dtype(dtype)
+    work = work or work_dtype(dtype)
     payload, _ = compressor.compress(tensor, "w")
-    same_bits(payload, qsgd_formula(tensor, levels, draws(compressor, "w", 0, tensor, work), work))
+    same_bits(payload, formula(tensor, draws(compressor, "w", 0, tensor, work), work))
     same_bits([tensor], [original])
+
+
+@given(case=tensors(), levels=st.sampled_from([1, 2, 16, 127, 128, 40_000, 2**25]))
+@settings(max_examples=150, deadline=None)
+def test_qsgd_is_its_formula(case, levels):
+    work = torch.float64 if levels > 2**24 else None
+    assert_follows(QSGD(levels, seed=5), case, lambda t, d, w: qsgd_formula(t, levels, d, w), work)
 
 
 @given(case=tensors())
 @settings(max_examples=150, deadline=None)
 def test_terngrad_is_its_formula(case):
-    values, scale, dtype = case
-    tensor = (torch.tensor(values, dtype=torch.float64) * scale).to(dtype)
-    original = tensor.clone()
     compressor = TernGrad(seed=5)
-    work = work_dtype(dtype)
-    payload, _ = compressor.compress(tensor, "w")
-    same_bits(payload, terngrad_formula(compressor, tensor, draws(compressor, "w", 0, tensor, work), work))
-    same_bits([tensor], [original])
+    assert_follows(compressor, case, lambda t, d, w: terngrad_formula(compressor, t, d, w))
 
 
 @given(case=tensors())
 @settings(max_examples=150, deadline=None)
 def test_natural_is_its_formula(case):
-    values, scale, dtype = case
-    tensor = (torch.tensor(values, dtype=torch.float64) * scale).to(dtype)
-    original = tensor.clone()
-    compressor = Natural(seed=5)
-    work = work_dtype(dtype)
-    payload, _ = compressor.compress(tensor, "w")
-    same_bits(payload, natural_formula(tensor, draws(compressor, "w", 0, tensor, work), work))
-    same_bits([tensor], [original])
+    assert_follows(Natural(seed=5), case, natural_formula)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
