@@ -88,7 +88,7 @@ class DGC(TopK):
         if sample is None or r >= sample.numel():
             indices = torch.topk(flat.abs(), k, sorted=False).indices
         else:
-            sampled = flat[sample.to(flat.device)].abs()
+            sampled = flat.index_select(0, sample.to(flat.device)).abs()  # flat[sample] is slower on CPU
             estimate = torch.topk(sampled, r, sorted=False).values.min()
             indices = top_k_at_or_above(flat, k, estimate)
         ctx = SparseContext(tensor.shape, numel, tensor.dtype, tensor.device)
