@@ -136,6 +136,8 @@ def worker(args: argparse.Namespace) -> None:
 
 
 def summarize(run: dict) -> dict:
+    from benchmarks.report import median_interval
+
     def quartiles(samples: list[float]) -> dict[str, float]:
         q1, median, q3 = statistics.quantiles(samples, n=4)
         return {"median": median, "q1": q1, "q3": q3}
@@ -144,8 +146,6 @@ def summarize(run: dict) -> dict:
     topk, legacy = steps["TopK"]["median"], steps["Legacy(TopK)"]["median"]
     resolve = run["resolve_ns_per_tensor"]
     lookup_ms = (resolve["Legacy(TopK)"] - resolve["TopK"]) * run["tensors"] / 1e6
-    from benchmarks.report import median_interval
-
     low, high = median_interval(run["paired_ratios"])
     return {"steps": steps, "ratio_of_medians": legacy / topk, "paired": quartiles(run["paired_ratios"]),
             "paired_median_95": [low, high], "lookup_ms_per_step": lookup_ms, "lookup_share": lookup_ms / topk}

@@ -74,8 +74,9 @@ class Flight:
         gathered = [m for m in self.members if m.gathered]
         self._gather = None
         if gathered:
-            buffer = wire.pack_many([(m.payload, not m.compressor.uniform_payload) for m in gathered])
-            self._gather = (gathered, backend.allgather_async(buffer, self._name(0)))
+            # Each member's parts and whether it carries a size header: how it is packed and unpacked.
+            layouts = [(m.payload, not m.compressor.uniform_payload) for m in gathered]
+            self._gather = (gathered, layouts, backend.allgather_async(wire.pack_many(layouts), self._name(0)))
         self._reduced = {id(m): list(m.payload) for m in self.members if not m.gathered}
         self._reduce = self._launch_reduce([m for m in self.members if not m.gathered], round_index=0)
 
@@ -140,9 +141,9 @@ class Flight:
             results[member.name] = member.compressor.decompress(reduced, member.ctx)
         return results
 
-    def _aggregate_gathered(self, members: list[Member], handle: Any) -> dict[str, torch.Tensor]:
+    def _aggregate_gathered(self, members: list[Member], layouts: list[tuple[Payload, bool]],
+                            handle: Any) -> dict[str, torch.Tensor]:
         gathered = self.backend.wait(handle)
-        layouts = [(m.payload, not m.compressor.uniform_payload) for m in members]
         if any(with_header for _, with_header in layouts):
             received = wire.unpack_gathered_many(gathered, layouts, self.backend.size(), self.label)
             return {m.name: m.compressor.aggregate(payloads, m.ctx, self.average)
