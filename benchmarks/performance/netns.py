@@ -92,12 +92,17 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _namespaces_and_configs(prefix: str) -> list[str]:
+    """Names of the namespaces, and of the ``/etc/netns`` configurations, that start with ``prefix``."""
+    names = [line.split()[0] for line in _run(["ip", "netns", "list"]).splitlines() if line.strip()]
+    configs = [path.name for path in NETNS_ETC.glob(f"{prefix}*")] if NETNS_ETC.is_dir() else []
+    return sorted({name for name in names + configs if name.startswith(prefix)})
+
+
 def remove_stale_namespaces() -> list[str]:
     """Delete namespaces of this module whose creating process is gone; return their names."""
-    names = [line.split()[0] for line in _run(["ip", "netns", "list"]).splitlines() if line.strip()]
-    configs = [path.name for path in NETNS_ETC.glob(f"{PREFIX}*")] if NETNS_ETC.is_dir() else []
-    stale = sorted({name for name in names + configs
-                    if (match := _OURS.match(name)) and not _alive(int(match.group(1)))})
+    stale = [name for name in _namespaces_and_configs(PREFIX)
+             if (match := _OURS.match(name)) and not _alive(int(match.group(1)))]
     for name in stale:
         _delete_namespace(name)
     return stale
@@ -136,7 +141,6 @@ class Cluster:
         self.workers = workers
         self.prefix = f"{PREFIX}{os.getpid()}"
         self.rate: float | None = None
-        self._created: list[str] = []
 
     def namespace(self, rank: int) -> str:
         return f"{self.prefix}-w{rank}"
@@ -176,13 +180,23 @@ class Cluster:
 
     def _add_namespace(self, name: str) -> None:
         _run(["ip", "netns", "add", name])
-        self._created.append(name)
         _run(["ip", "-n", name, "link", "set", "lo", "up"])
 
     def remove(self) -> None:
-        """Delete every namespace this cluster made (their interfaces go with them). Idempotent."""
-        while self._created:
-            _delete_namespace(self._created.pop())
+        """Delete every namespace this cluster made (their interfaces go with them). Idempotent.
+
+        Found by their names' prefix rather than from a list kept while creating: a Ctrl-C that lands
+        while ``ip netns add`` runs interrupts ``subprocess.run`` after the namespace exists but
+        before any list could record it. Ctrl-C, SIGTERM and SIGHUP wait until the removal is done,
+        so a second one cannot cut it short.
+        """
+        deferred = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, deferred)
+        try:
+            for name in _namespaces_and_configs(f"{self.prefix}-"):
+                _delete_namespace(name)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
     def set_rate(self, bits_per_second: float | None) -> None:
         """Limit every link, both directions, to ``bits_per_second`` (``None``: no limit)."""
