@@ -23,18 +23,19 @@ non-negative IEEE floats (subnormals, zero, infinity) the integer order is the n
 every NaN pattern sorts above infinity, which is where ``torch.topk`` puts NaN. So non-finite
 entries are selected first, as ``torch.topk(x.abs(), k)`` selects them, and the same code serves
 fp16, bf16 (which numpy lacks as a float), fp32 and fp64. On CPU the passes run in numpy on a
-zero-copy view (``np.flatnonzero`` is several times faster than ``torch.nonzero`` there); on other
-devices the same algorithm runs in torch.
+zero-copy view, the candidate pass as one compiled loop (:mod:`~grace_legacy.compressors.scan`);
+on other devices the same algorithm runs in torch.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-import threading
 
 import numpy as np
 import torch
+
+from grace_legacy.compressors.scan import candidates_at_or_above, largest
 
 #: Below this many entries a plain ``torch.topk`` is as fast as anything (per-call overheads win).
 SMALL = 1 << 15
@@ -43,9 +44,6 @@ SMALL = 1 << 15
 SAMPLES = 4096
 #: Consecutive entries per sampled run (see :func:`_sample_positions`).
 SAMPLE_RUN = 16
-#: Entries compared per numpy call in the candidate pass: the chunk's temporaries (masked bits,
-#: comparison) fit in a core's L2 cache, and the per-call overhead stays small next to its work.
-CHUNK = 1 << 16
 #: Standard deviations of the sampled count by which the estimate is set low.
 MARGIN_SIGMAS = 3.0
 
@@ -59,8 +57,6 @@ _MAGNITUDE_BITS = {
 #: float dtype -> the bit pattern of +inf (every NaN's magnitude bits are above it)
 _INFINITY_BITS = {dtype: int(torch.tensor([float("inf")], dtype=dtype).view(int_dtype)[0])
                   for dtype, (int_dtype, _) in _MAGNITUDE_BITS.items()}
-
-_scratch = threading.local()
 
 
 def estimate_order(k: int, samples: int, numel: int) -> int:
@@ -92,19 +88,6 @@ def _magnitude_bits(flat: torch.Tensor) -> tuple[torch.Tensor, int]:
     return flat.detach().contiguous().view(int_dtype), mask
 
 
-def _work_buffer(numel: int, dtype: np.dtype) -> np.ndarray:
-    """A per-thread scratch array of ``numel`` entries (at most :data:`CHUNK`), reused across
-    calls so that the candidate pass allocates nothing per chunk."""
-    key = np.dtype(dtype).str
-    buffers = getattr(_scratch, "buffers", None)
-    if buffers is None:
-        buffers = _scratch.buffers = {}
-    buffer = buffers.get(key)
-    if buffer is None or buffer.size < numel:
-        buffer = buffers[key] = np.empty(numel, dtype=dtype)
-    return buffer[:numel]
-
-
 def top_k_indices(flat: torch.Tensor, k: int) -> torch.Tensor:
     """The flat indices (int64, in no particular order) of the ``k`` entries of the 1-D ``flat``
     with the largest magnitudes: the set ``torch.topk(flat.abs(), k)`` picks, ties aside, with NaN
@@ -121,7 +104,7 @@ def top_k_indices(flat: torch.Tensor, k: int) -> torch.Tensor:
         if r >= SAMPLES:
             return _plain_top_k(flat, k)
         threshold = np.partition(sampled, SAMPLES - r)[SAMPLES - r]
-        return _select_cpu(flat, k, int(threshold))
+        return _select_cpu(flat, k, int(threshold), expected=numel * r // SAMPLES)
     return _top_k_indices_torch(flat, k)
 
 
@@ -146,7 +129,7 @@ def top_k_at_or_above(flat: torch.Tensor, k: int, threshold: float | torch.Tenso
     if flat.device.type == "cpu":
         estimate = torch.as_tensor(threshold, dtype=flat.dtype).abs().reshape(1)
         bits, mask = _magnitude_bits(estimate)
-        return _select_cpu(flat, k, int(bits.numpy()[0]) & mask)
+        return _select_cpu(flat, k, int(bits.numpy()[0]) & mask, expected=2 * k)
     return _select_torch(flat.abs(), k, torch.as_tensor(threshold, device=flat.device))
 
 
@@ -154,33 +137,25 @@ def _plain_top_k(flat: torch.Tensor, k: int) -> torch.Tensor:
     return torch.topk(flat.abs(), k, sorted=False).indices
 
 
-def _select_cpu(flat: torch.Tensor, k: int, threshold_bits: int) -> torch.Tensor:
-    """Steps 2 and 3 of the module doc, on magnitude bits, with numpy on CPU."""
+def _select_cpu(flat: torch.Tensor, k: int, threshold_bits: int, expected: int) -> torch.Tensor:
+    """Steps 2 and 3 of the module doc, on magnitude bits, on CPU (``expected``: about how many
+    candidates the threshold admits, to size their array)."""
     bits, mask = _magnitude_bits(flat)
     bits = bits.numpy()
-    candidates = _candidates_cpu(bits, mask, threshold_bits, limit=bits.size // 2)
-    if candidates is None:  # more than half the entries: a plain top-k is cheaper
+    found = candidates_at_or_above(bits, mask, threshold_bits, expected + expected // 4,
+                                   limit=bits.size // 2)
+    if found is None:  # more than half the entries: a plain top-k is cheaper
         return _plain_top_k(flat, k)
+    candidates, magnitudes = found
     count = candidates.size
     if count > k:
-        return torch.from_numpy(_largest(candidates, np.bitwise_and(bits[candidates], mask), k))
+        return torch.from_numpy(largest(candidates, magnitudes, k))
     if count == k:
         return torch.from_numpy(candidates)
     # Rare (the estimate was too high): a second, plain pass over everything for the rest.
-    magnitudes = np.bitwise_and(bits, mask)
-    rest = np.flatnonzero(magnitudes < threshold_bits)
-    return torch.from_numpy(np.concatenate([candidates, _largest(rest, magnitudes[rest], k - count)]))
-
-
-def _largest(positions: np.ndarray, magnitudes: np.ndarray, k: int) -> np.ndarray:
-    """The ``k`` of ``positions`` with the largest ``magnitudes``: those above the k-th largest,
-    then as many as needed of those equal to it (a partition finds the value without the index
-    array an argpartition builds, which is slower)."""
-    kth = np.partition(magnitudes, magnitudes.size - k)[magnitudes.size - k]
-    above = magnitudes > kth
-    chosen = positions[above]
-    ties = positions[magnitudes == kth][:k - chosen.size]
-    return np.concatenate([chosen, ties])
+    all_magnitudes = np.bitwise_and(bits, mask)
+    rest = np.flatnonzero(all_magnitudes < threshold_bits)
+    return torch.from_numpy(np.concatenate([candidates, largest(rest, all_magnitudes[rest], k - count)]))
 
 
 def positions_at_or_above(flat: torch.Tensor, bound: torch.Tensor) -> torch.Tensor:
@@ -192,36 +167,14 @@ def positions_at_or_above(flat: torch.Tensor, bound: torch.Tensor) -> torch.Tens
     bits, mask = _magnitude_bits(flat)
     bits = bits.numpy()
     bound_bits, _ = _magnitude_bits(bound.reshape(1).to(flat.dtype))
-    positions = _candidates_cpu(bits, mask, int(bound_bits.numpy()[0]) & mask, limit=None)
+    positions, magnitudes = candidates_at_or_above(bits, mask, int(bound_bits.numpy()[0]) & mask,
+                                                   expected=bits.size // 32)
     if positions.size:
         # NaN's patterns sort above infinity's; |NaN| >= t is false.
-        positions = positions[np.bitwise_and(bits[positions], mask) <= _INFINITY_BITS[flat.dtype]]
+        positions = positions[magnitudes <= _INFINITY_BITS[flat.dtype]]
     if not positions.size:  # numpy's empty array can carry a zero stride, which torch cannot view
         return torch.empty(0, dtype=torch.int64)
     return torch.from_numpy(positions)
-
-
-def _candidates_cpu(bits: np.ndarray, mask: int, threshold_bits: int, limit: int | None) -> np.ndarray | None:
-    """The sorted positions whose magnitude bits are ``>= threshold_bits``, or ``None`` once they
-    are more than ``limit`` (``None``: no limit). The pass goes chunk by chunk, each small enough
-    that its masked magnitudes and comparison stay in cache: main memory is read once."""
-    numel = bits.size
-    width = min(numel, CHUNK)
-    magnitudes, above = _work_buffer(width, bits.dtype), _work_buffer(width, np.bool_)
-    found, count = [], 0
-    for start in range(0, numel, CHUNK):
-        chunk = bits[start:start + CHUNK]
-        size = chunk.size
-        np.bitwise_and(chunk, mask, out=magnitudes[:size])
-        np.greater_equal(magnitudes[:size], threshold_bits, out=above[:size])
-        positions = np.flatnonzero(above[:size])
-        if positions.size:
-            positions += start
-            found.append(positions)
-            count += positions.size
-            if limit is not None and count > limit:
-                return None
-    return np.concatenate(found) if found else np.empty(0, dtype=np.int64)
 
 
 def _select_torch(magnitudes: torch.Tensor, k: int, threshold: torch.Tensor) -> torch.Tensor:

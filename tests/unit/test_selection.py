@@ -18,7 +18,7 @@ from grace_legacy.compressors.sparsify import kept_count
 
 FLOATS = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 # Around the size where the fast path starts, and well above it.
-SIZES = [1, 2, 7, 100, selection.SMALL - 1, selection.SMALL, 50_000, 3 * selection.CHUNK + 5]
+SIZES = [1, 2, 7, 100, selection.SMALL - 1, selection.SMALL, 50_000, 200_003]
 KINDS = ["randn", "few values", "constant", "mostly zeros", "non-finite", "sorted", "scaled by position"]
 
 
