@@ -142,7 +142,7 @@ def _select_cpu(flat: torch.Tensor, k: int, threshold_bits: int, expected: int) 
     candidates the threshold admits, to size their array)."""
     bits, mask = _magnitude_bits(flat)
     bits = bits.numpy()
-    found = candidates_at_or_above(bits, mask, threshold_bits, expected + expected // 4,
+    found = candidates_at_or_above(bits, mask, threshold_bits, 2 * expected,
                                    limit=bits.size // 2)
     if found is None:  # more than half the entries: a plain top-k is cheaper
         return _plain_top_k(flat, k)
