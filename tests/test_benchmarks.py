@@ -30,7 +30,8 @@ def test_accuracy_study_quick(tmp_path):
 
 def test_fusion_benchmark_quick(tmp_path):
     run_module("benchmarks.performance.fusion", tmp_path, timeout=300)
-    assert "Fused communication" in (tmp_path / "performance.md").read_text()
+    text = (tmp_path / "performance.md").read_text()
+    assert "Fused communication" in text and text.count("Fused, phase by phase") == 2
     assert (tmp_path / "fusion.png").stat().st_size > 1000
 
 

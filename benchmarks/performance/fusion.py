@@ -10,7 +10,9 @@ side by side, interleaved, in one run: GRACE's reference style (two allgathers p
 and indices apart, each rank's part decompressed and summed), grace-legacy with every tensor on
 its own (``bucket_bytes=0``: one packed allgather per tensor), fused buckets (64 MiB), and, for
 reference, Horovod's own dense allreduce of the same gradients. Each timing is the slowest
-rank's, per iteration; the table reports the median.
+rank's, per iteration; the table reports the median. The fused way's steps are then timed phase
+by phase (pack, allgather, unpack and aggregate) in iterations of their own, to show where its
+time goes.
 
 The run is made twice: with Horovod's own tensor fusion on (its default: collectives submitted
 within one cycle are merged in its background thread, which already hides much of the
@@ -22,6 +24,7 @@ Results go to ``benchmarks/results/performance.md`` (section "fusion") and
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -36,6 +39,7 @@ GRACE = "GRACE reference (2 allgathers per tensor)"
 PER_TENSOR = "per tensor"
 BUCKET_BYTES = 64 * 1024 * 1024
 HOROVOD_FUSION = {"on": {}, "off": {"HOROVOD_FUSION_THRESHOLD": "0"}}
+PHASES = ("pack", "allgather (submit to result)", "unpack and aggregate")
 
 
 def model_shapes(quick: bool) -> list[tuple[str, tuple[int, ...]]]:
@@ -51,10 +55,10 @@ def worker(args: argparse.Namespace) -> None:
     import horovod.torch as hvd
     import torch
 
-    from grace_legacy import TopK
+    from grace_legacy import TopK, wire
     from grace_legacy.backends.horovod import HorovodBackend
     from grace_legacy.communicators.fusion import BucketPlan, Flight, FusedExchange, Member
-    from grace_legacy.compressors.sparsify import SparseContext
+    from grace_legacy.compressors.sparsify import SparseContext, scatter_sum_many
 
     hvd.init()
     torch.set_num_threads(1)
@@ -111,11 +115,26 @@ def worker(args: argparse.Namespace) -> None:
         handles = [hvd.allreduce_async(grads[n], name=f"dense.{n}", op=hvd.Average) for n in order]
         return [hvd.synchronize(h) for h in handles]
 
+    layouts = [(compressed[n][0], False) for n in order]  # Top-k's payload is uniform: no header
+
+    def fused_by_phase(step: str):
+        """What ``fused`` does for this all-Top-k bucket, written out to time its phases."""
+        marks = [time.perf_counter()]
+        packed = wire.pack_many(layouts)
+        marks.append(time.perf_counter())
+        gathered = backend.wait(backend.allgather_async(packed, f"phases.{step}"))
+        marks.append(time.perf_counter())
+        stacked = wire.unpack_stacked(gathered, layouts, hvd.size(), "phases")
+        sums = scatter_sum_many([compressor.stacked_entries(parts, compressed[n][1])
+                                 for n, parts in zip(order, stacked, strict=True)], True)
+        marks.append(time.perf_counter())
+        return sums, [b - a for a, b in itertools.pairwise(marks)]
+
     ways = {GRACE: grace_reference, PER_TENSOR: per_tensor,
             "fused": fused, "dense allreduce (Horovod)": dense}
     # Same results every way, checked once before timing.
-    for a, b, c in zip(per_tensor(), fused(), grace_reference(), strict=True):
-        assert torch.equal(a, b)
+    for a, b, c, d in zip(per_tensor(), fused(), grace_reference(), fused_by_phase("check")[0], strict=True):
+        assert torch.equal(a, b) and torch.equal(a, d)
         torch.testing.assert_close(a, c, rtol=1e-6, atol=1e-7)
     times = {way: [] for way in ways}
     counts = {}
@@ -132,6 +151,16 @@ def worker(args: argparse.Namespace) -> None:
                 way, backend.collectives - before)
             if iteration >= args.warmup:
                 times[way].append(slowest)
+    # Where the fused way's time goes, in iterations of their own (timing inside a timed way
+    # would disturb it): each phase's slowest rank.
+    phases: dict[str, list[float]] = {phase: [] for phase in PHASES}
+    for iteration in range(args.warmup + args.iterations):
+        hvd.allreduce(barrier, name="barrier")
+        _, spent = fused_by_phase(str(iteration))
+        slowest = hvd.allreduce(torch.tensor(spent), name="slowest phases", op=hvd.Max).tolist()
+        if iteration >= args.warmup:
+            for phase, seconds in zip(PHASES, slowest, strict=True):
+                phases[phase].append(seconds)
     if hvd.rank() == 0:
         payload_bytes = sum(sum(p.numel() * p.element_size() for p in payload) for payload, _ in compressed.values())
         Path(args.json).write_text(json.dumps({
@@ -139,6 +168,7 @@ def worker(args: argparse.Namespace) -> None:
             "buckets": len(plan.buckets), "bucket_bytes": plan.bucket_bytes, "density": args.density,
             "payload_bytes_per_rank": payload_bytes, "collectives": counts,
             "median_ms": {w: 1000 * statistics.median(t) for w, t in times.items()},
+            "fused_phases_median_ms": {p: 1000 * statistics.median(t) for p, t in phases.items()},
             "times_ms": {w: [1000 * x for x in t] for w, t in times.items()},
         }))
 
@@ -194,6 +224,10 @@ def write(result: dict, results_dir: Path, command: str) -> None:
             f"({gains[GRACE][1]:.2f}-{gains[GRACE][2]:.2f}): the 2x target against per tensor is "
             f"{'met' if gains[PER_TENSOR][0] >= 2 else 'not met'}, against the reference "
             f"{'met' if gains[GRACE][0] >= 2 else 'not met'}.")
+        if "fused_phases_median_ms" in run:
+            spent = ", ".join(f"{phase} {ms:.1f} ms" for phase, ms in run["fused_phases_median_ms"].items())
+            verdicts.append(f"  Fused, phase by phase (the same steps in iterations of their own, slowest rank's "
+                            f"median): {spent}.")
     table = "\n".join(rows)
     verdict = "\n".join(verdicts)
     text = f"""## Fused communication: collectives and communication time
