@@ -22,9 +22,9 @@ Magnitudes are compared as the bit patterns of the floats with the sign bit clea
 non-negative IEEE floats (subnormals, zero, infinity) the integer order is the numeric order, and
 every NaN pattern sorts above infinity, which is where ``torch.topk`` puts NaN. So non-finite
 entries are selected first, as ``torch.topk(x.abs(), k)`` selects them, and the same code serves
-fp16, bf16 (which numpy lacks as a float), fp32 and fp64. On CPU the passes run in numpy on a
-zero-copy view, the candidate pass as one compiled loop (:mod:`~grace_legacy.compressors.scan`);
-on other devices the same algorithm runs in torch.
+fp16, bf16 (which numpy lacks as a float), fp32 and fp64. On CPU the steps run on a zero-copy
+numpy view, the candidate pass and the exact top-k among the candidates as compiled loops
+(:mod:`~grace_legacy.compressors.scan`); on other devices the same algorithm runs in torch.
 """
 
 from __future__ import annotations
@@ -167,6 +167,7 @@ def positions_at_or_above(flat: torch.Tensor, bound: torch.Tensor) -> torch.Tens
     bits, mask = _magnitude_bits(flat)
     bits = bits.numpy()
     bound_bits, _ = _magnitude_bits(bound.reshape(1).to(flat.dtype))
+    # Room for 1 in 32 (a threshold usually keeps less): np.empty's untouched pages cost nothing.
     positions, magnitudes = candidates_at_or_above(bits, mask, int(bound_bits.numpy()[0]) & mask,
                                                    expected=bits.size // 32)
     if positions.size:
