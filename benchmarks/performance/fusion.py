@@ -10,9 +10,9 @@ side by side, interleaved, in one run: GRACE's reference style (two allgathers p
 and indices apart, each rank's part decompressed and summed), grace-legacy with every tensor on
 its own (``bucket_bytes=0``: one packed allgather per tensor), fused buckets (64 MiB), and, for
 reference, Horovod's own dense allreduce of the same gradients. Each timing is the slowest
-rank's, per iteration; the table reports the median. The fused way's steps are then timed phase
-by phase (pack, allgather, unpack and aggregate) in iterations of their own, to show where its
-time goes.
+rank's, per iteration; the table reports the median. The fused way is then run again in
+iterations of its own, timed phase by phase (packing and submitting, waiting for the allgather,
+unpacking and aggregating), to show where its time goes.
 
 The run is made twice: with Horovod's own tensor fusion on (its default: collectives submitted
 within one cycle are merged in its background thread, which already hides much of the
@@ -24,7 +24,6 @@ Results go to ``benchmarks/results/performance.md`` (section "fusion") and
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
 import statistics
@@ -39,7 +38,7 @@ GRACE = "GRACE reference (2 allgathers per tensor)"
 PER_TENSOR = "per tensor"
 BUCKET_BYTES = 64 * 1024 * 1024
 HOROVOD_FUSION = {"on": {}, "off": {"HOROVOD_FUSION_THRESHOLD": "0"}}
-PHASES = ("pack", "allgather (submit to result)", "unpack and aggregate")
+PHASES = ("pack and submit", "wait for the allgather", "unpack and aggregate")
 
 
 def model_shapes(quick: bool) -> list[tuple[str, tuple[int, ...]]]:
@@ -55,18 +54,21 @@ def worker(args: argparse.Namespace) -> None:
     import horovod.torch as hvd
     import torch
 
-    from grace_legacy import TopK, wire
+    from grace_legacy import TopK
     from grace_legacy.backends.horovod import HorovodBackend
     from grace_legacy.communicators.fusion import BucketPlan, Flight, FusedExchange, Member
-    from grace_legacy.compressors.sparsify import SparseContext, scatter_sum_many
+    from grace_legacy.compressors.sparsify import SparseContext
 
     hvd.init()
     torch.set_num_threads(1)
 
     class CountingBackend(HorovodBackend):
+        """Horovod's backend, counting the collectives submitted and the seconds spent waiting."""
+
         def __init__(self) -> None:
             super().__init__()
             self.collectives = 0
+            self.waiting = 0.0
 
         def allreduce_async(self, tensor, name, average):
             self.collectives += 1
@@ -75,6 +77,13 @@ def worker(args: argparse.Namespace) -> None:
         def allgather_async(self, tensor, name):
             self.collectives += 1
             return super().allgather_async(tensor, name)
+
+        def wait(self, handle):
+            start = time.perf_counter()
+            try:
+                return super().wait(handle)
+            finally:
+                self.waiting += time.perf_counter() - start
 
     shapes = model_shapes(args.quick)
     generator = torch.Generator().manual_seed(hvd.rank())
@@ -106,35 +115,22 @@ def worker(args: argparse.Namespace) -> None:
             out.append((total / hvd.size()).view(ctx.shape))
         return out
 
-    def fused():
+    def fused(packed_at: list[float] | None = None):
         exchange = FusedExchange(plan)
         pending = [exchange.add(m, backend, True) for m in members()]
+        if packed_at is not None:  # every bucket is packed and its collective submitted
+            packed_at.append(time.perf_counter())
         return [p() for p in pending]
 
     def dense():
         handles = [hvd.allreduce_async(grads[n], name=f"dense.{n}", op=hvd.Average) for n in order]
         return [hvd.synchronize(h) for h in handles]
 
-    layouts = [(compressed[n][0], False) for n in order]  # Top-k's payload is uniform: no header
-
-    def fused_by_phase(step: str):
-        """What ``fused`` does for this all-Top-k bucket, written out to time its phases."""
-        marks = [time.perf_counter()]
-        packed = wire.pack_many(layouts)
-        marks.append(time.perf_counter())
-        gathered = backend.wait(backend.allgather_async(packed, f"phases.{step}"))
-        marks.append(time.perf_counter())
-        stacked = wire.unpack_stacked(gathered, layouts, hvd.size(), "phases")
-        sums = scatter_sum_many([compressor.stacked_entries(parts, compressed[n][1])
-                                 for n, parts in zip(order, stacked, strict=True)], True)
-        marks.append(time.perf_counter())
-        return sums, [b - a for a, b in itertools.pairwise(marks)]
-
     ways = {GRACE: grace_reference, PER_TENSOR: per_tensor,
             "fused": fused, "dense allreduce (Horovod)": dense}
     # Same results every way, checked once before timing.
-    for a, b, c, d in zip(per_tensor(), fused(), grace_reference(), fused_by_phase("check")[0], strict=True):
-        assert torch.equal(a, b) and torch.equal(a, d)
+    for a, b, c in zip(per_tensor(), fused(), grace_reference(), strict=True):
+        assert torch.equal(a, b)
         torch.testing.assert_close(a, c, rtol=1e-6, atol=1e-7)
     times = {way: [] for way in ways}
     counts = {}
@@ -151,12 +147,17 @@ def worker(args: argparse.Namespace) -> None:
                 way, backend.collectives - before)
             if iteration >= args.warmup:
                 times[way].append(slowest)
-    # Where the fused way's time goes, in iterations of their own (timing inside a timed way
+    # Where the fused way's time goes, in iterations of their own (marks inside the timed way
     # would disturb it): each phase's slowest rank.
     phases: dict[str, list[float]] = {phase: [] for phase in PHASES}
     for iteration in range(args.warmup + args.iterations):
         hvd.allreduce(barrier, name="barrier")
-        _, spent = fused_by_phase(str(iteration))
+        backend.waiting = 0.0
+        start, packed_at = time.perf_counter(), []
+        fused(packed_at)
+        total = time.perf_counter() - start
+        packing = packed_at[0] - start
+        spent = [packing, backend.waiting, total - packing - backend.waiting]
         slowest = hvd.allreduce(torch.tensor(spent), name="slowest phases", op=hvd.Max).tolist()
         if iteration >= args.warmup:
             for phase, seconds in zip(PHASES, slowest, strict=True):
