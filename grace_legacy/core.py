@@ -389,12 +389,12 @@ class Compressor(ABC):
             total /= len(payloads)
         return total
 
-    def stacked_entries(self, stacked: Payload, ctx: Any) -> tuple[torch.Tensor, torch.Tensor, Any] | None:
-        """For compressors whose :meth:`aggregate` is exactly a scatter-add of payload values at
-        flat positions into zeros, rank by rank (Top-k, DGC, Threshold): every rank's payload with
-        its parts stacked along a leading rank dimension, as ``(values, flat indices, ctx)`` with
-        ``[ranks, k]`` values and indices and the ``SparseContext``. A bucket then aggregates all
-        such members with one ``index_add_``. ``None`` (the default): aggregate on its own."""
+    def scatter_context(self, ctx: Any) -> Any | None:
+        """For compressors whose :meth:`aggregate` is exactly a scatter-add, rank by rank, of
+        payload part 0 (values) at payload part 1 (flat indices) into zeros (Top-k, DGC,
+        Threshold): the ``SparseContext`` (shape, size, dtype, device) of the result. A bucket
+        then aggregates all such members with one ``index_add_``. ``None`` (the default):
+        aggregate on its own."""
         return None
 
     def payload_spec(self, numel: int, dtype: torch.dtype) -> list[tuple[int, torch.dtype]]:

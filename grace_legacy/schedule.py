@@ -193,9 +193,9 @@ class KnobSchedule(Compressor):
             return super().aggregate(payloads, ctx, average)
         return concrete.aggregate(payloads, inner, average)
 
-    def stacked_entries(self, stacked: Payload, ctx: Any) -> tuple[torch.Tensor, torch.Tensor, Any] | None:
+    def scatter_context(self, ctx: Any) -> Any | None:
         concrete, inner = ctx
-        return None if concrete is None else concrete.stacked_entries(stacked, inner)
+        return None if concrete is None else concrete.scatter_context(inner)
 
     # -- bookkeeping ----------------------------------------------------------------------------
     def record_traffic(self, name: str, tensor: torch.Tensor, sent_bytes: int, route: str) -> None:

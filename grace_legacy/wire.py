@@ -15,12 +15,19 @@ collective per part they are packed into a single ``uint8`` buffer:
 
 A receiver reconstructs each part with the local part's dtype and trailing dimensions; only the
 leading dimension may differ between ranks.
+
+A bucket of header-less payloads whose parts line up (part ``i`` of every payload has one dtype)
+may instead travel *by part*: every payload's part 0 back to back, then every payload's part 1,
+and so on (:func:`pack_columns`). Each column is one ``torch.cat`` to pack and one view to
+unpack, where payload by payload costs a few small tensor operations per part (about 40 us a
+payload on CPU).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 
@@ -203,3 +210,61 @@ def _views(buffer: torch.Tensor, base: int, like: Sequence[torch.Tensor], leadin
         flat = buffer[base + start: base + start + count * template.element_size()].view(template.dtype)
         parts.append(flat.view(rows, *template.shape[1:]) if template.dim() > 0 else flat.view(()))
     return parts
+
+
+class Columns(NamedTuple):
+    """Where :func:`pack_columns` puts a bucket's payloads: column ``c`` (every payload's part
+    ``c``, flattened, back to back) holds ``dtypes[c]`` from byte ``offsets[c]``, payload ``m``'s
+    part taking ``counts[c][m]`` elements of it; the buffer is ``nbytes`` long."""
+
+    dtypes: tuple[torch.dtype, ...]
+    offsets: tuple[int, ...]
+    counts: tuple[tuple[int, ...], ...]
+    nbytes: int
+
+
+def columns(payloads: Sequence[Sequence[torch.Tensor]]) -> Columns | None:
+    """The layout :func:`pack_columns` gives ``payloads``, or ``None`` where they cannot travel
+    by part: no payloads, payloads with different numbers of parts, or parts at one position that
+    differ in dtype. Each column starts at a multiple of its element size; the buffer's length
+    is a multiple of 8."""
+    if not payloads or not payloads[0] or any(len(p) != len(payloads[0]) for p in payloads):
+        return None
+    dtypes = tuple(part.dtype for part in payloads[0])
+    if any(part.dtype != dtype for payload in payloads for part, dtype in zip(payload, dtypes, strict=True)):
+        return None
+    counts = tuple(tuple(payload[c].numel() for payload in payloads) for c in range(len(dtypes)))
+    sizes = [dtype.itemsize for dtype in dtypes]
+    offsets, nbytes = _place([(sum(n) * size, size) for n, size in zip(counts, sizes, strict=True)], False)
+    return Columns(dtypes, tuple(offsets), counts, nbytes)
+
+
+def pack_columns(payloads: Sequence[Sequence[torch.Tensor]], layout: Columns) -> torch.Tensor:
+    """``payloads`` packed by part into one ``uint8`` buffer laid out as ``layout``
+    (:func:`columns` of them): one ``torch.cat`` per column, padding as zeros."""
+    buffer = torch.zeros(layout.nbytes, dtype=torch.uint8, device=payloads[0][0].device)
+    for c, (dtype, offset, counts) in enumerate(zip(layout.dtypes, layout.offsets, layout.counts, strict=True)):
+        total = sum(counts)
+        if total:
+            torch.cat([payload[c].reshape(-1) for payload in payloads],
+                      out=buffer[offset: offset + total * dtype.itemsize].view(dtype))
+    return buffer
+
+
+def unpack_columns(gathered: torch.Tensor, layout: Columns, world_size: int, name: str) -> list[torch.Tensor]:
+    """The gather of buffers packed as ``layout`` by every rank: each column over all ranks, as
+    a ``[world_size, elements]`` view into ``gathered`` in the column's dtype."""
+    if gathered.numel() != layout.nbytes * world_size:
+        raise RuntimeError(
+            f"ranks disagree on the payload size of {name!r}: this rank sent {layout.nbytes} bytes, "
+            f"the gather returned {gathered.numel()} for {world_size} ranks. Every rank must use "
+            f"the same compressor configuration and model.")
+    by_rank = gathered.view(world_size, layout.nbytes)
+    out = []
+    for dtype, offset, counts in zip(layout.dtypes, layout.offsets, layout.counts, strict=True):
+        total = sum(counts)
+        if total:
+            out.append(by_rank[:, offset: offset + total * dtype.itemsize].view(dtype))
+        else:
+            out.append(torch.empty((world_size, 0), dtype=dtype, device=gathered.device))
+    return out

@@ -4,7 +4,10 @@ A *flight* carries a list of members (a tensor's payload, context and compressor
 
 * one allgather of every gathered member's packed buffer, back to back (:mod:`grace_legacy.wire`:
   each packed buffer is aligned and self-delimiting, so the concatenation needs no framing and
-  costs exactly the bytes of the members sent one by one);
+  costs exactly the bytes of the members sent one by one); a bucket of Top-k/DGC payloads goes
+  *by part* instead (every member's values, then every member's indices) wherever that costs the
+  same bytes, so it packs with two ``torch.cat`` and unpacks as two views, and all its members
+  aggregate with one ``index_add_``;
 * one allreduce per dtype of every additive member's parts, flattened and concatenated, and, for
   multi-round compressors (PowerSGD), one more such allreduce per further round.
 
@@ -25,7 +28,7 @@ from typing import Any
 import torch
 
 from grace_legacy import wire
-from grace_legacy.compressors.sparsify import scatter_sum_many
+from grace_legacy.compressors.sparsify import scatter_sum_columns, scatter_sum_many
 from grace_legacy.core import Backend, Compressor, Payload, Pending
 
 Learn = Callable[[Payload, Any], None]
@@ -74,11 +77,32 @@ class Flight:
         gathered = [m for m in self.members if m.gathered]
         self._gather = None
         if gathered:
-            # Each member's parts and whether it carries a size header: how it is packed and unpacked.
-            layouts = [(m.payload, not m.compressor.uniform_payload) for m in gathered]
-            self._gather = (gathered, layouts, backend.allgather_async(wire.pack_many(layouts), self._name(0)))
+            columns = self._by_part(gathered)
+            if columns is not None:
+                packed = wire.pack_columns([m.payload for m in gathered], columns)
+                self._gather = (gathered, columns, backend.allgather_async(packed, self._name(0)))
+            else:
+                # Each member's parts and whether it carries a size header: how it is packed and unpacked.
+                layouts = [(m.payload, not m.compressor.uniform_payload) for m in gathered]
+                self._gather = (gathered, layouts, backend.allgather_async(wire.pack_many(layouts), self._name(0)))
         self._reduced = {id(m): list(m.payload) for m in self.members if not m.gathered}
         self._reduce = self._launch_reduce([m for m in self.members if not m.gathered], round_index=0)
+
+    @staticmethod
+    def _by_part(gathered: Sequence[Member]) -> wire.Columns | None:
+        """The by-part layout (:func:`grace_legacy.wire.pack_columns`) when every member is a
+        header-less ``[values, flat indices]`` scatter-add (Top-k, DGC), so that the whole bucket
+        unpacks as two views and aggregates with one ``index_add_``, and the bytes on the wire
+        stay those of the members packed one by one (``Pending.bytes_sent``); else ``None``."""
+        if not all(m.compressor.uniform_payload and len(m.payload) == 2
+                   and m.compressor.scatter_context(m.ctx) is not None for m in gathered):
+            return None
+        if len({m.payload[0].device for m in gathered}) != 1:  # torch.cat packs within one device
+            return None
+        columns = wire.columns([m.payload for m in gathered])
+        if columns is None or columns.nbytes != sum(m.pending.bytes_sent for m in gathered):
+            return None
+        return columns
 
     def _name(self, round_index: int) -> str:
         # The i-th collective of a round: the same name whichever kind it is, so ranks that
@@ -141,23 +165,29 @@ class Flight:
             results[member.name] = member.compressor.decompress(reduced, member.ctx)
         return results
 
-    def _aggregate_gathered(self, members: list[Member], layouts: list[tuple[Payload, bool]],
+    def _aggregate_gathered(self, members: list[Member], layout: wire.Columns | list[tuple[Payload, bool]],
                             handle: Any) -> dict[str, torch.Tensor]:
         gathered = self.backend.wait(handle)
-        if any(with_header for _, with_header in layouts):
-            received = wire.unpack_gathered_many(gathered, layouts, self.backend.size(), self.label)
+        names = [m.name for m in members]
+        if isinstance(layout, wire.Columns):
+            values, indices = wire.unpack_columns(gathered, layout, self.backend.size(), self.label)
+            contexts = [m.compressor.scatter_context(m.ctx) for m in members]
+            return dict(zip(names, scatter_sum_columns(values, indices, layout.counts[0], contexts, self.average),
+                            strict=True))
+        if any(with_header for _, with_header in layout):
+            received = wire.unpack_gathered_many(gathered, layout, self.backend.size(), self.label)
             return {m.name: m.compressor.aggregate(payloads, m.ctx, self.average)
                     for m, payloads in zip(members, received, strict=True)}
         # Every rank sent the local layout: each part is one view over all ranks, and the members
-        # whose aggregate is a scatter-add (Top-k, DGC) are aggregated together: one zero buffer
-        # and one index_add_ for the bucket instead of one each per member.
+        # whose aggregate is a scatter-add are aggregated together: one zero buffer and one
+        # index_add_ for them instead of one each per member.
         results: dict[str, torch.Tensor] = {}
         scattered: list[tuple[str, tuple]] = []
-        for member, parts in zip(members, wire.unpack_stacked(gathered, layouts, self.backend.size(), self.label),
+        for member, parts in zip(members, wire.unpack_stacked(gathered, layout, self.backend.size(), self.label),
                                  strict=True):
-            entries = member.compressor.stacked_entries(parts, member.ctx)
-            if entries is not None:
-                scattered.append((member.name, entries))
+            ctx = member.compressor.scatter_context(member.ctx)
+            if ctx is not None:
+                scattered.append((member.name, (parts[0], parts[1], ctx)))
                 continue
             results[member.name] = member.compressor.aggregate(wire.per_rank(parts), member.ctx, self.average)
         sums = scatter_sum_many([entries for _, entries in scattered], self.average)

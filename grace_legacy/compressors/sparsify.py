@@ -81,38 +81,49 @@ def scatter_sum(payloads: Sequence[Payload], ctx: SparseContext, average: bool) 
 def scatter_sum_many(members: Sequence[tuple[torch.Tensor, torch.Tensor, SparseContext]],
                      average: bool) -> list[torch.Tensor]:
     """:func:`scatter_sum` of many tensors at once, from their stacked entries (``[ranks, k]``
-    values and flat indices, see :meth:`~grace_legacy.core.Compressor.stacked_entries`): the
-    outputs of one dtype and device are slices of one zero buffer, filled by one ``index_add_``
-    of every member's entries shifted by the member's offset in that buffer.
+    values and flat indices, with the :class:`SparseContext`): the members of one dtype and device
+    go through one :func:`scatter_sum_columns`."""
+    results: list[torch.Tensor | None] = [None] * len(members)
+    groups: dict[tuple[torch.dtype, torch.device], list[int]] = {}
+    for index, (_, _, ctx) in enumerate(members):
+        groups.setdefault((ctx.dtype, ctx.device), []).append(index)
+    for group in groups.values():
+        if len(group) == 1:
+            values, indices, _ = members[group[0]]
+        else:
+            values = torch.cat([members[i][0] for i in group], dim=1)
+            indices = torch.cat([members[i][1] for i in group], dim=1)
+        sums = scatter_sum_columns(values, indices, [members[i][1].shape[1] for i in group],
+                                   [members[i][2] for i in group], average)
+        for i, total in zip(group, sums, strict=True):
+            results[i] = total
+    return results  # type: ignore[return-value]
+
+
+def scatter_sum_columns(values: torch.Tensor, indices: torch.Tensor, counts: Sequence[int],
+                        contexts: Sequence[SparseContext], average: bool) -> list[torch.Tensor]:
+    """:func:`scatter_sum` of consecutive members whose entries lie side by side: ``values`` and
+    flat ``indices`` are ``[ranks, sum(counts)]``, member ``j`` owning the next ``counts[j]``
+    columns (as a bucket packed part by part arrives, see :func:`grace_legacy.wire.pack_columns`).
+    The outputs, all of ``values``' dtype and device, are slices of one zero buffer, filled by one
+    ``index_add_`` of every member's entries shifted by the member's offset in that buffer.
 
     The entries go in rank by rank (row-major over ``[ranks, sum k]``), and members' slices are
     disjoint, so each output element receives the same additions in the same order as from its own
     :func:`scatter_sum`: the results are identical to it, bit for bit (a NaN's sign and payload
     aside: torch's kernels for int32 and int64 indices do not keep those alike)."""
-    results: list[torch.Tensor | None] = [None] * len(members)
-    groups: dict[tuple[torch.dtype, torch.device], list[int]] = {}
-    for index, (_, _, ctx) in enumerate(members):
-        groups.setdefault((ctx.dtype, ctx.device), []).append(index)
-    for (dtype, device), group in groups.items():
-        contexts = [members[i][2] for i in group]
-        starts = [0]
-        for ctx in contexts:
-            starts.append(starts[-1] + ctx.numel)
-        if len(group) == 1:
-            values, indices, _ = members[group[0]]
-        else:
-            counts = [members[i][1].shape[1] for i in group]
-            shift = torch.repeat_interleave(torch.tensor(starts[:-1], device=device),
-                                            torch.tensor(counts, device=device))
-            values = torch.cat([members[i][0] for i in group], dim=1)
-            indices = torch.cat([members[i][1] for i in group], dim=1).to(torch.int64) + shift
-        out = torch.zeros(starts[-1], dtype=dtype, device=device)
-        out.index_add_(0, indices.reshape(-1), values.reshape(-1))
-        if average:
-            out /= values.shape[0]
-        for i, ctx, start in zip(group, contexts, starts[:-1], strict=True):
-            results[i] = out[start: start + ctx.numel].view(ctx.shape)
-    return results  # type: ignore[return-value]
+    starts = [0]
+    for ctx in contexts:
+        starts.append(starts[-1] + ctx.numel)
+    if len(contexts) > 1:
+        shift = torch.repeat_interleave(torch.tensor(starts[:-1], device=values.device),
+                                        torch.tensor(counts, device=values.device))
+        indices = indices.to(torch.int64) + shift
+    out = torch.zeros(starts[-1], dtype=values.dtype, device=values.device)
+    out.index_add_(0, indices.reshape(-1), values.reshape(-1))
+    if average:
+        out /= values.shape[0]
+    return [out[start: start + ctx.numel].view(ctx.shape) for ctx, start in zip(contexts, starts, strict=False)]
 
 
 class EntrySparsifier(Compressor):
@@ -134,9 +145,8 @@ class EntrySparsifier(Compressor):
     def aggregate(self, payloads: Sequence[Payload], ctx: SparseContext, average: bool) -> torch.Tensor:
         return scatter_sum(payloads, ctx, average)
 
-    def stacked_entries(self, stacked: Payload, ctx: SparseContext) -> tuple[torch.Tensor, torch.Tensor, SparseContext]:
-        values, indices = stacked
-        return values, indices, ctx
+    def scatter_context(self, ctx: SparseContext) -> SparseContext:
+        return ctx
 
 
 class TopK(EntrySparsifier):

@@ -102,3 +102,36 @@ def test_a_truncated_bucket_is_reported():
     buffer = wire.pack(payload, True)
     with pytest.raises(RuntimeError, match="corrupt gather|truncated"):
         wire.unpack_gathered_many(buffer[:-8], [(payload, True)], 1, "b")
+
+
+@given(columns=st.lists(st.sampled_from(DTYPES), min_size=1, max_size=3),
+       counts=st.lists(st.lists(st.integers(0, 7), min_size=3, max_size=3), min_size=1, max_size=5),
+       world=st.integers(1, 4))
+@settings(max_examples=80, deadline=None)
+def test_by_part_layout_round_trips_every_column_over_all_ranks(columns, counts, world):
+    """Payload ``m`` has part ``c`` of ``counts[m][c]`` elements; ranks send different contents."""
+    def payloads(rank):
+        return [[make_part(dtype, n[c], [], seed=100 * rank + 10 * m + c) for c, dtype in enumerate(columns)]
+                for m, n in enumerate(counts)]
+
+    layout = wire.columns(payloads(0))
+    assert layout is not None and layout.nbytes % 8 == 0
+    sizes = [dtype.itemsize for dtype in columns]
+    assert layout.nbytes < sum(sum(n[c] for n in counts) * size for c, size in enumerate(sizes)) + 8 * len(columns)
+    packed = [wire.pack_columns(payloads(rank), layout) for rank in range(world)]
+    assert all(p.numel() == layout.nbytes for p in packed)
+    back = wire.unpack_columns(torch.cat(packed), layout, world, "bucket")
+    for c, dtype in enumerate(columns):
+        want = torch.stack([torch.cat([p[c].reshape(-1) for p in payloads(rank)]) for rank in range(world)])
+        assert back[c].dtype == dtype and torch.equal(back[c], want)
+
+
+def test_by_part_layout_needs_parts_that_line_up_and_ranks_that_agree():
+    values, indices = torch.ones(3), torch.arange(3, dtype=torch.int32)
+    assert wire.columns([]) is None
+    assert wire.columns([[values, indices], [values]]) is None  # different numbers of parts
+    assert wire.columns([[values, indices], [values.double(), indices]]) is None  # a column of two dtypes
+    layout = wire.columns([[values, indices], [values[:1], indices[:1]]])
+    assert layout.offsets == (0, 16) and layout.counts == ((3, 1), (3, 1)) and layout.nbytes == 32
+    with pytest.raises(RuntimeError, match="ranks disagree on the payload size of 'b'"):
+        wire.unpack_columns(torch.zeros(40, dtype=torch.uint8), layout, 1, "b")
