@@ -32,6 +32,7 @@ def test_fusion_benchmark_quick(tmp_path):
     run_module("benchmarks.performance.fusion", tmp_path, timeout=300)
     text = (tmp_path / "performance.md").read_text()
     assert "Fused communication" in text and text.count("Fused, phase by phase") == 2
+    assert "by part is" in text and "the same sums bit for bit" in text
     assert (tmp_path / "fusion.png").stat().st_size > 1000
 
 

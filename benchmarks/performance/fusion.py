@@ -14,6 +14,15 @@ rank's, per iteration; the table reports the median. The fused way is then run a
 iterations of its own, timed phase by phase (packing and submitting, waiting for the allgather,
 unpacking and aggregating), to show where its time goes.
 
+Last, in this one process and with no collective, the CPU work of a bucket is timed both ways the
+library can lay it out, interleaved: *by part* (every member's values, then every member's
+indices: :func:`grace_legacy.wire.pack_columns`, :func:`~grace_legacy.wire.unpack_columns`,
+:func:`~grace_legacy.compressors.sparsify.scatter_sum_columns`), which a Top-k bucket takes, and
+*member by member* (:func:`~grace_legacy.wire.pack_many`, :func:`~grace_legacy.wire.unpack_stacked`,
+:func:`~grace_legacy.compressors.sparsify.scatter_sum_many`), which buckets whose parts do not line
+up take. The 4 ranks' buffers are real packs of 4 different gradients' payloads; both ways must
+give the same sums, bit for bit.
+
 The run is made twice: with Horovod's own tensor fusion on (its default: collectives submitted
 within one cycle are merged in its background thread, which already hides much of the
 per-tensor cost) and off (``HOROVOD_FUSION_THRESHOLD=0``, one collective on the wire per call).
@@ -174,6 +183,55 @@ def worker(args: argparse.Namespace) -> None:
         }))
 
 
+def bucket_layouts(quick: bool, density: float, world: int = 4, repetitions: int = 31) -> dict:
+    """Pack, unpack and aggregate of one bucket, by part against member by member (see the module
+    doc), in this process: median ms of each and the median of the paired ratios."""
+    import torch
+
+    from grace_legacy import TopK, wire
+    from grace_legacy.compressors.sparsify import scatter_sum_columns, scatter_sum_many
+
+    torch.set_num_threads(1)
+    shapes = model_shapes(quick)
+    compressor = TopK(density)
+    payloads = []  # payloads[rank][member]
+    for rank in range(world):
+        generator = torch.Generator().manual_seed(rank)
+        payloads.append([compressor.compress(torch.randn(shape, generator=generator), name)
+                         for name, shape in reversed(shapes)])
+    local = [payload for payload, _ in payloads[0]]
+    contexts = [ctx for _, ctx in payloads[0]]
+    layout = wire.columns(local)
+    members = [(payload, False) for payload in local]
+    by_part_gathered = torch.cat([wire.pack_columns([p for p, _ in payloads[r]], layout) for r in range(world)])
+    by_member_gathered = torch.cat([wire.pack_many([(p, False) for p, _ in payloads[r]]) for r in range(world)])
+
+    def by_part():
+        wire.pack_columns(local, layout)
+        values, indices = wire.unpack_columns(by_part_gathered, layout, world, "bucket")
+        return scatter_sum_columns(values, indices, layout.counts[0], contexts, True)
+
+    def by_member():
+        wire.pack_many(members)
+        stacked = wire.unpack_stacked(by_member_gathered, members, world, "bucket")
+        return scatter_sum_many([(values, indices, ctx) for (values, indices), ctx in zip(stacked, contexts,
+                                                                                            strict=True)], True)
+
+    ways = {"by part": by_part, "member by member": by_member}
+    for got, want in zip(by_part(), by_member(), strict=True):
+        assert torch.equal(got, want)
+    times: dict[str, list[float]] = {way: [] for way in ways}
+    for _ in range(repetitions):
+        for way, run in ways.items():
+            start = time.perf_counter()
+            run()
+            times[way].append(1000 * (time.perf_counter() - start))
+    ratios = [slow / fast for slow, fast in zip(times["member by member"], times["by part"], strict=True)]
+    return {"tensors": len(shapes), "ranks": world, "repetitions": repetitions,
+            "median_ms": {way: statistics.median(t) for way, t in times.items()},
+            "ratio": statistics.median(ratios)}
+
+
 def launch(args: argparse.Namespace) -> dict:
     from benchmarks.report import load_average, machine
 
@@ -193,7 +251,8 @@ def launch(args: argparse.Namespace) -> dict:
                 env.pop("HOROVOD_FUSION_THRESHOLD", None)
             subprocess.run(cmd, check=True, cwd=REPO, env=env)
             runs[setting] = json.loads(out.read_text())
-    return {"runs": runs, "machine": machine(), "load_average": [before, load_average()]}
+    layouts = bucket_layouts(args.quick, args.density)
+    return {"runs": runs, "layouts": layouts, "machine": machine(), "load_average": [before, load_average()]}
 
 
 def write(result: dict, results_dir: Path, command: str) -> None:
@@ -229,6 +288,13 @@ def write(result: dict, results_dir: Path, command: str) -> None:
             spent = ", ".join(f"{phase} {ms:.1f} ms" for phase, ms in run["fused_phases_median_ms"].items())
             verdicts.append(f"  Fused, phase by phase (the same steps in iterations of their own, slowest rank's "
                             f"median): {spent}.")
+    layouts = result["layouts"]
+    verdicts.append(
+        f"- The bucket's CPU work (pack, unpack, aggregate; {layouts['tensors']} tensors, {layouts['ranks']} "
+        f"ranks' payloads, one process, no collective, median of {layouts['repetitions']} interleaved "
+        f"repetitions): by part {layouts['median_ms']['by part']:.2f} ms, member by member "
+        f"{layouts['median_ms']['member by member']:.2f} ms: by part is **{layouts['ratio']:.2f}x** faster "
+        f"(median of the paired ratios), with the same sums bit for bit.")
     table = "\n".join(rows)
     verdict = "\n".join(verdicts)
     text = f"""## Fused communication: collectives and communication time
