@@ -235,7 +235,7 @@ def bucket_layouts(quick: bool, density: float, world: int = 4, repetitions: int
 def launch(args: argparse.Namespace) -> dict:
     from benchmarks.report import load_average, machine
 
-    before = load_average()
+    before, this_machine = load_average(), machine()  # before bucket_layouts sets torch's threads
     runs = {}
     with tempfile.TemporaryDirectory() as tmp:
         for setting, extra_env in HOROVOD_FUSION.items():
@@ -252,7 +252,7 @@ def launch(args: argparse.Namespace) -> dict:
             subprocess.run(cmd, check=True, cwd=REPO, env=env)
             runs[setting] = json.loads(out.read_text())
     layouts = bucket_layouts(args.quick, args.density)
-    return {"runs": runs, "layouts": layouts, "machine": machine(), "load_average": [before, load_average()]}
+    return {"runs": runs, "layouts": layouts, "machine": this_machine, "load_average": [before, load_average()]}
 
 
 def write(result: dict, results_dir: Path, command: str) -> None:
