@@ -123,7 +123,7 @@ def scatter_sum_columns(values: torch.Tensor, indices: torch.Tensor, counts: Seq
     out.index_add_(0, indices.reshape(-1), values.reshape(-1))
     if average:
         out /= values.shape[0]
-    return [out[start: start + ctx.numel].view(ctx.shape) for ctx, start in zip(contexts, starts, strict=False)]
+    return [out[start: start + ctx.numel].view(ctx.shape) for ctx, start in zip(contexts, starts[:-1], strict=True)]
 
 
 class EntrySparsifier(Compressor):
