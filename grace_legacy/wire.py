@@ -171,12 +171,7 @@ def unpack_stacked(gathered: torch.Tensor, members: Sequence[tuple[Sequence[torc
         raise ValueError(f"unpack_stacked({name!r}): members with a size header differ between ranks")
     placements = [layout(like, [_leading(p) for p in like], False) for like, _ in members]
     chunk = sum(total for _, total in placements)
-    if gathered.numel() != chunk * world_size:
-        raise RuntimeError(
-            f"ranks disagree on the payload size of {name!r}: this rank sent {chunk} bytes, "
-            f"the gather returned {gathered.numel()} for {world_size} ranks. Every rank must use "
-            f"the same compressor configuration and model.")
-    by_rank = gathered.view(world_size, chunk)
+    by_rank = _by_rank(gathered, chunk, world_size, name)
     out, base = [], 0
     for (like, _), (offsets, total) in zip(members, placements, strict=True):
         parts = []
@@ -190,6 +185,16 @@ def unpack_stacked(gathered: torch.Tensor, members: Sequence[tuple[Sequence[torc
         out.append(parts)
         base += total
     return out
+
+
+def _by_rank(gathered: torch.Tensor, chunk: int, world_size: int, name: str) -> torch.Tensor:
+    """``gathered`` as ``[world_size, chunk]`` bytes, when every rank sent this rank's ``chunk``."""
+    if gathered.numel() != chunk * world_size:
+        raise RuntimeError(
+            f"ranks disagree on the payload size of {name!r}: this rank sent {chunk} bytes, "
+            f"the gather returned {gathered.numel()} for {world_size} ranks. Every rank must use "
+            f"the same compressor configuration and model.")
+    return gathered.view(world_size, chunk)
 
 
 def per_rank(stacked: Sequence[torch.Tensor]) -> list[list[torch.Tensor]]:
@@ -254,12 +259,7 @@ def pack_columns(payloads: Sequence[Sequence[torch.Tensor]], layout: Columns) ->
 def unpack_columns(gathered: torch.Tensor, layout: Columns, world_size: int, name: str) -> list[torch.Tensor]:
     """The gather of buffers packed as ``layout`` by every rank: each column over all ranks, as
     a ``[world_size, elements]`` view into ``gathered`` in the column's dtype."""
-    if gathered.numel() != layout.nbytes * world_size:
-        raise RuntimeError(
-            f"ranks disagree on the payload size of {name!r}: this rank sent {layout.nbytes} bytes, "
-            f"the gather returned {gathered.numel()} for {world_size} ranks. Every rank must use "
-            f"the same compressor configuration and model.")
-    by_rank = gathered.view(world_size, layout.nbytes)
+    by_rank = _by_rank(gathered, layout.nbytes, world_size, name)
     out = []
     for dtype, offset, counts in zip(layout.dtypes, layout.offsets, layout.counts, strict=True):
         total = sum(counts)

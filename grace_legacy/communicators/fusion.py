@@ -168,12 +168,11 @@ class Flight:
     def _aggregate_gathered(self, members: list[Member], layout: wire.Columns | list[tuple[Payload, bool]],
                             handle: Any) -> dict[str, torch.Tensor]:
         gathered = self.backend.wait(handle)
-        names = [m.name for m in members]
         if isinstance(layout, wire.Columns):
             values, indices = wire.unpack_columns(gathered, layout, self.backend.size(), self.label)
             contexts = [m.compressor.scatter_context(m.ctx) for m in members]
-            return dict(zip(names, scatter_sum_columns(values, indices, layout.counts[0], contexts, self.average),
-                            strict=True))
+            sums = scatter_sum_columns(values, indices, layout.counts[0], contexts, self.average)
+            return {m.name: total for m, total in zip(members, sums, strict=True)}
         if any(with_header for _, with_header in layout):
             received = wire.unpack_gathered_many(gathered, layout, self.backend.size(), self.label)
             return {m.name: m.compressor.aggregate(payloads, m.ctx, self.average)
