@@ -6,8 +6,14 @@ unbiased estimate and needs no error feedback (their recommended memory is ``NoM
 
 Shared conventions:
 
-* The draws come from :meth:`Compressor.generator` with ``(seed, rank, name, step)``: every rank
-  draws its own numbers, the global RNG is never touched, and a test can replay any rank.
+* The draws are :func:`~grace_legacy.compressors.draws.uniform` of the key
+  ``derived_seed(seed, rank, name, step)``: every rank draws its own numbers, the global RNG is
+  never touched, every device draws the same numbers, and a test can replay any rank.
+* On a CPU each quantizer is one compiled pass (:mod:`~grace_legacy.compressors.stochastic`) after
+  its scale is known; elsewhere it is tensor arithmetic. Both give the same codes for the same
+  scale (tested). QSGD's norm sums its squares in a fixed order on a CPU and in the device's own
+  order elsewhere, so the two may differ in its last float32 bit. Each quantizer reads its scale
+  back to the host once per tensor (on a GPU, one synchronization), to choose its path.
 * Arithmetic runs in float64 for float64 gradients and in float32 for float32, float16 and bfloat16
   ones (which float32 holds exactly); :meth:`decompress` returns the gradient's own dtype, so a
   decoded value is finally rounded to it (for float16, one beyond 65504 becomes inf, as with
@@ -27,11 +33,15 @@ Shared conventions:
 
 from __future__ import annotations
 
+import math
 from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 
-from grace_legacy.core import Compressor, Knob, Memory, Payload, check_gradient
+from grace_legacy.compressors import stochastic
+from grace_legacy.compressors.draws import uniform
+from grace_legacy.core import Compressor, Knob, Memory, Payload, check_gradient, derived_seed
 
 LEVELS = Knob("levels", low=1, high=2**31 - 1, integer=True)
 
@@ -55,18 +65,41 @@ def _work_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def _float32_at_least(value: torch.Tensor) -> torch.Tensor:
-    """``value`` as float32, rounded toward +inf: a scale that is never below the exact one keeps
-    every probability ``|x| / scale`` at most 1. inf and NaN stay what they are."""
-    rounded = value.to(torch.float32)
-    below = rounded.to(value.dtype) < value
-    return torch.where(below, torch.nextafter(rounded, rounded.new_tensor(_INF)), rounded)
+FLOAT32_MAX = float(torch.finfo(torch.float32).max)
 
 
-def _uniform(compressor: Compressor, seed: int, name: str, tensor: torch.Tensor,
-             dtype: torch.dtype) -> torch.Tensor:
-    generator = compressor.generator(seed, name, compressor.next_step(name), device=tensor.device)
-    return torch.rand(tensor.numel(), generator=generator, dtype=dtype, device=tensor.device)
+def float32_at_least(value: float) -> float:
+    """The least float32 at or above ``value`` (as a Python float): a scale that is never below
+    the exact one keeps every probability ``|x| / scale`` at most 1. inf and NaN stay what they
+    are; beyond float32's range is inf."""
+    if math.isnan(value) or math.isinf(value):
+        return value
+    if value > FLOAT32_MAX:
+        return _INF
+    if value < -FLOAT32_MAX:
+        return -FLOAT32_MAX
+    rounded = np.float32(value)
+    # Compared as Python floats: numpy would compare in float32, where the two are equal.
+    return float(rounded) if float(rounded) >= value else float(np.nextafter(rounded, np.float32(_INF)))
+
+
+def _round_to(value: float, work: torch.dtype) -> float:
+    """``value`` rounded to nearest in ``work`` (float32 or float64), as tensor arithmetic in
+    ``work`` would give it (inf beyond float32's range)."""
+    if work == torch.float64:
+        return value
+    with np.errstate(over="ignore"):
+        return float(np.float32(value))
+
+
+def draw_key(compressor: Compressor, seed: int, name: str) -> int:
+    """The key of this step's draws for tensor ``name``; counts the step."""
+    return derived_seed(seed, compressor.rank, name, compressor.next_step(name))
+
+
+def _usable(scale: float) -> bool:
+    """Whether ``scale`` can divide: finite and positive (never NaN)."""
+    return 0 < scale < _INF
 
 
 class ScaledContext(NamedTuple):
@@ -75,8 +108,8 @@ class ScaledContext(NamedTuple):
     work: torch.dtype
 
 
-def _scale_part(scale: torch.Tensor) -> torch.Tensor:
-    return scale.reshape(1)
+def _scale_part(scale: float, device: torch.device) -> torch.Tensor:
+    return torch.tensor([scale], dtype=torch.float32, device=device)
 
 
 # -- QSGD ---------------------------------------------------------------------------------------
@@ -91,6 +124,32 @@ def level_dtype(levels: int) -> torch.dtype:
     if levels <= MAX_LEVELS:
         return torch.int32
     raise ValueError(f"QSGD: levels must be at most {MAX_LEVELS}, got {levels}")
+
+
+#: Below this float64 norm, squares of elements under about 2**-537 (float64 gradients only) may
+#: have underflowed enough to matter, so the norm is taken again from rescaled elements.
+TINY_NORM = 2.0**-450
+
+
+def _norm(x: torch.Tensor) -> float:
+    """The 2-norm of flat ``x``: squares summed in float64 (float32 squares overflow from
+    |x_i| ~ 1.8e19 on), on a CPU in the order :func:`~grace_legacy.compressors.stochastic.sum_of_squares`
+    documents, elsewhere in the device's."""
+    if stochastic.kernels_apply(x):
+        norm = math.sqrt(stochastic.sum_of_squares(x))
+    else:
+        norm = torch.linalg.vector_norm(x, dtype=torch.float64).item()
+    if norm < TINY_NORM:  # rare: all-zero, or elements tiny enough that squares underflow
+        largest = x.abs().amax()
+        if bool(largest == 0):
+            return 0.0
+        # Scaled exactly, by powers of two, so that the largest magnitude is in [0.5, 1); in two
+        # halves, since 2**1074 (for the least subnormal) is beyond float64.
+        exponent = torch.frexp(largest).exponent.to(torch.float64)
+        half = torch.floor(-exponent / 2)
+        scaled = x.to(torch.float64) * torch.exp2(half) * torch.exp2(-exponent - half)
+        norm = (torch.linalg.vector_norm(scaled, dtype=torch.float64) * torch.exp2(exponent)).item()
+    return norm
 
 
 class QSGDContext(NamedTuple):
@@ -138,25 +197,39 @@ class QSGD(Compressor):
         s = self.levels
         work = self._work(tensor.dtype)
         x = tensor.detach().reshape(-1).to(work)
-        # float64 for the sum of squares: float32 squares overflow from |v_i| ~ 1.8e19 on.
-        norm = _float32_at_least(torch.linalg.vector_norm(x, dtype=torch.float64))
-        usable = torch.isfinite(norm) & (norm > 0)
+        key = draw_key(self, self.seed, name)
+        ctx = QSGDContext(tensor.shape, tensor.dtype, work, s)
+        norm = float32_at_least(_norm(x))
+        if not _usable(norm):  # a zero tensor, or inf or NaN in it: decodes to zeros or NaN
+            signed = torch.zeros(x.numel(), dtype=level_dtype(s), device=x.device)
+        elif stochastic.kernels_apply(x):
+            signed = torch.empty(x.numel(), dtype=level_dtype(s))
+            stochastic.qsgd_levels(x, norm, s, key, signed)
+        else:
+            signed = self._tensor_levels(x, norm, key)
+        return [_scale_part(norm, x.device), signed], ctx
+
+    def _tensor_levels(self, x: torch.Tensor, norm: float, key: int) -> torch.Tensor:
+        s = self.levels
+        work = x.dtype
         # Divided first: an element equal to the norm (any 1-element tensor) gets exactly s.
-        # A zero or non-finite norm makes 0/0 or inf/inf NaN, which the mask discards. In place
-        # from here on: each pass writes into a tensor this call made (fresh memory is costly).
-        ratio = x.abs().div_(norm.to(work)).mul_(s).masked_fill_(~usable, 0.0)
+        # In place from here on: each pass writes into a tensor this call made (fresh memory
+        # is costly).
+        ratio = x.abs().div_(x.new_tensor(norm)).mul_(s)
         ratio.clamp_(0, s)  # only undoes a last-bit rounding of a float64 gradient's norm
         level = ratio.floor()
         # The draw becomes 1.0 where it falls below the fractional part: the chance of rounding up.
-        level += _uniform(self, self.seed, name, tensor, work).lt_(ratio.sub_(level))
+        level += uniform(key, x.numel(), work, x.device).lt_(ratio.sub_(level))
         # copysign, not where(x < 0, -l, l): the two differ only at l = 0 (-0.0), the same integer.
-        signed = level.copysign_(x).to(level_dtype(s))
-        return [_scale_part(norm), signed], QSGDContext(tensor.shape, tensor.dtype, work, s)
+        return level.copysign_(x).to(level_dtype(s))
 
     def decompress(self, payload: Payload, ctx: QSGDContext) -> torch.Tensor:
         norm, signed = payload
         # l / s first: the extreme levels +-s then give the norm itself, with no rounding.
-        decoded = norm.to(ctx.work) * (signed.to(ctx.work) / ctx.levels)
+        if stochastic.kernels_apply(signed):
+            decoded = stochastic.scaled_codes(signed, float(norm), ctx.levels, ctx.work)
+        else:
+            decoded = norm.to(ctx.work) * (signed.to(ctx.work) / ctx.levels)
         return decoded.to(ctx.dtype).view(ctx.shape)
 
     def payload_spec(self, numel: int, dtype: torch.dtype) -> list[tuple[int, torch.dtype]]:
@@ -197,31 +270,50 @@ class TernGrad(Compressor):
         super().__init__()
         self.seed = _check_seed(seed, "TernGrad")
 
+    def clip_bound(self, x: torch.Tensor) -> tuple[float, float]:
+        """``(bound, largest)`` of flat ``x`` (in the work dtype): the clipping bound
+        ``2.5 * sigma`` rounded to the work dtype (inf for an all-equal tensor), and the largest
+        ``|x_i|``; both NaN when an element is NaN."""
+        lowest, highest = torch.aminmax(x)
+        sigma, lowest, highest = torch.stack([torch.std(x, correction=0), lowest, highest]).tolist()
+        # Compared exactly, not as sigma == 0: a rounded sigma of an all-equal tensor may not be 0.
+        bound = _INF if highest == lowest else _round_to(CLIP_SIGMAS * sigma, x.dtype)
+        largest = math.nan if math.isnan(lowest) or math.isnan(highest) else max(abs(lowest), abs(highest))
+        return bound, largest
+
     def clipped(self, tensor: torch.Tensor) -> torch.Tensor:
         """The clipped gradient ``g_c`` (flat, in the arithmetic dtype) that TernGrad estimates."""
         x = tensor.detach().reshape(-1).to(_work_dtype(tensor.dtype))
-        sigma = torch.std(x, correction=0)
-        # Compared exactly, not as sigma == 0: a rounded sigma of an all-equal tensor may not be 0.
-        constant = x.amax() == x.amin()
-        bound = torch.where(constant, x.new_tensor(_INF), CLIP_SIGMAS * sigma)
+        bound, _ = self.clip_bound(x)
         return torch.clamp(x, min=-bound, max=bound)
 
     def compress(self, tensor: torch.Tensor, name: str) -> tuple[Payload, Any]:
         check_gradient(tensor, "TernGrad")
         work = _work_dtype(tensor.dtype)
-        clipped = self.clipped(tensor)
-        # amax propagates NaN, and a NaN scale makes the whole tensor decode to NaN.
-        scale = _float32_at_least(clipped.abs().amax())
-        usable = torch.isfinite(scale) & (scale > 0)
-        probability = clipped.abs().div_(scale.to(work)).masked_fill_(~usable, 0.0)
-        dropped = _uniform(self, self.seed, name, tensor, work) >= probability
-        # masked_fill_, not a product with 0/1: the sign of a NaN entry must become 0, not NaN.
-        ternary = clipped.sign_().masked_fill_(dropped, 0.0).to(torch.int8)
-        return [_scale_part(scale), ternary], ScaledContext(tensor.shape, tensor.dtype, work)
+        x = tensor.detach().reshape(-1).to(work)
+        key = draw_key(self, self.seed, name)
+        ctx = ScaledContext(tensor.shape, tensor.dtype, work)
+        bound, largest = self.clip_bound(x)
+        # The largest clipped magnitude; NaN (decoding to NaN everywhere) if either is NaN.
+        scale = float32_at_least(math.nan if math.isnan(bound) else min(largest, bound))
+        if not _usable(scale):  # a zero tensor, or inf or NaN in it: decodes to zeros or NaN
+            ternary = torch.zeros(x.numel(), dtype=torch.int8, device=x.device)
+        elif stochastic.kernels_apply(x):
+            ternary = torch.empty(x.numel(), dtype=torch.int8)
+            stochastic.terngrad_digits(x, bound, scale, key, ternary)
+        else:  # every element is finite here
+            clipped = torch.clamp(x, min=-bound, max=bound)
+            dropped = uniform(key, x.numel(), work, x.device) >= clipped.abs().div_(x.new_tensor(scale))
+            ternary = clipped.sign_().masked_fill_(dropped, 0.0).to(torch.int8)
+        return [_scale_part(scale, x.device), ternary], ctx
 
     def decompress(self, payload: Payload, ctx: ScaledContext) -> torch.Tensor:
         scale, ternary = payload
-        return (scale.to(ctx.work) * ternary.to(ctx.work)).to(ctx.dtype).view(ctx.shape)
+        if stochastic.kernels_apply(ternary):
+            decoded = stochastic.scaled_codes(ternary, float(scale), 1, ctx.work)
+        else:
+            decoded = scale.to(ctx.work) * ternary.to(ctx.work)
+        return decoded.to(ctx.dtype).view(ctx.shape)
 
     def payload_spec(self, numel: int, dtype: torch.dtype) -> list[tuple[int, torch.dtype]]:
         return [(1, torch.float32), (numel, torch.int8)]
@@ -301,6 +393,15 @@ class Natural(Compressor):
         check_gradient(tensor, "Natural")
         work = _work_dtype(tensor.dtype)
         x = tensor.detach().reshape(-1).to(work)
+        key = draw_key(self, self.seed, name)
+        ctx = ScaledContext(tensor.shape, tensor.dtype, work)
+        if stochastic.kernels_apply(x):
+            largest = stochastic.largest_finite_magnitude(x)
+            # frexp's exponent grows with the magnitude: the largest's is every element's top.
+            top = math.frexp(largest)[1] if largest > 0 else 0
+            code = torch.empty(x.numel(), dtype=torch.uint8)
+            stochastic.natural_codes(x, top - (NATURAL_SPAN - 1), key, code)
+            return [torch.tensor([top], dtype=torch.int16), code], ctx
         # In place wherever the tensor is this call's own: every fresh full-size tensor costs.
         magnitude = x.abs()
         finite = torch.isfinite(x)
@@ -312,7 +413,7 @@ class Natural(Compressor):
         lowest = torch.iinfo(a.dtype).min
         top = torch.where(absent.all(), 0, a.masked_fill(absent, lowest).amax() + 1)
         bottom = top - (NATURAL_SPAN - 1)
-        draw = _uniform(self, self.seed, name, tensor, work)
+        draw = uniform(key, x.numel(), work, x.device)
 
         # The code in range is a + (rounded up) - bottom + 1 (1..127: 2^(bottom - 1 + code)).
         code = (draw < 2 * mantissa - 1).to(a.dtype).add_(a).sub_(bottom - 1)
@@ -325,7 +426,7 @@ class Natural(Compressor):
         # The sign bit only on nonzero codes (<= 127, so | 0x80 is + 0x80): 0x80 is kept for inf and NaN.
         code.add_((x < 0).logical_and_(code > 0), alpha=0x80)
         code.masked_fill_(~finite, NON_FINITE_CODE)
-        return [top.to(torch.int16).reshape(1), code.to(torch.uint8)], ScaledContext(tensor.shape, tensor.dtype, work)
+        return [top.to(torch.int16).reshape(1), code.to(torch.uint8)], ctx
 
     def decompress(self, payload: Payload, ctx: ScaledContext) -> torch.Tensor:
         top, codes = payload

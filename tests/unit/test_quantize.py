@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 import grace_legacy
 from grace_legacy import QSGD, Grace, Legacy, Natural, NoMemory, TernGrad, wire
+from grace_legacy.compressors.draws import uniform
 from grace_legacy.compressors.quantize import MAX_LEVELS, level_dtype, pow2
 from grace_legacy.core import derived_seed
 from grace_legacy.grace import bytes_sent
@@ -112,7 +113,7 @@ def test_qsgd_levels_are_the_floor_or_ceiling_drawn_from_the_private_generator()
         assert norm.dtype == torch.float32 and norm.shape == (1,)
         assert float(norm) >= float(exact) > float(torch.nextafter(norm, torch.tensor(0.0)))
         ratio = x.double().abs() / float(norm) * 16
-        u = torch.rand(300, generator=torch.Generator().manual_seed(derived_seed(5, 3, "layer.weight", step)))
+        u = uniform(derived_seed(5, 3, "layer.weight", step), 300)
         expected = ratio.floor() + (u.double() < ratio - ratio.floor()).double()
         assert torch.equal(signed.abs().double(), expected)
         assert torch.equal(signed, (x.sign() * signed.abs()).to(signed.dtype))

@@ -1,10 +1,14 @@
-"""QSGD, TernGrad and Natural compress in place for speed; here each is held, bit for bit, to the
-straightforward formulas it replaced (one fresh tensor per step, ``torch.where`` for every case),
-with the same random draws, over random tensors full of the awkward values: signed zeros,
-subnormals, infinities, NaN, and magnitudes far below the largest. And the input is never written.
+"""QSGD, TernGrad and Natural compress in one compiled pass on a CPU and in place elsewhere, for
+speed; here both ways are held, bit for bit, to the straightforward formulas they replaced (one
+fresh tensor per step, ``torch.where`` for every case), with the same random draws, over random
+tensors full of the awkward values: signed zeros, subnormals, infinities, NaN, and magnitudes far
+below the largest. And the input is never written.
 """
 
 from __future__ import annotations
+
+import math
+from fractions import Fraction
 
 import pytest
 import torch
@@ -12,7 +16,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from grace_legacy import QSGD, Natural, TernGrad
-from grace_legacy.compressors.quantize import NATURAL_SPAN, NON_FINITE_CODE, _float32_at_least, level_dtype, pow2
+from grace_legacy.compressors import stochastic
+from grace_legacy.compressors.draws import uniform
+from grace_legacy.compressors.quantize import (
+    CLIP_SIGMAS,
+    NATURAL_SPAN,
+    NON_FINITE_CODE,
+    float32_at_least,
+    level_dtype,
+    pow2,
+)
+from grace_legacy.core import derived_seed
 
 FLOATS = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
 AWKWARD = [0.0, -0.0, 1e-45, -1e-40, 1e-30, -3e38, 2.5, -2.5, float("inf"), float("-inf"), float("nan")]
@@ -22,14 +36,42 @@ def work_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+@pytest.fixture(params=["compiled", "tensor"], autouse=True)
+def way(request, monkeypatch):
+    """Every test here runs twice: with the compiled CPU passes, and with the tensor arithmetic
+    other devices use."""
+    monkeypatch.setattr(stochastic, "ENABLED", request.param == "compiled")
+    return request.param
+
+
 def draws(compressor, name: str, step: int, tensor: torch.Tensor, work: torch.dtype) -> torch.Tensor:
-    generator = compressor.generator(compressor.seed, name, step)
-    return torch.rand(tensor.numel(), generator=generator, dtype=work)
+    return uniform(derived_seed(compressor.seed, compressor.rank, name, step), tensor.numel(), work)
 
 
-def qsgd_formula(tensor: torch.Tensor, s: int, draw: torch.Tensor, work: torch.dtype) -> list[torch.Tensor]:
+def exact_norm(x: torch.Tensor) -> float:
+    """The 2-norm of ``x`` from exact arithmetic, within an ulp (inf or NaN if an element is)."""
+    values = x.double().tolist()
+    if not all(map(math.isfinite, values)):
+        return math.fsum(abs(v) for v in values)
+    squares = sum(Fraction(v) ** 2 for v in values)
+    # The root of the exact sum, scaled by a power of 4 that keeps float(squares) in range.
+    shift = max(0, -squares.numerator.bit_length() + squares.denominator.bit_length() + 600) // 2
+    return math.ldexp(math.sqrt(float(squares * 4**shift)), -shift)
+
+
+def assert_sent_norm(norm: torch.Tensor, x: torch.Tensor) -> None:
+    """The norm sent is the float32 rounded up from the exact norm, to within the float64 rounding
+    of summing squares (the CPU sums in element order, other devices in their own)."""
+    exact = exact_norm(x)
+    if math.isnan(exact) or math.isinf(exact):
+        assert not torch.isfinite(norm).item()
+        return
+    assert float32_at_least(exact * (1 - 1e-12)) <= norm.item() <= float32_at_least(exact * (1 + 1e-12))
+
+
+def qsgd_formula(tensor: torch.Tensor, s: int, draw: torch.Tensor, work: torch.dtype,
+                 norm: torch.Tensor) -> list[torch.Tensor]:
     x = tensor.reshape(-1).to(work)
-    norm = _float32_at_least(torch.linalg.vector_norm(x, dtype=torch.float64))
     usable = torch.isfinite(norm) & (norm > 0)
     ratio = torch.where(usable, x.abs() / norm.to(work) * s, 0.0).clamp(0, s)
     lower = ratio.floor()
@@ -37,10 +79,13 @@ def qsgd_formula(tensor: torch.Tensor, s: int, draw: torch.Tensor, work: torch.d
     return [norm.reshape(1), torch.where(x < 0, -level, level).to(level_dtype(s))]
 
 
-def terngrad_formula(compressor: TernGrad, tensor: torch.Tensor, draw: torch.Tensor,
-                     work: torch.dtype) -> list[torch.Tensor]:
-    clipped = compressor.clipped(tensor)
-    scale = _float32_at_least(clipped.abs().amax())
+def terngrad_formula(tensor: torch.Tensor, draw: torch.Tensor, work: torch.dtype) -> list[torch.Tensor]:
+    x = tensor.reshape(-1).to(work)
+    constant = x.amax() == x.amin()
+    bound = torch.where(constant, float("inf"), CLIP_SIGMAS * torch.std(x, correction=0))
+    clipped = torch.where(x > bound, bound, torch.where(x < -bound, -bound, x))
+    # minimum propagates NaN: any NaN, or an inf that makes sigma NaN, gives a NaN scale.
+    scale = torch.tensor(float32_at_least(torch.minimum(x.abs().amax(), bound).item()))
     usable = torch.isfinite(scale) & (scale > 0)
     probability = torch.where(usable, clipped.abs() / scale.to(work), 0.0)
     return [scale.reshape(1), torch.where(draw < probability, clipped.sign(), 0.0).to(torch.int8)]
@@ -96,15 +141,33 @@ def assert_follows(compressor, case, formula, work=None) -> None:
 @given(case=tensors(), levels=st.sampled_from([1, 2, 16, 127, 128, 40_000, 2**25]))
 @settings(max_examples=150, deadline=None)
 def test_qsgd_is_its_formula(case, levels):
+    """The levels follow the formula for the norm sent; the norm is checked on its own."""
     work = torch.float64 if levels > 2**24 else None
-    assert_follows(QSGD(levels, seed=5), case, lambda t, d, w: qsgd_formula(t, levels, d, w), work)
+    values, scale, dtype = case
+    tensor = (torch.tensor(values, dtype=torch.float64) * scale).to(dtype)
+    sent, _ = QSGD(levels, seed=5).compress(tensor, "w")
+    assert_sent_norm(sent[0][0], tensor.to(work or work_dtype(dtype)))
+    assert_follows(QSGD(levels, seed=5), case,
+                   lambda t, d, w: qsgd_formula(t, levels, d, w, sent[0][0]), work)
+
+
+@pytest.mark.parametrize("values", [[2.2250738585e-311], [0.0, 1.5e-258], [1e-200, -3e-190, 0.0],
+                                    [5e-324, -5e-324], [1e-160, 1.0]])
+@pytest.mark.parametrize("levels", [1, 16, 2**25])
+def test_qsgd_norm_of_float64_elements_whose_squares_underflow(values, levels):
+    """Squares below float64's range would sum to 0 and send nothing: the norm is rescaled."""
+    case = (values, 1.0, torch.float64)
+    tensor = torch.tensor(values, dtype=torch.float64)
+    sent, _ = QSGD(levels, seed=5).compress(tensor, "w")
+    assert sent[0][0] > 0
+    assert_sent_norm(sent[0][0], tensor)
+    assert_follows(QSGD(levels, seed=5), case, lambda t, d, w: qsgd_formula(t, levels, d, w, sent[0][0]))
 
 
 @given(case=tensors())
 @settings(max_examples=150, deadline=None)
 def test_terngrad_is_its_formula(case):
-    compressor = TernGrad(seed=5)
-    assert_follows(compressor, case, lambda t, d, w: terngrad_formula(compressor, t, d, w))
+    assert_follows(TernGrad(seed=5), case, terngrad_formula)
 
 
 @given(case=tensors())
@@ -123,3 +186,51 @@ def test_natural_below_the_range_follows_its_formula(dtype):
     for step in range(5):
         payload, _ = compressor.compress(tensor, "w")
         same_bits(payload, natural_formula(tensor, draws(compressor, "w", step, tensor, dtype), dtype))
+
+
+@given(case=tensors(), levels=st.sampled_from([1, 16, 128, 2**25]))
+@settings(max_examples=60, deadline=None)
+def test_qsgd_decodes_as_its_formula(case, levels):
+    values, scale, dtype = case
+    tensor = (torch.tensor(values, dtype=torch.float64) * scale).to(dtype)
+    compressor = QSGD(levels, seed=3)
+    payload, ctx = compressor.compress(tensor, "w")
+    norm, signed = payload
+    want = (norm.to(ctx.work) * (signed.to(ctx.work) / levels)).to(dtype).view(tensor.shape)
+    same_bits([compressor.decompress(payload, ctx)], [want])
+
+
+@given(case=tensors())
+@settings(max_examples=60, deadline=None)
+def test_terngrad_decodes_as_its_formula(case):
+    values, scale, dtype = case
+    tensor = (torch.tensor(values, dtype=torch.float64) * scale).to(dtype)
+    compressor = TernGrad(seed=3)
+    payload, ctx = compressor.compress(tensor, "w")
+    scale_sent, ternary = payload
+    want = (scale_sent.to(ctx.work) * ternary.to(ctx.work)).to(dtype).view(tensor.shape)
+    same_bits([compressor.decompress(payload, ctx)], [want])
+
+
+@pytest.mark.parametrize("make", [lambda: QSGD(16, seed=1), lambda: TernGrad(seed=1), lambda: Natural(seed=1)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_strided_gradients_compress_as_their_contiguous_copies(make, dtype):
+    base = torch.randn(40, 30, dtype=dtype)
+    for strided in (base.t(), base[:, ::3], base.reshape(-1)[::7]):
+        assert not strided.is_contiguous()
+        got, _ = make().compress(strided, "w")
+        want, _ = make().compress(strided.contiguous(), "w")
+        same_bits(got, want)
+
+
+@given(value=st.floats(allow_nan=True, allow_infinity=True))
+def test_float32_at_least_is_the_least_float32_not_below(value):
+    rounded = float32_at_least(value)
+    if math.isnan(value):
+        assert math.isnan(rounded)
+        return
+    as_float32 = torch.tensor(rounded, dtype=torch.float32)
+    assert float(as_float32) == rounded  # a float32
+    assert rounded >= value
+    below = float(torch.nextafter(as_float32, torch.tensor(float("-inf"))))
+    assert below < value or math.isinf(value)

@@ -1,0 +1,71 @@
+"""Uniform draws in [0, 1) that every device reproduces bit for bit: SplitMix64 over a counter.
+
+Word ``j`` (from 0) of key ``k`` is ``mix(k + (j + 1) * GAMMA)``, the ``j``-th output of Steele,
+Lea and Flood's SplitMix64 generator (Java's ``SplittableRandom``, the seeder of the xoshiro
+family) started at ``k``. A float64 draw ``i`` is the top 53 bits of word ``i`` over ``2**53``.
+A float32 draw needs 24 bits, so each word makes two: draw ``2j`` is the top 24 bits of word
+``j`` (bits 40-63), draw ``2j + 1`` the top 24 bits of its low half (bits 8-31), over ``2**24``
+(every output bit of SplitMix64 is well mixed, and hashing is the loop's main cost). So every
+draw is a multiple of its dtype's resolution.
+
+Why not ``torch.rand`` with a seeded generator: on a CPU it draws one number at a time from a
+Mersenne Twister (about 6 ns a number here, more than all the stochastic quantizers' arithmetic
+together), and a CUDA generator gives other numbers than a CPU one. Each draw here is a pure
+function of ``(key, i)``, so a compiled CPU loop computes it inline beside the arithmetic that
+uses it (:mod:`~grace_legacy.compressors.stochastic`), the tensor version below computes the
+same numbers on any device, and a test replays any element.
+
+The tensor version works in int64, whose products and sums wrap modulo ``2**64`` exactly as
+unsigned 64-bit words do; right shifts are made logical with a mask.
+"""
+
+from __future__ import annotations
+
+import torch
+
+#: SplitMix64's increment: the odd integer nearest ``2**64`` over the golden ratio.
+GAMMA = 0x9E3779B97F4A7C15
+#: SplitMix64's two multipliers (Stafford's "Mix13" finalizer).
+MIX1 = 0xBF58476D1CE4E5B9
+MIX2 = 0x94D049BB133111EB
+
+#: Per work dtype: how many bits make a draw.
+DRAW_BITS = {torch.float32: 24, torch.float64: 53}
+#: Per work dtype: how many draws each word makes.
+DRAWS_PER_WORD = {torch.float32: 2, torch.float64: 1}
+
+
+def _signed(word: int) -> int:
+    """A 64-bit word as the int64 with the same bits."""
+    word &= 2**64 - 1
+    return word - 2**64 if word >= 2**63 else word
+
+
+def _shift_right(z: torch.Tensor, bits: int) -> torch.Tensor:
+    """Logical right shift of int64 ``z`` read as unsigned."""
+    return (z >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def _mix(z: torch.Tensor) -> torch.Tensor:
+    z = (z ^ _shift_right(z, 30)) * _signed(MIX1)
+    z = (z ^ _shift_right(z, 27)) * _signed(MIX2)
+    return z ^ _shift_right(z, 31)
+
+
+def uniform(key: int, n: int, dtype: torch.dtype = torch.float32,
+            device: torch.device | str = "cpu") -> torch.Tensor:
+    """Draws ``0 .. n - 1`` of ``key`` (any int, used modulo ``2**64``) as a 1-D tensor of
+    ``dtype`` (float32 or float64) on ``device``."""
+    if dtype not in DRAW_BITS:
+        raise TypeError(f"uniform: dtype must be torch.float32 or torch.float64, got {dtype}")
+    if isinstance(key, bool) or not isinstance(key, int):
+        raise TypeError(f"uniform: key must be an int, got {key!r}")
+    bits, per_word = DRAW_BITS[dtype], DRAWS_PER_WORD[dtype]
+    counter = torch.arange(1, -(-n // per_word) + 1, dtype=torch.int64, device=device)
+    words = _mix(counter * _signed(GAMMA) + _signed(key))
+    if per_word == 1:
+        draws = _shift_right(words, 64 - bits)
+    else:
+        low_half = _shift_right(words, 32 - bits) & ((1 << bits) - 1)
+        draws = torch.stack([_shift_right(words, 64 - bits), low_half], dim=1).reshape(-1)[:n]
+    return draws.to(dtype) * 2.0**-bits

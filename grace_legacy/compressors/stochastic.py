@@ -1,0 +1,243 @@
+"""Compiled CPU passes of the stochastic quantizers (QSGD, TernGrad, natural compression).
+
+In tensor arithmetic each quantizer makes one full-size temporary per step of its formula (six
+to thirteen on a transformer's embedding) and draws its random numbers into one more. Here each
+is a single loop that reads an element, draws its number (:mod:`~grace_legacy.compressors.draws`,
+computed inline) and writes its code, with the same float32 or float64 operations in the same
+order as the tensor formulas, so the codes are bit for bit theirs (tested against them).
+
+Every loop takes the flat gradient in its work dtype (float32 or float64) and a scale the caller
+has checked usable (finite and positive), so every element is finite; the caller fills the codes
+with zeros otherwise. numba is imported, and the loops compiled, on first use (then cached on disk
+beside this file), so importing grace_legacy stays cheap.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+import torch
+
+from grace_legacy.compressors.draws import GAMMA, MIX1, MIX2
+
+#: The flag :func:`kernels_apply` reads: tests clear it to hold the tensor formulas on a CPU too.
+ENABLED = True
+
+
+def kernels_apply(tensor: torch.Tensor) -> bool:
+    """Whether the compiled loops handle ``tensor`` (a CPU tensor while :data:`ENABLED`)."""
+    return ENABLED and tensor.device.type == "cpu"
+
+
+@functools.cache
+def _kernels():
+    import numba
+
+    compiled = numba.njit(nogil=True, cache=True, boundscheck=False)
+    gamma, mix1, mix2 = np.uint64(GAMMA), np.uint64(MIX1), np.uint64(MIX2)
+
+    @numba.njit(inline="always")
+    def word(key, j):  # pragma: no cover - compiled
+        z = key + (j + np.uint64(1)) * gamma
+        z = (z ^ (z >> np.uint64(30))) * mix1
+        z = (z ^ (z >> np.uint64(27))) * mix2
+        return z ^ (z >> np.uint64(31))
+
+    @numba.njit(inline="always")
+    def draws(key, j, x):  # pragma: no cover - compiled
+        """Draws 2j and 2j + 1 in x's dtype (see the draws module): whose bits convert exactly."""
+        if x.itemsize == 4:  # a compile-time constant: the branch is folded away
+            w = word(key, np.uint64(j))
+            unit = x.dtype.type(2.0**-24)
+            return (x.dtype.type(w >> np.uint64(40)) * unit,
+                    x.dtype.type((w >> np.uint64(8)) & np.uint64(0xFFFFFF)) * unit)
+        unit = x.dtype.type(2.0**-53)
+        return (x.dtype.type(word(key, np.uint64(2 * j)) >> np.uint64(11)) * unit,
+                x.dtype.type(word(key, np.uint64(2 * j + 1)) >> np.uint64(11)) * unit)
+
+    # Each loop below goes over pairs of elements, the pair a float32 word draws for, and then
+    # the last element of an odd count: a bounds test inside the loop halves its speed.
+
+    @compiled
+    def sum_of_squares(x):  # pragma: no cover - compiled
+        # Four interleaved partial sums, so that the loop vectorizes: the order is part of the
+        # result, and documented in sum_of_squares below.
+        s0 = s1 = s2 = s3 = 0.0
+        whole = x.size - x.size % 4
+        for i in range(0, whole, 4):
+            v0, v1, v2, v3 = np.float64(x[i]), np.float64(x[i + 1]), np.float64(x[i + 2]), np.float64(x[i + 3])
+            s0 += v0 * v0
+            s1 += v1 * v1
+            s2 += v2 * v2
+            s3 += v3 * v3
+        for i in range(whole, x.size):
+            v = np.float64(x[i])
+            s0 += v * v
+        return (s0 + s1) + (s2 + s3)
+
+    @numba.njit(inline="always")
+    def qsgd_level(value, u, norm, s, one):  # pragma: no cover - compiled
+        ratio = min(abs(value) / norm * s, s)
+        level = np.floor(ratio)
+        if u < ratio - level:
+            level += one
+        return np.int32(np.copysign(level, value))
+
+    @compiled
+    def qsgd(x, norm, s, key, out):  # pragma: no cover - compiled
+        n, one = x.size, x.dtype.type(1)
+        for j in range(n // 2):
+            u0, u1 = draws(key, j, x)
+            out[2 * j] = qsgd_level(x[2 * j], u0, norm, s, one)
+            out[2 * j + 1] = qsgd_level(x[2 * j + 1], u1, norm, s, one)
+        if n % 2:
+            out[n - 1] = qsgd_level(x[n - 1], draws(key, n // 2, x)[0], norm, s, one)
+
+    @numba.njit(inline="always")
+    def ternary(value, u, bound, scale):  # pragma: no cover - compiled
+        clipped = min(max(value, -bound), bound)
+        if u < abs(clipped) / scale:
+            return 1 if clipped > 0 else -1
+        return 0
+
+    @compiled
+    def terngrad(x, bound, scale, key, out):  # pragma: no cover - compiled
+        n = x.size
+        for j in range(n // 2):
+            u0, u1 = draws(key, j, x)
+            out[2 * j] = ternary(x[2 * j], u0, bound, scale)
+            out[2 * j + 1] = ternary(x[2 * j + 1], u1, bound, scale)
+        if n % 2:
+            out[n - 1] = ternary(x[n - 1], draws(key, n // 2, x)[0], bound, scale)
+
+    @compiled
+    def scaled(codes, scale, divisor, out):  # pragma: no cover - compiled
+        for i in range(codes.size):
+            out[i] = scale * (out.dtype.type(codes[i]) / divisor)
+
+    @numba.njit(inline="always")
+    def layout(x):  # pragma: no cover - compiled
+        """x's float layout: sign bit, exponent mask (in place), mantissa bits, exponent bias, and
+        the value of the mantissa's last bit."""
+        if x.itemsize == 4:
+            return np.uint64(31), np.uint64(0x7F800000), np.uint64(23), 127, x.dtype.type(2.0**-23)
+        return np.uint64(63), np.uint64(0x7FF0000000000000), np.uint64(52), 1023, x.dtype.type(2.0**-52)
+
+    @compiled
+    def largest_finite(x, bits):  # pragma: no cover - compiled
+        # On magnitude bits, which order as the magnitudes do: an integer maximum vectorizes.
+        sign, exponents, _, _, _ = layout(x)
+        magnitude_mask = (np.uint64(1) << sign) - np.uint64(1)
+        largest = np.uint64(0)
+        for i in range(bits.size):
+            magnitude = np.uint64(bits[i]) & magnitude_mask
+            if magnitude < exponents:  # finite
+                largest = max(largest, magnitude)
+        return largest
+
+    @numba.njit(inline="always")
+    def natural_code(x, bits, i, u, bottom):  # pragma: no cover - compiled
+        """Element i's code byte, or -1 if it is subnormal or some 2^126 under the largest: those
+        are rare, and left to natural_rare (a frexp call in this loop would slow every element)."""
+        sign, exponents, mantissa_bits, bias, last_bit = layout(x)
+        word_bits = np.uint64(bits[i])
+        magnitude = word_bits & ((np.uint64(1) << sign) - np.uint64(1))
+        if magnitude >= exponents:  # inf or NaN
+            return 0x80
+        if magnitude == 0:
+            return 0
+        field = np.int64(magnitude >> mantissa_bits)
+        a = field - bias  # |x| = (1 + f) * 2^a for a normal x, with f = 2m - 1 exact
+        if field == 0 or a < bottom:
+            return -1
+        f = x.dtype.type(np.int64(magnitude & ((np.uint64(1) << mantissa_bits) - np.uint64(1)))) * last_bit
+        # The code is at least 1, so the sign bit goes on without a test (a branch on a random
+        # sign costs more than the rest of the element).
+        return a - bottom + 1 + (1 if u < f else 0) + 0x80 * np.int64(word_bits >> sign)
+
+    @compiled
+    def natural(x, bits, bottom, key, out):  # pragma: no cover - compiled
+        n = x.size
+        rare = 0
+        for j in range(n // 2):
+            u0, u1 = draws(key, j, x)
+            c0 = natural_code(x, bits, 2 * j, u0, bottom)
+            c1 = natural_code(x, bits, 2 * j + 1, u1, bottom)
+            out[2 * j], out[2 * j + 1] = max(c0, 0), max(c1, 0)
+            rare += (c0 < 0) + (c1 < 0)
+        if n % 2:
+            c = natural_code(x, bits, n - 1, draws(key, n // 2, x)[0], bottom)
+            out[n - 1] = max(c, 0)
+            rare += c < 0
+        return rare
+
+    @compiled
+    def natural_rare(x, bits, bottom, key, out):  # pragma: no cover - compiled
+        for i in range(x.size):
+            value = x[i]
+            if natural_code(x, bits, i, x.dtype.type(0), bottom) >= 0:
+                continue
+            u = draws(key, i // 2, x)[i % 2]
+            mantissa, exponent = math.frexp(abs(value))
+            a = exponent - 1
+            if a >= bottom:
+                code = a - bottom + 1 + (1 if u < 2 * mantissa - 1 else 0)
+            else:  # the neighbours are 0 and 2^bottom
+                code = 1 if u < mantissa * x.dtype.type(math.ldexp(1.0, exponent - bottom)) else 0
+            out[i] = code + 0x80 if value < 0 and code > 0 else code
+
+    return sum_of_squares, qsgd, terngrad, largest_finite, natural, scaled, natural_rare
+
+
+def _word(key: int) -> np.uint64:
+    return np.uint64(key & (2**64 - 1))
+
+
+def sum_of_squares(x: torch.Tensor) -> float:
+    """The sum of the float64 squares of ``x``'s elements: four partial sums of the elements at
+    positions 0, 1, 2, 3 modulo 4 (the last ``n % 4`` go to the first), in element order,
+    added as ``(s0 + s1) + (s2 + s3)``."""
+    return _kernels()[0](x.numpy())
+
+
+def qsgd_levels(x: torch.Tensor, norm: float, s: int, key: int, out: torch.Tensor) -> None:
+    """QSGD's signed levels of ``x`` into ``out`` (see :class:`~grace_legacy.QSGD`)."""
+    work = x.numpy().dtype.type
+    _kernels()[1](x.numpy(), work(norm), work(s), _word(key), out.numpy())
+
+
+def terngrad_digits(x: torch.Tensor, bound: float, scale: float, key: int, out: torch.Tensor) -> None:
+    """TernGrad's ternary digits of ``x`` clipped to ``[-bound, bound]`` into ``out``."""
+    work = x.numpy().dtype.type
+    _kernels()[2](x.numpy(), work(bound), work(scale), _word(key), out.numpy())
+
+
+def _bits(x: np.ndarray) -> np.ndarray:
+    return x.view(np.uint32 if x.itemsize == 4 else np.uint64)
+
+
+def largest_finite_magnitude(x: torch.Tensor) -> float:
+    """The largest finite ``|x_i|`` (0 when there is none); NaN is skipped."""
+    array = x.numpy()
+    largest = _kernels()[3](array, _bits(array))
+    return float(np.array(largest, dtype=_bits(array).dtype).view(array.dtype))
+
+
+def natural_codes(x: torch.Tensor, bottom: int, key: int, out: torch.Tensor) -> None:
+    """Natural compression's code bytes of ``x`` (every element, inf and NaN included) into
+    ``out`` (uint8), for the covered range's lowest exponent ``bottom``."""
+    array, codes = x.numpy(), out.numpy()
+    kernels = _kernels()
+    if kernels[4](array, _bits(array), bottom, _word(key), codes):
+        kernels[6](array, _bits(array), bottom, _word(key), codes)
+
+
+def scaled_codes(codes: torch.Tensor, scale: float, divisor: int, work: torch.dtype) -> torch.Tensor:
+    """``scale * (codes[i] / divisor)`` for every code, computed in ``work`` (float32 or float64):
+    the decoding of QSGD (divisor: the levels) and TernGrad (divisor 1)."""
+    out = torch.empty(codes.shape, dtype=work)
+    dtype = out.numpy().dtype.type
+    _kernels()[5](codes.numpy(), dtype(scale), dtype(divisor), out.numpy())
+    return out
