@@ -437,8 +437,10 @@ class Natural(Compressor):
         table = pow2(top.to(torch.int32) - NATURAL_SPAN + magnitude_code, ctx.work)
         table = torch.where(every_code >= 0x80, -table, table)
         table = torch.where(magnitude_code == 0, 0.0, table)
-        table = torch.where(every_code == NON_FINITE_CODE, float("nan"), table).to(ctx.dtype)
-        return table.index_select(0, codes.to(torch.int32)).view(ctx.shape)
+        table = torch.where(every_code == NON_FINITE_CODE, float("nan"), table)
+        if stochastic.kernels_apply(codes):
+            return stochastic.look_up(codes, table).to(ctx.dtype).view(ctx.shape)
+        return table.to(ctx.dtype).index_select(0, codes.to(torch.int32)).view(ctx.shape)
 
     def payload_spec(self, numel: int, dtype: torch.dtype) -> list[tuple[int, torch.dtype]]:
         return [(1, torch.int16), (numel, torch.uint8)]

@@ -29,6 +29,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from grace_legacy.compressors import sign_passes
 from grace_legacy.compressors.bits import pack_bits, packed_length, unpack_bits
 from grace_legacy.core import Compressor, Knob, Memory, Payload, StepJournal, check_gradient
 from grace_legacy.memories.efsignsgd import check_learning_rate
@@ -57,9 +58,19 @@ def _accumulator(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
-def _signs(packed: torch.Tensor, ctx: SignContext) -> torch.Tensor:
-    """The flat +-1 tensor, in the gradient's dtype, that ``packed`` encodes."""
-    return unpack_bits(packed, ctx.numel).to(ctx.dtype).mul_(2).sub_(1)
+def _pack_signs(tensor: torch.Tensor) -> torch.Tensor:
+    """The packed bits of ``tensor >= 0``: on a CPU in one compiled pass, without a bool tensor."""
+    if sign_passes.kernels_apply(tensor):
+        return sign_passes.pack_nonnegative(tensor)
+    return pack_bits(tensor.reshape(-1) >= 0)
+
+
+def _choose(packed: torch.Tensor, ctx: SignContext, if_set: torch.Tensor, if_clear: torch.Tensor) -> torch.Tensor:
+    """The decoded tensor, in the gradient's shape and dtype: ``if_set`` where the packed bit is
+    1 (``x >= 0``), ``if_clear`` where it is 0; both are scalars of that dtype."""
+    if sign_passes.kernels_apply(if_set) and packed.device.type == "cpu":
+        return sign_passes.choose(packed, ctx.numel, if_set.item(), if_clear.item(), ctx.dtype).view(ctx.shape)
+    return torch.where(unpack_bits(packed, ctx.numel), if_set, if_clear).view(ctx.shape)
 
 
 def majority_vote(payloads: Sequence[Payload], ctx: SignContext) -> torch.Tensor:
@@ -81,7 +92,8 @@ class _MajorityVote(Compressor):
     aggregates_by_mean = False
 
     def decompress(self, payload: Payload, ctx: SignContext) -> torch.Tensor:
-        return _signs(payload[0], ctx).view(ctx.shape)
+        one = torch.ones((), dtype=ctx.dtype, device=ctx.device)
+        return _choose(payload[0], ctx, one, -one)
 
     def aggregate(self, payloads: Sequence[Payload], ctx: SignContext, average: bool) -> torch.Tensor:
         """The majority vote (:func:`majority_vote`), whatever ``average`` says: a vote is not a
@@ -102,7 +114,7 @@ class SignSGD(_MajorityVote):
 
     def compress(self, tensor: torch.Tensor, name: str) -> tuple[Payload, Any]:
         ctx = _check(tensor, "SignSGD")
-        return [pack_bits(tensor.reshape(-1) >= 0)], ctx
+        return [_pack_signs(tensor)], ctx
 
 
 class Signum(_MajorityVote):
@@ -139,7 +151,7 @@ class Signum(_MajorityVote):
         # Out of place, so that a skipped step can put the old buffer back.
         buffer = previous * self.momentum + tensor.to(accumulator) * (1.0 - self.momentum)
         self.momentum_buffers[name] = buffer
-        return [pack_bits(buffer.reshape(-1) >= 0)], ctx
+        return [_pack_signs(buffer)], ctx
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(),
@@ -180,12 +192,17 @@ class EFSignSGD(Compressor):
     def compress(self, tensor: torch.Tensor, name: str) -> tuple[Payload, Any]:
         ctx = _check(tensor, "EFSignSGD")
         flat = tensor.reshape(-1)
+        if sign_passes.kernels_apply(flat):
+            packed, nonnegative, negative, _ = sign_passes.pack_and_sum_sides(flat)
+            # sum |x_i| in float64; a NaN on the negative side stays NaN, an inf stays inf.
+            scale = torch.tensor([(nonnegative - negative) / ctx.numel], dtype=tensor.dtype)
+            return [packed, scale], ctx
         scale = torch.mean(flat.abs(), dtype=_accumulator(tensor.dtype)).to(tensor.dtype).reshape(1)
         return [pack_bits(flat >= 0), scale], ctx
 
     def decompress(self, payload: Payload, ctx: SignContext) -> torch.Tensor:
         packed, scale = payload
-        return (_signs(packed, ctx) * scale).view(ctx.shape)
+        return _choose(packed, ctx, scale[0], -scale[0])
 
     def payload_spec(self, numel: int, dtype: torch.dtype) -> list[tuple[int, torch.dtype]]:
         return [(packed_length(numel), torch.uint8), (1, dtype)]
@@ -229,6 +246,11 @@ class OneBit(Compressor):
     def compress(self, tensor: torch.Tensor, name: str) -> tuple[Payload, Any]:
         ctx = _check(tensor, "OneBit")
         flat = tensor.reshape(-1)
+        if sign_passes.kernels_apply(flat):
+            packed, up, down, count = sign_passes.pack_and_sum_sides(flat)
+            # A side with no entry has sum 0 and mean 0.
+            means = torch.tensor([up / max(count, 1), down / max(ctx.numel - count, 1)], dtype=tensor.dtype)
+            return [packed, means], ctx
         nonnegative = flat >= 0
         wide = flat.to(_accumulator(tensor.dtype))
         zero = wide.new_zeros(())
@@ -241,7 +263,7 @@ class OneBit(Compressor):
 
     def decompress(self, payload: Payload, ctx: SignContext) -> torch.Tensor:
         packed, means = payload
-        return torch.where(unpack_bits(packed, ctx.numel), means[0], means[1]).view(ctx.shape)
+        return _choose(packed, ctx, means[0], means[1])
 
     def payload_spec(self, numel: int, dtype: torch.dtype) -> list[tuple[int, torch.dtype]]:
         return [(packed_length(numel), torch.uint8), (2, dtype)]

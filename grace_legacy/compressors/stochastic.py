@@ -188,7 +188,12 @@ def _kernels():
                 code = 1 if u < mantissa * x.dtype.type(math.ldexp(1.0, exponent - bottom)) else 0
             out[i] = code + 0x80 if value < 0 and code > 0 else code
 
-    return sum_of_squares, qsgd, terngrad, largest_finite, natural, scaled, natural_rare
+    @compiled
+    def look_up(codes, table, out):  # pragma: no cover - compiled
+        for i in range(codes.size):
+            out[i] = table[codes[i]]
+
+    return sum_of_squares, qsgd, terngrad, largest_finite, natural, scaled, natural_rare, look_up
 
 
 def _word(key: int) -> np.uint64:
@@ -240,4 +245,11 @@ def scaled_codes(codes: torch.Tensor, scale: float, divisor: int, work: torch.dt
     out = torch.empty(codes.shape, dtype=work)
     dtype = out.numpy().dtype.type
     _kernels()[5](codes.numpy(), dtype(scale), dtype(divisor), out.numpy())
+    return out
+
+
+def look_up(codes: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """``table[codes[i]]`` for every code (uint8 codes, a 256-entry float32 or float64 table)."""
+    out = torch.empty(codes.shape, dtype=table.dtype)
+    _kernels()[7](codes.numpy(), table.numpy(), out.numpy())
     return out

@@ -234,3 +234,22 @@ def test_float32_at_least_is_the_least_float32_not_below(value):
     assert rounded >= value
     below = float(torch.nextafter(as_float32, torch.tensor(float("-inf"))))
     assert below < value or math.isinf(value)
+
+
+@given(case=tensors())
+@settings(max_examples=60, deadline=None)
+def test_natural_decodes_as_its_code_bytes_say(case):
+    values, scale, dtype = case
+    tensor = (torch.tensor(values, dtype=torch.float64) * scale).to(dtype)
+    compressor = Natural(seed=3)
+    payload, ctx = compressor.compress(tensor, "w")
+    top = int(payload[0])
+
+    def value(byte: int) -> float:
+        if byte == NON_FINITE_CODE:
+            return math.nan
+        magnitude = 0.0 if byte & 0x7F == 0 else math.ldexp(1.0, top - NATURAL_SPAN + (byte & 0x7F))
+        return -magnitude if byte & 0x80 else magnitude
+
+    want = torch.tensor([value(b) for b in payload[1].tolist()], dtype=torch.float64).to(dtype).view(tensor.shape)
+    same_bits([compressor.decompress(payload, ctx)], [want])

@@ -1,0 +1,125 @@
+"""Compiled CPU passes of the 1-bit compressors: signs packed as they are read, and unpacked
+straight into the decoded values.
+
+In tensor arithmetic a 1-bit round trip reads and writes the gradient several times: a bool
+tensor of ``x >= 0``, its packing, two masked copies for 1-bit SGD's side sums (or ``|x|`` for
+EF-signSGD's scale), then on the way back the unpacked bits, their conversion and the arithmetic
+that makes ``+-1`` or the side means. Here the way out is one loop that reads each element once,
+packs its bit (element ``i`` is bit ``i % 8`` of byte ``i // 8``, as
+:mod:`~grace_legacy.compressors.bits` lays them out) and, when asked, adds it to its side's sum;
+the way back is one loop that writes each element once.
+
+Float32 and float64 CPU tensors only (the compressors take their tensor path otherwise). Sums are
+kept in float64, in eight partial sums (one per bit position in a byte), added in order at the
+end. numba is imported, and the loops compiled, on first use (then cached on disk beside this
+file), so importing grace_legacy stays cheap.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+import torch
+
+from grace_legacy.compressors.bits import packed_length
+
+COMPILED_DTYPES = (torch.float32, torch.float64)
+
+
+def kernels_apply(tensor: torch.Tensor) -> bool:
+    """Whether the compiled loops handle ``tensor``: a float32 or float64 CPU tensor."""
+    return tensor.device.type == "cpu" and tensor.dtype in COMPILED_DTYPES
+
+
+@functools.cache
+def _kernels():
+    import numba
+
+    compiled = numba.njit(nogil=True, cache=True, boundscheck=False)
+
+    @compiled
+    def pack(x, out):  # pragma: no cover - compiled
+        n = x.size
+        for b in range(n // 8):
+            byte = 0
+            for k in range(8):
+                byte |= (1 if x[8 * b + k] >= 0 else 0) << k
+            out[b] = byte
+        if n % 8:
+            byte = 0
+            for i in range(n - n % 8, n):
+                byte |= (1 if x[i] >= 0 else 0) << (i % 8)
+            out[n // 8] = byte
+
+    @compiled
+    def pack_and_sum_sides(x, out, exact):  # pragma: no cover - compiled
+        # Each byte's eight elements are summed on their own, then the bytes in order. Without
+        # `exact` the sides come from value +- |value| (twice the value on its side, 0 on the
+        # other, both exact), with no select, which numba compiles to a slow branch; that holds
+        # for finite sums only, so a non-finite result is retaken with `exact`, which selects.
+        n = x.size
+        up_total = down_total = 0.0
+        count = 0
+        for b in range((n + 7) // 8):
+            byte = 0
+            up = down = 0.0
+            for i in range(8 * b, min(8 * b + 8, n)):
+                value = np.float64(x[i])
+                nonnegative = value >= 0  # NaN is negative, as in pack
+                byte |= (1 if nonnegative else 0) << (i % 8)
+                count += nonnegative
+                if exact:
+                    up += value if nonnegative else 0.0
+                    down += 0.0 if nonnegative else value
+                else:
+                    up += value + abs(value)
+                    down += value - abs(value)
+            out[b] = byte
+            up_total += up
+            down_total += down
+        if exact:
+            return up_total, down_total, count
+        return 0.5 * up_total, 0.5 * down_total, count
+
+    @compiled
+    def choose(packed, if_set, if_clear, out):  # pragma: no cover - compiled
+        n = out.size
+        for b in range(n // 8):
+            byte = packed[b]
+            for k in range(8):
+                out[8 * b + k] = if_set if (byte >> k) & 1 else if_clear
+        for i in range(n - n % 8, n):
+            out[i] = if_set if (packed[i // 8] >> (i % 8)) & 1 else if_clear
+
+    return pack, pack_and_sum_sides, choose
+
+
+def pack_nonnegative(x: torch.Tensor) -> torch.Tensor:
+    """The packed bits of ``x >= 0`` (flat), as :func:`~grace_legacy.compressors.bits.pack_bits`
+    would give them."""
+    out = torch.empty(packed_length(x.numel()), dtype=torch.uint8)
+    _kernels()[0](x.reshape(-1).numpy(), out.numpy())
+    return out
+
+
+def pack_and_sum_sides(x: torch.Tensor) -> tuple[torch.Tensor, float, float, int]:
+    """``(bits, nonnegative_sum, negative_sum, nonnegative_count)`` of ``x`` (flat): the packed
+    bits of ``x >= 0``, the float64 sums of the elements on each side (NaN counts as negative),
+    and how many are non-negative."""
+    out = torch.empty(packed_length(x.numel()), dtype=torch.uint8)
+    array = x.reshape(-1).numpy()
+    up, down, count = _kernels()[1](array, out.numpy(), False)
+    if not (math.isfinite(up) and math.isfinite(down)):  # inf or NaN in x, or an overflow
+        up, down, count = _kernels()[1](array, out.numpy(), True)
+    return out, up, down, count
+
+
+def choose(packed: torch.Tensor, numel: int, if_set: float, if_clear: float, dtype: torch.dtype) -> torch.Tensor:
+    """A flat ``dtype`` (float32 or float64) tensor of ``numel`` elements: ``if_set`` where the
+    packed bit is 1, ``if_clear`` where it is 0 (both already values of ``dtype``)."""
+    out = torch.empty(numel, dtype=dtype)
+    array = out.numpy()
+    _kernels()[2](packed.numpy(), array.dtype.type(if_set), array.dtype.type(if_clear), array)
+    return out
