@@ -149,9 +149,13 @@ class Signum(_MajorityVote):
         if previous is None:
             previous = torch.zeros(tensor.shape, dtype=accumulator, device=tensor.device)
         # Out of place, so that a skipped step can put the old buffer back.
-        buffer = previous * self.momentum + tensor.to(accumulator) * (1.0 - self.momentum)
+        if sign_passes.kernels_apply(tensor) and previous.is_contiguous():
+            buffer, packed = sign_passes.momentum_step(previous, tensor, self.momentum)
+        else:
+            buffer = previous * self.momentum + tensor.to(accumulator) * (1.0 - self.momentum)
+            packed = _pack_signs(buffer)
         self.momentum_buffers[name] = buffer
-        return [_pack_signs(buffer)], ctx
+        return [packed], ctx
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(),

@@ -84,6 +84,19 @@ def _kernels():
         return 0.5 * up_total, 0.5 * down_total, count
 
     @compiled
+    def momentum_step(previous, gradient, keep, take, out, packed):  # pragma: no cover - compiled
+        # out = previous * keep + gradient * take in out's dtype, as the tensor expression rounds
+        # it (each product, then the sum; no fused multiply-add), and its signs packed.
+        n = out.size
+        for b in range((n + 7) // 8):
+            byte = 0
+            for i in range(8 * b, min(8 * b + 8, n)):
+                value = previous[i] * keep + out.dtype.type(gradient[i]) * take
+                out[i] = value
+                byte |= (1 if value >= 0 else 0) << (i % 8)
+            packed[b] = byte
+
+    @compiled
     def choose(packed, if_set, if_clear, out):  # pragma: no cover - compiled
         n = out.size
         for b in range(n // 8):
@@ -93,7 +106,7 @@ def _kernels():
         for i in range(n - n % 8, n):
             out[i] = if_set if (packed[i // 8] >> (i % 8)) & 1 else if_clear
 
-    return pack, pack_and_sum_sides, choose
+    return pack, pack_and_sum_sides, choose, momentum_step
 
 
 def pack_nonnegative(x: torch.Tensor) -> torch.Tensor:
@@ -123,3 +136,15 @@ def choose(packed: torch.Tensor, numel: int, if_set: float, if_clear: float, dty
     array = out.numpy()
     _kernels()[2](packed.numpy(), array.dtype.type(if_set), array.dtype.type(if_clear), array)
     return out
+
+
+def momentum_step(previous: torch.Tensor, gradient: torch.Tensor, momentum: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(buffer, bits)``: the new momentum ``previous * momentum + gradient * (1 - momentum)``
+    (a fresh tensor in ``previous``'s dtype and shape, rounded as that tensor expression is) and
+    the packed bits of ``buffer >= 0``."""
+    buffer = torch.empty_like(previous)
+    packed = torch.empty(packed_length(buffer.numel()), dtype=torch.uint8)
+    work = buffer.numpy().dtype.type
+    _kernels()[3](previous.reshape(-1).numpy(), gradient.reshape(-1).numpy(), work(momentum), work(1.0 - momentum),
+                  buffer.reshape(-1).numpy(), packed.numpy())
+    return buffer, packed

@@ -602,3 +602,18 @@ def test_compiled_passes_send_and_decode_as_the_tensor_arithmetic(values, dtype,
     numbers = ~decoded.isnan()
     assert torch.equal(decoded[numbers], decoded_by_tensors[numbers])
     assert torch.equal(decoded[numbers].signbit(), decoded_by_tensors[numbers].signbit())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("momentum", [0.0, 0.9, 0.37])
+def test_signum_compiled_step_is_the_tensor_expression_bit_for_bit(dtype, momentum, monkeypatch):
+    g = torch.Generator().manual_seed(11)
+    steps = [torch.randn(3, 37, generator=g, dtype=dtype) * 10.0**e for e in (0, -20, 5, 0)]
+    compiled, by_tensors = Signum(momentum), Signum(momentum)
+    for x in steps:
+        sent = compiled.compress(x.t(), "w")[0]  # a strided gradient too
+        with pytest.MonkeyPatch.context() as patch:
+            tensor_way(patch)
+            sent_by_tensors = by_tensors.compress(x.t(), "w")[0]
+        assert torch.equal(sent[0], sent_by_tensors[0])
+        assert torch.equal(compiled.momentum_buffers["w"], by_tensors.momentum_buffers["w"])
