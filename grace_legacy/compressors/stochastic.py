@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -76,6 +77,48 @@ def _kernels():
             v = np.float64(x[i])
             s0 += v * v
         return (s0 + s1) + (s2 + s3)
+
+    @compiled
+    def spread(x):  # pragma: no cover - compiled
+        # Two passes in float64, four partial sums each: the mean (with the extremes), then the
+        # squared deviations from it.
+        n = x.size
+        whole = n - n % 4
+        s0 = s1 = s2 = s3 = 0.0
+        lowest = highest = np.float64(x[0])
+        for i in range(0, whole, 4):
+            v0, v1, v2, v3 = np.float64(x[i]), np.float64(x[i + 1]), np.float64(x[i + 2]), np.float64(x[i + 3])
+            s0 += v0
+            s1 += v1
+            s2 += v2
+            s3 += v3
+            # Comparisons, not min and max: numba's float min and max test for NaN at every call.
+            for v in (v0, v1, v2, v3):
+                if v < lowest:
+                    lowest = v
+                if v > highest:
+                    highest = v
+        for i in range(whole, n):
+            v = np.float64(x[i])
+            s0 += v
+            if v < lowest:
+                lowest = v
+            if v > highest:
+                highest = v
+        mean = ((s0 + s1) + (s2 + s3)) / n
+        s0 = s1 = s2 = s3 = 0.0
+        for i in range(0, whole, 4):
+            d0, d1 = np.float64(x[i]) - mean, np.float64(x[i + 1]) - mean
+            d2, d3 = np.float64(x[i + 2]) - mean, np.float64(x[i + 3]) - mean
+            s0 += d0 * d0
+            s1 += d1 * d1
+            s2 += d2 * d2
+            s3 += d3 * d3
+        for i in range(whole, n):
+            d = np.float64(x[i]) - mean
+            s0 += d * d
+        variance = ((s0 + s1) + (s2 + s3)) / n
+        return np.sqrt(variance), lowest, highest, variance != variance
 
     @numba.njit(inline="always")
     def qsgd_level(value, u, norm, s, one):  # pragma: no cover - compiled
@@ -193,7 +236,9 @@ def _kernels():
         for i in range(codes.size):
             out[i] = table[codes[i]]
 
-    return sum_of_squares, qsgd, terngrad, largest_finite, natural, scaled, natural_rare, look_up
+    return SimpleNamespace(sum_of_squares=sum_of_squares, spread=spread, qsgd=qsgd, terngrad=terngrad,
+                           largest_finite=largest_finite, natural=natural, natural_rare=natural_rare,
+                           scaled=scaled, look_up=look_up)
 
 
 def _word(key: int) -> np.uint64:
@@ -204,19 +249,29 @@ def sum_of_squares(x: torch.Tensor) -> float:
     """The sum of the float64 squares of ``x``'s elements: four partial sums of the elements at
     positions 0, 1, 2, 3 modulo 4 (the last ``n % 4`` go to the first), in element order,
     added as ``(s0 + s1) + (s2 + s3)``."""
-    return _kernels()[0](x.numpy())
+    return _kernels().sum_of_squares(x.numpy())
+
+
+def spread(x: torch.Tensor) -> tuple[float, float, float]:
+    """``(sigma, lowest, highest)`` of ``x``'s elements: the standard deviation about the mean
+    (dividing by n), from two float64 passes, and the extremes; all three NaN if an element is
+    NaN (sigma is NaN also when one is infinite)."""
+    sigma, lowest, highest, not_finite = _kernels().spread(x.numpy())
+    if not_finite and bool(torch.isnan(x).any()):  # the extremes skip NaN
+        return math.nan, math.nan, math.nan
+    return sigma, lowest, highest
 
 
 def qsgd_levels(x: torch.Tensor, norm: float, s: int, key: int, out: torch.Tensor) -> None:
     """QSGD's signed levels of ``x`` into ``out`` (see :class:`~grace_legacy.QSGD`)."""
     work = x.numpy().dtype.type
-    _kernels()[1](x.numpy(), work(norm), work(s), _word(key), out.numpy())
+    _kernels().qsgd(x.numpy(), work(norm), work(s), _word(key), out.numpy())
 
 
 def terngrad_digits(x: torch.Tensor, bound: float, scale: float, key: int, out: torch.Tensor) -> None:
     """TernGrad's ternary digits of ``x`` clipped to ``[-bound, bound]`` into ``out``."""
     work = x.numpy().dtype.type
-    _kernels()[2](x.numpy(), work(bound), work(scale), _word(key), out.numpy())
+    _kernels().terngrad(x.numpy(), work(bound), work(scale), _word(key), out.numpy())
 
 
 def _bits(x: np.ndarray) -> np.ndarray:
@@ -226,7 +281,7 @@ def _bits(x: np.ndarray) -> np.ndarray:
 def largest_finite_magnitude(x: torch.Tensor) -> float:
     """The largest finite ``|x_i|`` (0 when there is none); NaN is skipped."""
     array = x.numpy()
-    largest = _kernels()[3](array, _bits(array))
+    largest = _kernels().largest_finite(array, _bits(array))
     return float(np.array(largest, dtype=_bits(array).dtype).view(array.dtype))
 
 
@@ -235,8 +290,8 @@ def natural_codes(x: torch.Tensor, bottom: int, key: int, out: torch.Tensor) -> 
     ``out`` (uint8), for the covered range's lowest exponent ``bottom``."""
     array, codes = x.numpy(), out.numpy()
     kernels = _kernels()
-    if kernels[4](array, _bits(array), bottom, _word(key), codes):
-        kernels[6](array, _bits(array), bottom, _word(key), codes)
+    if kernels.natural(array, _bits(array), bottom, _word(key), codes):
+        kernels.natural_rare(array, _bits(array), bottom, _word(key), codes)
 
 
 def scaled_codes(codes: torch.Tensor, scale: float, divisor: int, work: torch.dtype) -> torch.Tensor:
@@ -244,12 +299,12 @@ def scaled_codes(codes: torch.Tensor, scale: float, divisor: int, work: torch.dt
     the decoding of QSGD (divisor: the levels) and TernGrad (divisor 1)."""
     out = torch.empty(codes.shape, dtype=work)
     dtype = out.numpy().dtype.type
-    _kernels()[5](codes.numpy(), dtype(scale), dtype(divisor), out.numpy())
+    _kernels().scaled(codes.numpy(), dtype(scale), dtype(divisor), out.numpy())
     return out
 
 
 def look_up(codes: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     """``table[codes[i]]`` for every code (uint8 codes, a 256-entry float32 or float64 table)."""
     out = torch.empty(codes.shape, dtype=table.dtype)
-    _kernels()[7](codes.numpy(), table.numpy(), out.numpy())
+    _kernels().look_up(codes.numpy(), table.numpy(), out.numpy())
     return out

@@ -80,9 +80,9 @@ def qsgd_formula(tensor: torch.Tensor, s: int, draw: torch.Tensor, work: torch.d
 
 
 def terngrad_formula(tensor: torch.Tensor, draw: torch.Tensor, work: torch.dtype) -> list[torch.Tensor]:
+    """With the bound TernGrad computed (its sigma is checked on its own)."""
     x = tensor.reshape(-1).to(work)
-    constant = x.amax() == x.amin()
-    bound = torch.where(constant, float("inf"), CLIP_SIGMAS * torch.std(x, correction=0))
+    bound = torch.tensor(TernGrad().clip_bound(x)[0], dtype=work)
     clipped = torch.where(x > bound, bound, torch.where(x < -bound, -bound, x))
     # minimum propagates NaN: any NaN, or an inf that makes sigma NaN, gives a NaN scale.
     scale = torch.tensor(float32_at_least(torch.minimum(x.abs().amax(), bound).item()))
@@ -162,6 +162,30 @@ def test_qsgd_norm_of_float64_elements_whose_squares_underflow(values, levels):
     assert sent[0][0] > 0
     assert_sent_norm(sent[0][0], tensor)
     assert_follows(QSGD(levels, seed=5), case, lambda t, d, w: qsgd_formula(t, levels, d, w, sent[0][0]))
+
+
+@given(case=tensors())
+@settings(max_examples=150, deadline=None)
+def test_terngrad_clips_at_two_and_a_half_sigma_of_the_exact_spread(case):
+    values, scale, dtype = case
+    x = (torch.tensor(values, dtype=torch.float64) * scale).to(dtype).to(work_dtype(dtype))
+    bound, largest = TernGrad().clip_bound(x)
+    exact = [Fraction(v) for v in x.double().tolist()] if bool(x.isfinite().all()) else None
+    if bool(x.isnan().any()):
+        assert math.isnan(bound) and math.isnan(largest)
+        return
+    assert largest == float(x.abs().max())
+    if exact is None:  # an infinity: sigma is NaN unless every element is the same
+        assert math.isnan(bound) or (bound == math.inf and bool((x == x[0]).all()))
+        return
+    if len(set(exact)) == 1:
+        assert bound == math.inf
+        return
+    mean = sum(exact) / len(exact)
+    sigma = math.sqrt(sum((v - mean) ** 2 for v in exact) / len(exact))
+    want = float(torch.tensor(CLIP_SIGMAS * sigma, dtype=torch.float64).to(x.dtype))
+    # Float32 sums of squares (torch.std) may lose a few bits more than float64 passes.
+    assert bound == pytest.approx(want, rel=1e-5 if x.dtype == torch.float32 else 1e-12)
 
 
 @given(case=tensors())
