@@ -263,8 +263,10 @@ class Compressor(ABC):
     :meth:`next_round` turns it into round ``r + 1``'s local payload (PowerSGD: P, then Q).
 
     Randomness: stochastic compressors draw from :meth:`generator`, a private generator seeded
-    from ``(seed, rank, name, step)``, never from the global RNG, so a run is reproducible and a
-    test can replay any rank's draws. ``rank`` is set by the bundle that runs the compressor.
+    from ``(seed, rank, name, step)``, or (the quantizers, for speed) from counter-based draws of
+    the same key (:mod:`grace_legacy.compressors.draws`); never from the global RNG, so a run is
+    reproducible and a test can replay any rank's draws. ``rank`` is set by the bundle that runs
+    the compressor.
     """
 
     knob: ClassVar[Knob | None] = None

@@ -102,7 +102,7 @@ def test_qsgd_is_unbiased_within_its_variance_bound(levels):
     assert_mse_within(decoded, target, width, bound)
 
 
-def test_qsgd_levels_are_the_floor_or_ceiling_drawn_from_the_private_generator():
+def test_qsgd_levels_are_the_floor_or_ceiling_drawn_from_the_steps_own_key():
     x = spread_vector(300, seed=1)
     compressor = QSGD(16, seed=5)
     compressor.set_rank(3)
