@@ -212,27 +212,30 @@ def test_natural_below_the_range_follows_its_formula(dtype):
         same_bits(payload, natural_formula(tensor, draws(compressor, "w", step, tensor, dtype), dtype))
 
 
+def compressed(case, compressor):
+    """``(tensor, payload, ctx)``: the case's tensor and what ``compressor`` makes of it."""
+    values, scale, dtype = case
+    tensor = (torch.tensor(values, dtype=torch.float64) * scale).to(dtype)
+    return (tensor, *compressor.compress(tensor, "w"))
+
+
 @given(case=tensors(), levels=st.sampled_from([1, 16, 128, 2**25]))
 @settings(max_examples=60, deadline=None)
 def test_qsgd_decodes_as_its_formula(case, levels):
-    values, scale, dtype = case
-    tensor = (torch.tensor(values, dtype=torch.float64) * scale).to(dtype)
     compressor = QSGD(levels, seed=3)
-    payload, ctx = compressor.compress(tensor, "w")
+    tensor, payload, ctx = compressed(case, compressor)
     norm, signed = payload
-    want = (norm.to(ctx.work) * (signed.to(ctx.work) / levels)).to(dtype).view(tensor.shape)
+    want = (norm.to(ctx.work) * (signed.to(ctx.work) / levels)).to(ctx.dtype).view(tensor.shape)
     same_bits([compressor.decompress(payload, ctx)], [want])
 
 
 @given(case=tensors())
 @settings(max_examples=60, deadline=None)
 def test_terngrad_decodes_as_its_formula(case):
-    values, scale, dtype = case
-    tensor = (torch.tensor(values, dtype=torch.float64) * scale).to(dtype)
     compressor = TernGrad(seed=3)
-    payload, ctx = compressor.compress(tensor, "w")
+    tensor, payload, ctx = compressed(case, compressor)
     scale_sent, ternary = payload
-    want = (scale_sent.to(ctx.work) * ternary.to(ctx.work)).to(dtype).view(tensor.shape)
+    want = (scale_sent.to(ctx.work) * ternary.to(ctx.work)).to(ctx.dtype).view(tensor.shape)
     same_bits([compressor.decompress(payload, ctx)], [want])
 
 
@@ -263,10 +266,8 @@ def test_float32_at_least_is_the_least_float32_not_below(value):
 @given(case=tensors())
 @settings(max_examples=60, deadline=None)
 def test_natural_decodes_as_its_code_bytes_say(case):
-    values, scale, dtype = case
-    tensor = (torch.tensor(values, dtype=torch.float64) * scale).to(dtype)
     compressor = Natural(seed=3)
-    payload, ctx = compressor.compress(tensor, "w")
+    tensor, payload, ctx = compressed(case, compressor)
     top = int(payload[0])
 
     def value(byte: int) -> float:
@@ -275,5 +276,5 @@ def test_natural_decodes_as_its_code_bytes_say(case):
         magnitude = 0.0 if byte & 0x7F == 0 else math.ldexp(1.0, top - NATURAL_SPAN + (byte & 0x7F))
         return -magnitude if byte & 0x80 else magnitude
 
-    want = torch.tensor([value(b) for b in payload[1].tolist()], dtype=torch.float64).to(dtype).view(tensor.shape)
+    want = torch.tensor([value(b) for b in payload[1].tolist()], dtype=torch.float64).to(ctx.dtype).view(tensor.shape)
     same_bits([compressor.decompress(payload, ctx)], [want])
