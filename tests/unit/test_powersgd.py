@@ -100,3 +100,17 @@ def test_bytes_and_memory():
 def test_invalid_rank(bad):
     with pytest.raises(ValueError, match="PowerSGD: rank must be an integer >= 1"):
         PowerSGD(bad)
+
+
+@pytest.mark.parametrize("shape", [(64, 3, 3, 3), (300, 40), (40, 300)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_second_round_sends_the_matrix_transposed_times_the_orthonormal_basis(shape, dtype):
+    """Q_w = M_w^T P^, computed as (P^T M)^T for speed: the same matrix, contiguous."""
+    compressor = PowerSGD(4)
+    grad = torch.randn(shape, dtype=dtype, generator=torch.Generator().manual_seed(1))
+    payload, ctx = compressor.compress(grad, "w")
+    (q,), ctx = compressor.next_round(payload, ctx)
+    assert q.is_contiguous() and q.dtype == dtype
+    matrix = grad.reshape(shape[0], -1)
+    torch.testing.assert_close(q, matrix.t() @ ctx.p_hat)
+    torch.testing.assert_close(ctx.p_hat.t() @ ctx.p_hat, torch.eye(4, dtype=dtype))
