@@ -10,8 +10,8 @@ packs its bit (element ``i`` is bit ``i % 8`` of byte ``i // 8``, as
 the way back is one loop that writes each element once.
 
 Float32 and float64 CPU tensors only (the compressors take their tensor path otherwise). Sums are
-kept in float64, in eight partial sums (one per bit position in a byte), added in order at the
-end. numba is imported, and the loops compiled, on first use (then cached on disk beside this
+kept in float64: each byte's eight elements are summed on their own, then the bytes in order.
+numba is imported, and the loops compiled, on first use (then cached on disk beside this
 file), so importing grace_legacy stays cheap.
 """
 

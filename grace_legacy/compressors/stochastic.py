@@ -6,9 +6,10 @@ is a single loop that reads an element, draws its number (:mod:`~grace_legacy.co
 computed inline) and writes its code, with the same float32 or float64 operations in the same
 order as the tensor formulas, so the codes are bit for bit theirs (tested against them).
 
-Every loop takes the flat gradient in its work dtype (float32 or float64) and a scale the caller
-has checked usable (finite and positive), so every element is finite; the caller fills the codes
-with zeros otherwise. numba is imported, and the loops compiled, on first use (then cached on disk
+Every loop takes the flat gradient in its work dtype (float32 or float64). QSGD's and TernGrad's
+also take a scale the caller has checked usable (finite and positive), so every element is
+finite; the caller fills the codes with zeros otherwise. Natural's handles every element, inf
+and NaN included. numba is imported, and the loops compiled, on first use (then cached on disk
 beside this file), so importing grace_legacy stays cheap.
 """
 
