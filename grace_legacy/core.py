@@ -297,13 +297,16 @@ class Compressor(ABC):
 
     def generator(self, seed: int, name: str, step: int, *, per_rank: bool = True,
                   device: torch.device | str = "cpu") -> torch.Generator:
-        """A fresh generator for tensor ``name`` at its ``step``, seeded with
-        ``derived_seed(seed, rank, name, step)``; without ``per_rank``, with
-        ``derived_seed(seed, name, step)`` so that every rank draws the same numbers."""
+        """A fresh generator for tensor ``name`` at its ``step``, seeded with :meth:`step_seed`."""
         generator = torch.Generator(device=device)
-        parts = (seed, self.rank, name, step) if per_rank else (seed, name, step)
-        generator.manual_seed(derived_seed(*parts))
+        generator.manual_seed(self.step_seed(seed, name, step, per_rank=per_rank))
         return generator
+
+    def step_seed(self, seed: int, name: str, step: int, *, per_rank: bool = True) -> int:
+        """``derived_seed(seed, rank, name, step)``; without ``per_rank``,
+        ``derived_seed(seed, name, step)``, so that every rank draws the same numbers."""
+        parts = (seed, self.rank, name, step) if per_rank else (seed, name, step)
+        return derived_seed(*parts)
 
     # -- the knob ---------------------------------------------------------------------------
     @property

@@ -41,7 +41,7 @@ import torch
 
 from grace_legacy.compressors import stochastic
 from grace_legacy.compressors.draws import uniform
-from grace_legacy.core import Compressor, Knob, Memory, Payload, check_gradient, derived_seed
+from grace_legacy.core import Compressor, Knob, Memory, Payload, check_gradient
 
 LEVELS = Knob("levels", low=1, high=2**31 - 1, integer=True)
 
@@ -94,7 +94,7 @@ def _round_to(value: float, work: torch.dtype) -> float:
 
 def draw_key(compressor: Compressor, seed: int, name: str) -> int:
     """The key of this step's draws for tensor ``name``; counts the step."""
-    return derived_seed(seed, compressor.rank, name, compressor.next_step(name))
+    return compressor.step_seed(seed, name, compressor.next_step(name))
 
 
 def _usable(scale: float) -> bool:
