@@ -273,15 +273,18 @@ class TernGrad(Compressor):
     def clip_bound(self, x: torch.Tensor) -> tuple[float, float]:
         """``(bound, largest)`` of flat ``x`` (in the work dtype): the clipping bound
         ``2.5 * sigma`` rounded to the work dtype (inf for an all-equal tensor), and the largest
-        ``|x_i|``; both NaN when an element is NaN. Sigma divides by n: on a CPU it comes from two
-        float64 passes (:func:`~grace_legacy.compressors.stochastic.spread`) rounded to the work
-        dtype, elsewhere from ``torch.std``, so the two may differ in its last bit."""
+        ``|x_i|``; both NaN when an element is NaN. Sigma divides by n and is taken in float64
+        (a float32 sum of squares overflows where sigma itself fits), then rounded to the work
+        dtype: on a CPU from two passes (:func:`~grace_legacy.compressors.stochastic.spread`),
+        elsewhere from ``torch.std``, so the two may differ in its last bit."""
         if stochastic.kernels_apply(x):
             sigma, lowest, highest = stochastic.spread(x)
-            sigma = _round_to(sigma, x.dtype)
         else:
             lowest, highest = torch.aminmax(x)
-            sigma, lowest, highest = torch.stack([torch.std(x, correction=0), lowest, highest]).tolist()
+            wide = x.to(torch.float64)
+            sigma, lowest, highest = torch.stack([torch.std(wide, correction=0), lowest.to(wide.dtype),
+                                                  highest.to(wide.dtype)]).tolist()
+        sigma = _round_to(sigma, x.dtype)
         # Compared exactly, not as sigma == 0: a rounded sigma of an all-equal tensor may not be 0.
         bound = _INF if highest == lowest else _round_to(CLIP_SIGMAS * sigma, x.dtype)
         largest = math.nan if math.isnan(lowest) or math.isnan(highest) else max(abs(lowest), abs(highest))
