@@ -23,6 +23,8 @@ import functools
 
 import numpy as np
 
+from grace_legacy.compressors import compiled as _compiled
+
 #: Candidates room is made for before the count is known, at least (a second pass is needed only
 #: when more than the caller's estimate, and more than this, are found).
 MIN_ROOM = 1024
@@ -33,9 +35,7 @@ BINS = 2048
 
 @functools.cache
 def _kernels():
-    import numba
-
-    compiled = numba.njit(nogil=True, cache=True, boundscheck=False)
+    compiled = _compiled.loop()
 
     @compiled
     def at_or_above(bits, mask, lower, positions, magnitudes):  # pragma: no cover - compiled

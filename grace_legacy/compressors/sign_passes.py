@@ -23,21 +23,21 @@ import math
 import numpy as np
 import torch
 
+from grace_legacy.compressors import compiled as _compiled
 from grace_legacy.compressors.bits import packed_length
 
 COMPILED_DTYPES = (torch.float32, torch.float64)
 
 
 def kernels_apply(tensor: torch.Tensor) -> bool:
-    """Whether the compiled loops handle ``tensor``: a float32 or float64 CPU tensor."""
-    return tensor.device.type == "cpu" and tensor.dtype in COMPILED_DTYPES
+    """Whether the compiled loops handle ``tensor``: a float32 or float64 CPU tensor (while
+    :data:`grace_legacy.compressors.compiled.ENABLED`)."""
+    return _compiled.applies(tensor, COMPILED_DTYPES)
 
 
 @functools.cache
 def _kernels():
-    import numba
-
-    compiled = numba.njit(nogil=True, cache=True, boundscheck=False)
+    compiled = _compiled.loop()
 
     @compiled
     def pack(x, out):  # pragma: no cover - compiled

@@ -22,15 +22,14 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
+from grace_legacy.compressors import compiled as _compiled
 from grace_legacy.compressors.draws import GAMMA, MIX1, MIX2
-
-#: The flag :func:`kernels_apply` reads: tests clear it to hold the tensor formulas on a CPU too.
-ENABLED = True
 
 
 def kernels_apply(tensor: torch.Tensor) -> bool:
-    """Whether the compiled loops handle ``tensor`` (a CPU tensor while :data:`ENABLED`)."""
-    return ENABLED and tensor.device.type == "cpu"
+    """Whether the compiled loops handle ``tensor``: any CPU tensor, which the quantizers convert
+    to float32 or float64 first (while :data:`grace_legacy.compressors.compiled.ENABLED`)."""
+    return _compiled.applies(tensor)
 
 
 def _single(x):  # pragma: no cover - replaced in compiled code, see _kernels
@@ -52,7 +51,7 @@ def _kernels():
         single = x.dtype.bitwidth == 32
         return lambda x: single
 
-    compiled = numba.njit(nogil=True, cache=True, boundscheck=False)
+    compiled = _compiled.loop()
     gamma, mix1, mix2 = np.uint64(GAMMA), np.uint64(MIX1), np.uint64(MIX2)
 
     @numba.njit(inline="always")

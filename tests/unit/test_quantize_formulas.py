@@ -16,7 +16,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from grace_legacy import QSGD, Natural, TernGrad
-from grace_legacy.compressors import stochastic
+from grace_legacy.compressors import compiled
 from grace_legacy.compressors.draws import uniform
 from grace_legacy.compressors.quantize import (
     CLIP_SIGMAS,
@@ -40,7 +40,7 @@ def work_dtype(dtype: torch.dtype) -> torch.dtype:
 def way(request, monkeypatch):
     """Every test here runs twice: with the compiled CPU passes, and with the tensor arithmetic
     other devices use."""
-    monkeypatch.setattr(stochastic, "ENABLED", request.param == "compiled")
+    monkeypatch.setattr(compiled, "ENABLED", request.param == "compiled")
     return request.param
 
 
