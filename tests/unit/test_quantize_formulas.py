@@ -10,13 +10,14 @@ from __future__ import annotations
 import math
 from fractions import Fraction
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from grace_legacy import QSGD, Natural, TernGrad
-from grace_legacy.compressors import compiled
+from grace_legacy.compressors import compiled, stochastic
 from grace_legacy.compressors.draws import uniform
 from grace_legacy.compressors.quantize import (
     CLIP_SIGMAS,
@@ -136,6 +137,23 @@ def assert_follows(compressor, case, formula, work=None) -> None:
     payload, _ = compressor.compress(tensor, "w")
     same_bits(payload, formula(tensor, draws(compressor, "w", 0, tensor, work), work))
     same_bits([tensor], [original])
+
+
+def test_the_loops_dtype_test_is_decided_when_they_compile():
+    # The loops branch on _single(x) for the float32 or float64 layout; it must answer for the
+    # array's type, and be usable where the loops are.
+    import numba
+
+    stochastic._kernels()  # defines _single for compiled code
+
+    @numba.njit
+    def single(x):
+        return stochastic._single(x)
+
+    assert single(np.zeros(3, np.float32)) is True
+    assert single(np.zeros(3, np.float64)) is False
+    with pytest.raises(NotImplementedError):
+        stochastic._single(np.zeros(3, np.float32))
 
 
 @given(case=tensors(), levels=st.sampled_from([1, 2, 16, 127, 128, 40_000, 2**25]))
