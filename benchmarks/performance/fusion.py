@@ -12,7 +12,9 @@ its own (``bucket_bytes=0``: one packed allgather per tensor), fused buckets (64
 reference, Horovod's own dense allreduce of the same gradients. Each timing is the slowest
 rank's, per iteration; the table reports the median. The fused way is then run again in
 iterations of its own, timed phase by phase (packing and submitting, waiting for the allgather,
-unpacking and aggregating), to show where its time goes.
+unpacking and aggregating), to show where its time goes. Every way, the references included,
+waits for its collectives asleep (:func:`grace_legacy.backends.horovod.synchronize`, as
+grace_legacy's backend does), so that only the exchange differs.
 
 Last, in this one process and with no collective, the CPU work of a bucket is timed both ways the
 library can lay it out, interleaved: *by part* (every member's values, then every member's
@@ -64,7 +66,7 @@ def worker(args: argparse.Namespace) -> None:
     import torch
 
     from grace_legacy import TopK
-    from grace_legacy.backends.horovod import HorovodBackend
+    from grace_legacy.backends.horovod import HorovodBackend, synchronize
     from grace_legacy.communicators.fusion import BucketPlan, Flight, FusedExchange, Member
     from grace_legacy.compressors.sparsify import SparseContext
 
@@ -117,7 +119,7 @@ def worker(args: argparse.Namespace) -> None:
         out = []
         for n, values, indices in handles:
             ctx: SparseContext = compressed[n][1]
-            values, indices = hvd.synchronize(values), hvd.synchronize(indices)
+            values, indices = synchronize(values), synchronize(indices)
             total = torch.zeros(ctx.numel, dtype=ctx.dtype)
             for rank_values, rank_indices in zip(values.chunk(hvd.size()), indices.chunk(hvd.size()), strict=True):
                 total += compressor.decompress([rank_values, rank_indices], ctx).view(-1)
@@ -133,7 +135,7 @@ def worker(args: argparse.Namespace) -> None:
 
     def dense():
         handles = [hvd.allreduce_async(grads[n], name=f"dense.{n}", op=hvd.Average) for n in order]
-        return [hvd.synchronize(h) for h in handles]
+        return [synchronize(h) for h in handles]
 
     ways = {GRACE: grace_reference, PER_TENSOR: per_tensor,
             "fused": fused, "dense allreduce (Horovod)": dense}
@@ -146,12 +148,12 @@ def worker(args: argparse.Namespace) -> None:
     barrier = torch.zeros(1)
     for iteration in range(args.warmup + args.iterations):
         for way, run in ways.items():
-            hvd.allreduce(barrier, name="barrier")
+            synchronize(hvd.allreduce_async(barrier, name="barrier"))
             before = backend.collectives
             start = time.perf_counter()
             run()
             elapsed = torch.tensor([time.perf_counter() - start])
-            slowest = hvd.allreduce(elapsed, name="slowest", op=hvd.Max).item()
+            slowest = synchronize(hvd.allreduce_async(elapsed, name="slowest", op=hvd.Max)).item()
             counts[way] = {"dense allreduce (Horovod)": len(order), GRACE: 2 * len(order)}.get(
                 way, backend.collectives - before)
             if iteration >= args.warmup:
@@ -160,14 +162,14 @@ def worker(args: argparse.Namespace) -> None:
     # would disturb it): each phase's slowest rank.
     phases: dict[str, list[float]] = {phase: [] for phase in PHASES}
     for iteration in range(args.warmup + args.iterations):
-        hvd.allreduce(barrier, name="barrier")
+        synchronize(hvd.allreduce_async(barrier, name="barrier"))
         backend.waiting = 0.0
         start, packed_at = time.perf_counter(), []
         fused(packed_at)
         total = time.perf_counter() - start
         packing = packed_at[0] - start
         spent = [packing, backend.waiting, total - packing - backend.waiting]
-        slowest = hvd.allreduce(torch.tensor(spent), name="slowest phases", op=hvd.Max).tolist()
+        slowest = synchronize(hvd.allreduce_async(torch.tensor(spent), name="slowest phases", op=hvd.Max)).tolist()
         if iteration >= args.warmup:
             for phase, seconds in zip(PHASES, slowest, strict=True):
                 phases[phase].append(seconds)

@@ -84,6 +84,7 @@ def worker(args: argparse.Namespace) -> None:
 
     import grace_legacy  # noqa: F401  (routes grace_legacy compression through hvd.DistributedOptimizer)
     from grace_legacy import Grace, Residual, TopK
+    from grace_legacy.backends.horovod import synchronize
 
     hvd.init()
     torch.set_num_threads(1)
@@ -109,7 +110,8 @@ def worker(args: argparse.Namespace) -> None:
         nn.functional.cross_entropy(model(x), y).backward()
         opt.step()
         elapsed = torch.tensor([time.perf_counter() - start])
-        return hvd.allreduce(elapsed, name="slowest", op=hvd.Max).item()
+        # Asleep, as grace_legacy waits: a spinning rank would slow the others' next step.
+        return synchronize(hvd.allreduce_async(elapsed, name="slowest", op=hvd.Max)).item()
 
     for _ in range(args.warmup):
         for arm in arms:

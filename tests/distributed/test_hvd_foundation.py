@@ -16,6 +16,9 @@ def test_synchronized_gradients_match_references(controller, np, tmp_path):
     for label in ["topk/no-memory", "topk/sum", "topk/bpps2", "topk/residual", "topk/bare", "randomk",
                   "fp16", "none", "hvd.Compression.none"]:
         assert any(name.startswith(f"{label}: step 2") for name in names), label
+    waits = {check["name"] for check in reports[1]["checks"] if check["name"].startswith("wait:")}
+    assert waits == {"wait: the late allreduce's sum", "wait: a waiting rank sleeps",
+                     "wait: a failed collective raises"}
     if np == 4:
         assert any(name.startswith("topk/process-set: step 2") for name in names)
         assert any(name.startswith("topk/broadcast/process-set: step 2") for name in names)

@@ -8,13 +8,17 @@ a separate autograd pass and exchanged with a plain, uncompressed allgather).
 
 from __future__ import annotations
 
+import time
+
 import horovod.torch as hvd
 import torch
 from checks import Recorder, kept, parse_args, randomk_indices_reference, topk_contribution, topk_goes_dense
 from harness import Net, mean_over_ranks, train_and_compare
+from horovod.common.exceptions import HorovodInternalError
 
 import grace_legacy
 from grace_legacy import FP16, Broadcast, Grace, NoCompression, NoMemory, RandomK, Residual, TopK
+from grace_legacy.backends.horovod import HorovodBackend
 
 RATIO = 0.05
 
@@ -124,7 +128,36 @@ def main() -> None:
             rec.check(f"{label} is refused", True, str(err))
         else:
             rec.check(f"{label} is refused", False, "no ValueError")
+    check_backend_waits(rec)
     rec.write()
+
+
+#: How long rank 0 keeps the others waiting, and the most main-thread CPU time they may spend on it.
+LATE_S = 1.0
+WAITING_CPU_S = 0.25
+
+
+def check_backend_waits(rec: Recorder) -> None:
+    """The backend's wait gives its core away: ranks kept waiting a second by a late rank spend
+    a fraction of that in CPU time (Horovod's own wait spins through all of it), and still get
+    the right result; a collective that fails raises on every rank instead of hanging."""
+    backend = HorovodBackend()
+    if hvd.rank() == 0:
+        time.sleep(LATE_S)
+    started, cpu = time.perf_counter(), time.thread_time()
+    total = backend.wait(backend.allreduce_async(torch.full((3,), float(hvd.rank())), "late", average=False))
+    waited, spent = time.perf_counter() - started, time.thread_time() - cpu
+    rec.equal(total, torch.full((3,), float(sum(range(hvd.size())))), "wait: the late allreduce's sum")
+    if hvd.rank() != 0:
+        rec.check("wait: a waiting rank sleeps", waited > 0.5 * LATE_S and spent < WAITING_CPU_S,
+                  f"waited {waited:.3f} s using {spent:.3f} s of CPU")
+    mismatched = torch.zeros(2 + hvd.rank())
+    try:
+        backend.wait(backend.allreduce_async(mismatched, "mismatched", average=False))
+    except HorovodInternalError as err:
+        rec.check("wait: a failed collective raises", "Mismatched" in str(err), str(err)[:300])
+    else:
+        rec.check("wait: a failed collective raises", False, "no HorovodInternalError")
 
 
 if __name__ == "__main__":
