@@ -71,6 +71,14 @@ def namespaces_named(prefix: str) -> list[str]:
     return [name for name in names + configs if name.startswith(prefix + "-")]
 
 
+def test_waiting_benchmark_quick(tmp_path):
+    run_module("benchmarks.performance.waiting", tmp_path, timeout=300)
+    text = (tmp_path / "performance.md").read_text()
+    assert "Waiting for collectives" in text and text.count("the spinning Top-k step takes") == 2
+    runs = json.loads((tmp_path / "waiting.json").read_text())["runs"]
+    assert [run["workers"] for run in runs] == [4, 2]
+
+
 def test_bandwidth_benchmark_quick(tmp_path):
     import json
 
