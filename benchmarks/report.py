@@ -3,6 +3,7 @@ benchmarks can be re-run one at a time without overwriting each other's results.
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import os
 import platform
@@ -13,6 +14,18 @@ import numpy as np
 import torch
 
 RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def benchmark_parser(doc: str | None, workers: bool = True) -> argparse.ArgumentParser:
+    """The options every benchmark takes (``--quick``, ``--results``) and, for one that launches
+    its own ``horovodrun`` workers, the hidden ones it passes them (``--worker``, ``--json``)."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="a small smoke run")
+    parser.add_argument("--results", type=Path, default=RESULTS)
+    if workers:
+        parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+        parser.add_argument("--json", help=argparse.SUPPRESS)
+    return parser
 
 
 def machine() -> str:

@@ -222,14 +222,12 @@ parameters), batch {run['batch_size']} of synthetic 32x32 images per worker, thr
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="a small smoke run")
+    from benchmarks.report import benchmark_parser
+
+    parser = benchmark_parser(__doc__)
     parser.add_argument("--steps", type=int, default=None, help="measured steps per arm")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--results", type=Path, default=REPO / "benchmarks" / "results")
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--json", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.steps is None:
         args.steps = 8 if args.quick else 1000

@@ -156,13 +156,11 @@ process CPU time per step (all threads).
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="a small smoke run")
+    from benchmarks.report import benchmark_parser
+
+    parser = benchmark_parser(__doc__)
     parser.add_argument("--steps", type=int, default=None, help="timed steps per way")
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--results", type=Path, default=REPO / "benchmarks" / "results")
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--json", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.steps is None:
         args.steps = 3 if args.quick else 30
