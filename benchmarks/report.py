@@ -16,15 +16,14 @@ import torch
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def benchmark_parser(doc: str | None, workers: bool = True) -> argparse.ArgumentParser:
-    """The options every benchmark takes (``--quick``, ``--results``) and, for one that launches
-    its own ``horovodrun`` workers, the hidden ones it passes them (``--worker``, ``--json``)."""
+def benchmark_parser(doc: str | None) -> argparse.ArgumentParser:
+    """The options of a benchmark that launches its own ``horovodrun`` workers: ``--quick`` and
+    ``--results``, and the hidden ones it passes its workers (``--worker``, ``--json``)."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="a small smoke run")
     parser.add_argument("--results", type=Path, default=RESULTS)
-    if workers:
-        parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-        parser.add_argument("--json", help=argparse.SUPPRESS)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--json", help=argparse.SUPPRESS)
     return parser
 
 
