@@ -5,15 +5,33 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import platform
 import subprocess
+import sys
+import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
 RESULTS = Path(__file__).resolve().parent / "results"
+REPO = RESULTS.parents[1]
+
+
+def run_workers(module: str, workers: int, *args: str, env: dict[str, str | None] | None = None) -> Any:
+    """What rank 0 of ``python -m MODULE --worker --json OUT ARGS``, launched on this host by
+    ``horovodrun -np WORKERS --gloo``, wrote to OUT (as JSON). Each worker gets one OpenMP thread
+    and ``env`` added to its environment (a ``None`` value removes the variable)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "workers.json"
+        cmd = [str(Path(sys.executable).with_name("horovodrun")), "-np", str(workers), "-H", f"localhost:{workers}",
+               "--gloo", sys.executable, "-m", module, "--worker", "--json", str(out), *args]
+        merged = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", **(env or {})}
+        subprocess.run(cmd, check=True, cwd=REPO, env={k: v for k, v in merged.items() if v is not None})
+        return json.loads(out.read_text())
 
 
 def benchmark_parser(doc: str | None) -> argparse.ArgumentParser:

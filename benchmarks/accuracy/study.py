@@ -15,11 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -98,15 +94,13 @@ def worker(args: argparse.Namespace) -> None:
         Path(args.json).write_text(json.dumps(runs))
 
 
-def launch(task: str, args: argparse.Namespace, out: Path) -> list[dict]:
-    cmd = [str(Path(sys.executable).with_name("horovodrun")), "-np", "4", "-H", "localhost:4", "--gloo",
-           sys.executable, "-m", "benchmarks.accuracy.study", "--worker", "--task", task, "--json", str(out),
-           "--seeds", str(args.seeds)]
+def launch(task: str, args: argparse.Namespace) -> list[dict]:
+    from benchmarks.report import run_workers
+
+    options = ["--task", task, "--seeds", str(args.seeds)]
     if args.quick:
-        cmd.append("--quick")
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    subprocess.run(cmd, check=True, cwd=REPO, env=env)
-    return json.loads(out.read_text())
+        options.append("--quick")
+    return run_workers("benchmarks.accuracy.study", 4, *options)
 
 
 def summarize(runs: list[dict]) -> dict[tuple[str, str], dict]:
@@ -199,9 +193,8 @@ def main() -> None:
 
     start = time.perf_counter()
     runs = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for task in args.tasks or list(TASKS):
-            runs += launch(task, args, Path(tmp) / f"{task}.json")
+    for task in args.tasks or list(TASKS):
+        runs += launch(task, args)
     command = "python -m benchmarks.accuracy.study" + (" --quick" if args.quick else "")
     report(runs, args.results, command, time.perf_counter() - start)
     print(f"wrote {args.results / 'accuracy.md'}")

@@ -36,19 +36,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
 GRACE = "GRACE reference (2 allgathers per tensor)"
 PER_TENSOR = "per tensor"
 BUCKET_BYTES = 64 * 1024 * 1024
-HOROVOD_FUSION = {"on": {}, "off": {"HOROVOD_FUSION_THRESHOLD": "0"}}
+HOROVOD_FUSION = {"on": {"HOROVOD_FUSION_THRESHOLD": None}, "off": {"HOROVOD_FUSION_THRESHOLD": "0"}}
 PHASES = ("pack and submit", "wait for the allgather", "unpack and aggregate")
 
 
@@ -235,24 +230,14 @@ def bucket_layouts(quick: bool, density: float, world: int = 4, repetitions: int
 
 
 def launch(args: argparse.Namespace) -> dict:
-    from benchmarks.report import load_average, machine
+    from benchmarks.report import load_average, machine, run_workers
 
     before, this_machine = load_average(), machine()  # before bucket_layouts sets torch's threads
-    runs = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for setting, extra_env in HOROVOD_FUSION.items():
-            out = Path(tmp) / f"fusion-{setting}.json"
-            cmd = [str(Path(sys.executable).with_name("horovodrun")), "-np", "4", "-H", "localhost:4", "--gloo",
-                   sys.executable, "-m", "benchmarks.performance.fusion", "--worker", "--json", str(out),
-                   "--density", str(args.density), "--iterations", str(args.iterations),
-                   "--warmup", str(args.warmup)]
-            if args.quick:
-                cmd.append("--quick")
-            env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", **extra_env}
-            if setting == "on":
-                env.pop("HOROVOD_FUSION_THRESHOLD", None)
-            subprocess.run(cmd, check=True, cwd=REPO, env=env)
-            runs[setting] = json.loads(out.read_text())
+    options = ["--density", str(args.density), "--iterations", str(args.iterations), "--warmup", str(args.warmup)]
+    if args.quick:
+        options.append("--quick")
+    runs = {setting: run_workers("benchmarks.performance.fusion", 4, *options, env=env)
+            for setting, env in HOROVOD_FUSION.items()}
     layouts = bucket_layouts(args.quick, args.density)
     return {"runs": runs, "layouts": layouts, "machine": this_machine, "load_average": [before, load_average()]}
 

@@ -22,15 +22,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
 DENSITY = 0.01
 TARGET = 0.01  # LEGACY should add under 1% to the step time
 
@@ -156,20 +151,14 @@ def summarize(run: dict) -> dict:
 def launch(args: argparse.Namespace) -> dict:
     import torch
 
-    from benchmarks.report import load_average, machine
+    from benchmarks.report import load_average, machine, run_workers
 
     before = load_average()
     torch.set_num_threads(1)  # as in the workers, so that the machine line says so
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "legacy_overhead.json"
-        cmd = [str(Path(sys.executable).with_name("horovodrun")), "-np", "2", "-H", "localhost:2", "--gloo",
-               sys.executable, "-m", "benchmarks.performance.legacy_overhead", "--worker", "--json", str(out),
-               "--steps", str(args.steps), "--warmup", str(args.warmup), "--batch-size", str(args.batch_size)]
-        if args.quick:
-            cmd.append("--quick")
-        env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-        subprocess.run(cmd, check=True, cwd=REPO, env=env)
-        run = json.loads(out.read_text())
+    options = ["--steps", str(args.steps), "--warmup", str(args.warmup), "--batch-size", str(args.batch_size)]
+    if args.quick:
+        options.append("--quick")
+    run = run_workers("benchmarks.performance.legacy_overhead", 2, *options)
     return {"run": run, "summary": summarize(run), "machine": machine(), "quick": args.quick,
             "load_average": [before, load_average()]}
 

@@ -27,10 +27,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
-import subprocess
-import sys
-import tempfile
 import time
 import tracemalloc
 from collections import deque
@@ -285,14 +281,9 @@ def worker(args: argparse.Namespace) -> None:
 
 
 def under_horovod(checkpoints: Iterable[int]) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "memory-horovod.json"
-        cmd = [str(Path(sys.executable).with_name("horovodrun")), "-np", "2", "-H", "localhost:2", "--gloo",
-               sys.executable, "-m", "benchmarks.performance.memory", "--worker", "--json", str(out),
-               "--checkpoints", *map(str, checkpoints)]
-        env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-        subprocess.run(cmd, check=True, cwd=REPO, env=env)
-        return json.loads(out.read_text())
+    from benchmarks.report import run_workers
+
+    return run_workers("benchmarks.performance.memory", 2, "--checkpoints", *map(str, checkpoints))
 
 
 # -- the report -------------------------------------------------------------------------------

@@ -21,15 +21,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
 DENSITY = 0.001
 WAYS = ("compute only", "Top-k asleep", "Top-k spinning")
 WORLD_SIZES = (4, 2)
@@ -96,24 +91,18 @@ def summarise(run: dict) -> dict:
 def launch(args: argparse.Namespace) -> dict:
     import torch
 
-    from benchmarks.report import load_average, machine
+    from benchmarks.report import load_average, machine, run_workers
 
     before = load_average()
     torch.set_num_threads(1)  # as in the workers, so that the machine line says so
+    options = ["--steps", str(args.steps), "--warmup", str(args.warmup)]
+    if args.quick:
+        options.append("--quick")
     runs = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for workers in WORLD_SIZES:
-            out = Path(tmp) / f"waiting-{workers}.json"
-            cmd = [str(Path(sys.executable).with_name("horovodrun")), "-np", str(workers),
-                   "-H", f"localhost:{workers}", "--gloo", sys.executable, "-m", "benchmarks.performance.waiting",
-                   "--worker", "--json", str(out), "--steps", str(args.steps), "--warmup", str(args.warmup)]
-            if args.quick:
-                cmd.append("--quick")
-            env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-            subprocess.run(cmd, check=True, cwd=REPO, env=env)
-            run = json.loads(out.read_text())
-            run["summary"] = summarise(run)
-            runs.append(run)
+    for workers in WORLD_SIZES:
+        run = run_workers("benchmarks.performance.waiting", workers, *options)
+        run["summary"] = summarise(run)
+        runs.append(run)
     return {"runs": runs, "machine": machine(), "quick": args.quick, "steps": args.steps,
             "load_average": [before, load_average()]}
 
