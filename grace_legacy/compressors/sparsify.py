@@ -63,8 +63,37 @@ class SparseContext(NamedTuple):
     device: torch.device
 
 
+def densify(values: torch.Tensor, indices: torch.Tensor, ctx: SparseContext) -> torch.Tensor:
+    """A zero tensor shaped by ``ctx`` holding ``values`` at the distinct flat ``indices``.
+
+    ``scatter_`` rather than ``index_put_``: on CPU it writes the entries about twice as fast,
+    from ResNet-50's 3x3 convolutions down to its biases (a per-call cost of about 11 us instead
+    of 17 us). Unlike ``index_put_``, it would ignore extra values, so their counts are checked.
+    """
+    if values.shape != indices.shape:
+        raise ValueError(f"a sparse payload needs one value per index, got {tuple(values.shape)} values "
+                         f"for {tuple(indices.shape)} indices")
+    out = torch.zeros(ctx.numel, dtype=ctx.dtype, device=ctx.device)
+    out.scatter_(0, indices.long(), values)  # int32 indices only from torch 2.8 on
+    return out.view(ctx.shape)
+
+
+def _add_entries(out: torch.Tensor, indices: torch.Tensor, values: torch.Tensor) -> None:
+    """``out[indices[i]] += values[i]`` for each ``i`` in turn, rounding after every addition in
+    ``out``'s dtype, as a sum of dense tensors does.
+
+    ``scatter_add_`` adds fp32 and fp64 entries that way, 1.3-1.75x faster on CPU than
+    ``index_add_`` once there are 10,000 or more (a fused bucket's). For fp16 and bf16 it sums in
+    fp32 and rounds differently, so those keep ``index_add_``.
+    """
+    if out.dtype in (torch.float32, torch.float64):
+        out.scatter_add_(0, indices.long(), values)  # int32 indices only from torch 2.8 on
+    else:
+        out.index_add_(0, indices, values)
+
+
 def scatter_sum(payloads: Sequence[Payload], ctx: SparseContext, average: bool) -> torch.Tensor:
-    """``sum_r scatter(values_r at indices_r)`` as one ``index_add_`` over all ranks' entries.
+    """``sum_r scatter(values_r at indices_r)`` as one scatter-add over all ranks' entries.
 
     Entries are added in rank order into zeros, the same additions a rank-by-rank sum of the
     decompressed tensors performs, so the result is identical to that reference.
@@ -72,7 +101,7 @@ def scatter_sum(payloads: Sequence[Payload], ctx: SparseContext, average: bool) 
     values = torch.cat([payload[0] for payload in payloads])
     indices = torch.cat([payload[1] for payload in payloads])
     out = torch.zeros(ctx.numel, dtype=ctx.dtype, device=ctx.device)
-    out.index_add_(0, indices, values)
+    _add_entries(out, indices, values)
     if average:
         out /= len(payloads)
     return out.view(ctx.shape)
@@ -106,12 +135,12 @@ def scatter_sum_columns(values: torch.Tensor, indices: torch.Tensor, counts: Seq
     flat ``indices`` are ``[ranks, sum(counts)]``, member ``j`` owning the next ``counts[j]``
     columns (as a bucket packed part by part arrives, see :func:`grace_legacy.wire.pack_columns`).
     The outputs, all of ``values``' dtype and device, are slices of one zero buffer, filled by one
-    ``index_add_`` of every member's entries shifted by the member's offset in that buffer.
+    scatter-add of every member's entries shifted by the member's offset in that buffer.
 
     The entries go in rank by rank (row-major over ``[ranks, sum k]``), and members' slices are
     disjoint, so each output element receives the same additions in the same order as from its own
     :func:`scatter_sum`: the results are identical to it, bit for bit (a NaN's sign and payload
-    aside: torch's kernels for int32 and int64 indices do not keep those alike)."""
+    aside, which torch's kernels do not keep alike)."""
     starts = [0]
     for ctx in contexts:
         starts.append(starts[-1] + ctx.numel)
@@ -120,7 +149,7 @@ def scatter_sum_columns(values: torch.Tensor, indices: torch.Tensor, counts: Seq
                                         torch.tensor(counts, device=values.device))
         indices = indices.to(torch.int64) + shift
     out = torch.zeros(starts[-1], dtype=values.dtype, device=values.device)
-    out.index_add_(0, indices.reshape(-1), values.reshape(-1))
+    _add_entries(out, indices.reshape(-1), values.reshape(-1))
     if average:
         out /= values.shape[0]
     return [out[start: start + ctx.numel].view(ctx.shape) for ctx, start in zip(contexts, starts[:-1], strict=True)]
@@ -134,9 +163,7 @@ class EntrySparsifier(Compressor):
 
     def decompress(self, payload: Payload, ctx: SparseContext) -> torch.Tensor:
         values, indices = payload
-        out = torch.zeros(ctx.numel, dtype=ctx.dtype, device=ctx.device)
-        out.index_put_((indices,), values)
-        return out.view(ctx.shape)
+        return densify(values, indices, ctx)
 
     def support(self, payload: Payload, ctx: SparseContext) -> torch.Tensor:
         """The flat indices whose values ``payload`` carries (what DGC's factor masking zeroes)."""
@@ -232,9 +259,7 @@ class RandomK(Compressor):
 
     def decompress(self, payload: Payload, ctx: Any) -> torch.Tensor:
         indices, shape = ctx
-        out = torch.zeros(shape.numel, dtype=shape.dtype, device=shape.device)
-        out.index_put_((indices,), payload[0])
-        return out.view(shape.shape)
+        return densify(payload[0], indices, shape)
 
     def support(self, payload: Payload, ctx: Any) -> torch.Tensor:
         """The flat indices whose values ``payload`` carries (what DGC's factor masking zeroes)."""

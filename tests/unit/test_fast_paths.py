@@ -9,7 +9,7 @@
 - Threshold's one-pass selection finds the positions ``torch.nonzero(|x| >= t)`` finds.
 - Random-k's subsets without a full permutation are still uniform.
 - A bucket packed in one buffer is the concatenation of its members' packed payloads; a
-  header-less bucket's stacked views are every rank's parts; one ``index_add_`` for a bucket of
+  header-less bucket's stacked views are every rank's parts; one scatter-add for a bucket of
   sparse members gives each member's own scatter-sum, bit for bit.
 """
 
@@ -285,7 +285,7 @@ ENTRY_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
 
 @given(data=st.data(), world=st.integers(1, 4), average=st.booleans())
 @settings(max_examples=150, deadline=None)
-def test_one_index_add_for_a_bucket_is_each_members_scatter_sum_bit_for_bit(data, world, average):
+def test_one_scatter_add_for_a_bucket_is_each_members_scatter_sum_bit_for_bit(data, world, average):
     """Repeated indices, signed zeros, infinities and NaN included, members of several dtypes."""
     members = []
     for _ in range(data.draw(st.integers(1, 5))):
@@ -307,7 +307,7 @@ def test_one_index_add_for_a_bucket_is_each_members_scatter_sum_bit_for_bit(data
         want = scatter_sum([[values[r], indices[r]] for r in range(world)], ctx, average)
         assert got.shape == want.shape and got.dtype == want.dtype
         # Bit patterns (so -0.0 != 0.0), except a NaN's sign and payload, which torch's kernels
-        # for different index dtypes do not keep alike.
+        # do not keep alike (seen for bfloat16 between int32 and int64 indices).
         nan = want.isnan()
         assert torch.equal(got.isnan(), nan)
         int_dtype = {2: torch.int16, 4: torch.int32, 8: torch.int64}[want.element_size()]

@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from grace_legacy import Grace, RandomK, TopK
-from grace_legacy.compressors.sparsify import index_dtype, kept_count
+from grace_legacy.compressors.sparsify import SparseContext, densify, index_dtype, kept_count, scatter_sum
 
 
 def distinct_magnitudes(n: int, seed: int = 0) -> torch.Tensor:
@@ -61,6 +61,62 @@ def test_topk_aggregate_equals_sum_of_decompressed():
     ctx = compressed[0][1]
     expected = sum(c.decompress(p, ctx) for p, _ in compressed) / 4
     assert torch.allclose(c.aggregate([p for p, _ in compressed], ctx, average=True), expected, rtol=0, atol=1e-7)
+
+
+def scattered_by_hand(values: list[float], indices: list[int], numel: int, dtype: torch.dtype) -> torch.Tensor:
+    """A decompressed payload built entry by entry, with no scatter kernel."""
+    dense = torch.zeros(numel, dtype=dtype)
+    for value, index in zip(values, indices, strict=True):
+        dense[index] = value
+    return dense
+
+
+def bits(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.view({2: torch.int16, 4: torch.int32, 8: torch.int64}[tensor.element_size()])
+
+
+ENTRY_VALUES = st.one_of(st.sampled_from([0.0, -0.0, 2.5, -1e-3, float("inf"), float("-inf")]),
+                         st.floats(-1e4, 1e4))
+
+
+@given(data=st.data(), world=st.integers(1, 4), numel=st.integers(1, 30), average=st.booleans(),
+       dtype=st.sampled_from([torch.float32, torch.float64, torch.float16, torch.bfloat16]),
+       index_dtype=st.sampled_from([torch.int32, torch.int64]))
+@settings(max_examples=120, deadline=None)
+def test_scatter_sum_is_the_rank_by_rank_sum_of_decompressed_payloads_bit_for_bit(
+        data, world, numel, average, dtype, index_dtype):
+    """Each rank's indices distinct (as Top-k's are), ranks overlapping; signed zeros and infinities."""
+    k = data.draw(st.integers(1, numel))
+    payloads, want = [], torch.zeros(numel, dtype=dtype)
+    for _ in range(world):
+        indices = data.draw(st.lists(st.integers(0, numel - 1), min_size=k, max_size=k, unique=True))
+        values = data.draw(st.lists(ENTRY_VALUES, min_size=k, max_size=k))
+        payloads.append([torch.tensor(values, dtype=dtype), torch.tensor(indices, dtype=index_dtype)])
+        want = want + scattered_by_hand(values, indices, numel, dtype)
+    if average:
+        want = want / world
+    got = scatter_sum(payloads, SparseContext(torch.Size([numel]), numel, dtype, torch.device("cpu")), average)
+    nan = want.isnan()  # inf - inf; a NaN's sign is not part of the contract
+    assert torch.equal(got.isnan(), nan)
+    assert torch.equal(bits(got[~nan]), bits(want[~nan]))
+
+
+@given(data=st.data(), numel=st.integers(1, 30), index_dtype=st.sampled_from([torch.int32, torch.int64]))
+@settings(max_examples=60, deadline=None)
+def test_densify_puts_each_value_at_its_index_and_zeros_elsewhere(data, numel, index_dtype):
+    k = data.draw(st.integers(1, numel))
+    indices = data.draw(st.lists(st.integers(0, numel - 1), min_size=k, max_size=k, unique=True))
+    values = data.draw(st.lists(ENTRY_VALUES, min_size=k, max_size=k))
+    ctx = SparseContext(torch.Size([1, numel]), numel, torch.float32, torch.device("cpu"))
+    got = densify(torch.tensor(values), torch.tensor(indices, dtype=index_dtype), ctx)
+    assert got.shape == (1, numel)
+    assert torch.equal(bits(got.reshape(-1)), bits(scattered_by_hand(values, indices, numel, torch.float32)))
+
+
+def test_densify_refuses_a_value_count_unlike_the_index_count():
+    ctx = SparseContext(torch.Size([10]), 10, torch.float32, torch.device("cpu"))
+    with pytest.raises(ValueError, match="one value per index, got \\(3,\\) values for \\(2,\\) indices"):
+        densify(torch.ones(3), torch.tensor([1, 2]), ctx)
 
 
 def test_randomk_indices_agree_across_instances_and_leave_global_rng_alone():
