@@ -398,7 +398,7 @@ class Compressor(ABC):
         """For compressors whose :meth:`aggregate` is exactly a scatter-add, rank by rank, of
         payload part 0 (values) at payload part 1 (flat indices) into zeros (Top-k, DGC,
         Threshold): the ``SparseContext`` (shape, size, dtype, device) of the result. A bucket
-        then aggregates all such members with one ``index_add_``. ``None`` (the default):
+        then aggregates all such members with one scatter-add. ``None`` (the default):
         aggregate on its own."""
         return None
 

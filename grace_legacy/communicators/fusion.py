@@ -7,7 +7,7 @@ A *flight* carries a list of members (a tensor's payload, context and compressor
   costs exactly the bytes of the members sent one by one); a bucket of Top-k/DGC payloads goes
   *by part* instead (every member's values, then every member's indices) wherever that costs the
   same bytes, so it packs with two ``torch.cat`` and unpacks as two views, and all its members
-  aggregate with one ``index_add_``;
+  aggregate with one scatter-add;
 * one allreduce per dtype of every additive member's parts, flattened and concatenated, and, for
   multi-round compressors (PowerSGD), one more such allreduce per further round.
 
@@ -92,7 +92,7 @@ class Flight:
     def _by_part(gathered: Sequence[Member]) -> wire.Columns | None:
         """The by-part layout (:func:`grace_legacy.wire.pack_columns`) when every member is a
         header-less ``[values, flat indices]`` scatter-add (Top-k, DGC), so that the whole bucket
-        unpacks as two views and aggregates with one ``index_add_``, and the bytes on the wire
+        unpacks as two views and aggregates with one scatter-add, and the bytes on the wire
         stay those of the members packed one by one (``Pending.bytes_sent``); else ``None``."""
         if not all(m.compressor.uniform_payload and len(m.payload) == 2
                    and m.compressor.scatter_context(m.ctx) is not None for m in gathered):
@@ -179,7 +179,7 @@ class Flight:
                     for m, payloads in zip(members, received, strict=True)}
         # Every rank sent the local layout: each part is one view over all ranks, and the members
         # whose aggregate is a scatter-add are aggregated together: one zero buffer and one
-        # index_add_ for them instead of one each per member.
+        # scatter-add for them instead of one each per member.
         results: dict[str, torch.Tensor] = {}
         scattered: list[tuple[str, tuple]] = []
         for member, parts in zip(members, wire.unpack_stacked(gathered, layout, self.backend.size(), self.label),
