@@ -9,7 +9,7 @@ from threaded_backend import run_ranks
 
 from grace_legacy import FP16, Grace, Legacy, PowerSGD, PowerSGDMemory, RandomK, Residual, Threshold, TopK
 from grace_legacy.communicators.fusion import BucketPlan
-from grace_legacy.grace import gather_costs_more
+from grace_legacy.grace import BUCKET_BYTES_CAP, default_bucket_bytes, gather_costs_more
 
 SHAPES = {"conv": (8, 4, 3), "fc1": (60, 40), "bias1": (60,), "fc2": (10, 60), "bias2": (10,), "scale": ()}
 # Dense bytes in reverse registration order, as the Horovod integration plans them.
@@ -92,6 +92,31 @@ def test_bucket_plan_validation():
         BucketPlan([("a", 4), ("a", 4)], 100)
     with pytest.raises(ValueError, match="bucket_bytes"):
         Grace(TopK(0.1), bucket_bytes=-1)
+
+
+MIB = 1 << 20
+
+
+@pytest.mark.parametrize("setting,expected", [(None, 16 * MIB), ("0", 0), ("1048576", MIB),
+                                              (str(16 * MIB), 16 * MIB), (str(128 * MIB), 16 * MIB)])
+def test_default_buckets_follow_horovods_threshold_up_to_16_mib(monkeypatch, setting, expected):
+    if setting is None:
+        monkeypatch.delenv("HOROVOD_FUSION_THRESHOLD", raising=False)
+    else:
+        monkeypatch.setenv("HOROVOD_FUSION_THRESHOLD", setting)
+    assert BUCKET_BYTES_CAP == 16 * MIB
+    assert default_bucket_bytes() == expected
+    assert Grace(TopK(0.1)).bucket_bytes == expected
+    assert Grace(TopK(0.1), bucket_bytes=64 * MIB).bucket_bytes == 64 * MIB  # an explicit size is kept
+
+
+@pytest.mark.parametrize("setting", ["-1", "64MB", "", "1.5"])
+def test_an_unreadable_fusion_threshold_is_named(monkeypatch, setting):
+    monkeypatch.setenv("HOROVOD_FUSION_THRESHOLD", setting)
+    message = f"HOROVOD_FUSION_THRESHOLD must be a whole number of bytes >= 0, got {setting!r}"
+    with pytest.raises(ValueError, match=message.replace(".", r"\.")):
+        Grace(TopK(0.1))
+    assert Grace(TopK(0.1), bucket_bytes=0).bucket_bytes == 0  # not read when a size is given
 
 
 @pytest.mark.parametrize("packed,dense,world,expected", [
