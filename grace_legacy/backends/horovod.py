@@ -22,7 +22,7 @@ def synchronize(handle: Any) -> torch.Tensor:
     as long as it waits. Where ranks share cores (several CPU workers on one host, or a busy
     host), the ranks that finish their backward pass first then take CPU time from the ranks
     they are waiting for. On the 2-core test machine, 4 workers' Top-k step of the bandwidth
-    benchmark's CNN takes 1.52 s with Horovod's wait and 1.03 s with this one, against 0.79 s
+    benchmark's CNN takes 1.37 s with Horovod's wait and 0.92 s with this one, against 0.75 s
     for its compute alone; with 2 workers, a core each, both take the same time
     (``benchmarks/performance/waiting.py``). Sleeping costs at most ``LONGEST_POLL_SLEEP_S`` of
     latency per wait.
