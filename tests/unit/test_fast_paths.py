@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from bit_patterns import bits
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from threaded_backend import run_ranks
@@ -83,10 +84,6 @@ def test_residual_in_place_equals_the_subtraction_bit_for_bit(kind, ratio, n, dt
         if step > 0:  # compensate made g + e: the in-place path was taken
             assert memory.residuals["w"] is compensated
         assert bits(memory.residuals["w"]).equal(bits(reference)), "bit for bit, signed zeros included"
-
-
-def bits(t: torch.Tensor) -> torch.Tensor:
-    return t.reshape(-1).view({2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
 
 
 def test_residual_does_not_write_into_a_tensor_it_did_not_make():
@@ -310,8 +307,7 @@ def test_one_scatter_add_for_a_bucket_is_each_members_scatter_sum_bit_for_bit(da
         # do not keep alike (seen for bfloat16 between int32 and int64 indices).
         nan = want.isnan()
         assert torch.equal(got.isnan(), nan)
-        int_dtype = {2: torch.int16, 4: torch.int32, 8: torch.int64}[want.element_size()]
-        assert torch.equal(got[~nan].view(int_dtype), want[~nan].view(int_dtype))
+        assert torch.equal(bits(got[~nan]), bits(want[~nan]))
 
 
 @pytest.mark.parametrize("make", [lambda: TopK(0.2), lambda: DGC(0.2, min_samples=4),

@@ -1,6 +1,7 @@
 
 import pytest
 import torch
+from bit_patterns import bits
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -71,10 +72,6 @@ def scattered_by_hand(values: list[float], indices: list[int], numel: int, dtype
     return dense
 
 
-def bits(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.view({2: torch.int16, 4: torch.int32, 8: torch.int64}[tensor.element_size()])
-
-
 ENTRY_VALUES = st.one_of(st.sampled_from([0.0, -0.0, 2.5, -1e-3, float("inf"), float("-inf")]),
                          st.floats(-1e4, 1e4))
 
@@ -110,7 +107,7 @@ def test_densify_puts_each_value_at_its_index_and_zeros_elsewhere(data, numel, i
     ctx = SparseContext(torch.Size([1, numel]), numel, torch.float32, torch.device("cpu"))
     got = densify(torch.tensor(values), torch.tensor(indices, dtype=index_dtype), ctx)
     assert got.shape == (1, numel)
-    assert torch.equal(bits(got.reshape(-1)), bits(scattered_by_hand(values, indices, numel, torch.float32)))
+    assert torch.equal(bits(got), bits(scattered_by_hand(values, indices, numel, torch.float32)))
 
 
 def test_densify_refuses_a_value_count_unlike_the_index_count():
