@@ -208,6 +208,26 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
 
 
 def install() -> None:
-    """Make ``hvd.DistributedOptimizer`` accept grace_legacy compression (idempotent)."""
+    """Make ``hvd.DistributedOptimizer`` accept grace_legacy compression (idempotent).
+
+    Only the name users call, ``horovod.torch.DistributedOptimizer``, is rebound.
+    ``horovod.torch.optimizer.DistributedOptimizer`` stays Horovod's own function, because
+    Horovod's code looks it up there to recognise its optimizers: ``broadcast_optimizer_state``
+    compares ``optimizer.__module__`` with that function's module to decide whether it may take a
+    local step on an empty state. Rebinding it there made ranks with an empty state step through
+    the distributed optimizer (an allreduce the other ranks never join): a hang on the standard
+    resume pattern. Both kinds of optimizer this module builds keep Horovod's class members, so
+    their ``__module__`` is Horovod's and that check holds for them too.
+    """
     hvd.DistributedOptimizer = DistributedOptimizer
-    _hvd_optimizer.DistributedOptimizer = DistributedOptimizer
+
+
+def uninstall() -> None:
+    """Give ``hvd.DistributedOptimizer`` back to Horovod's own function (idempotent). Optimizers
+    already built keep working."""
+    hvd.DistributedOptimizer = _horovod_distributed_optimizer
+
+
+def installed() -> bool:
+    """Whether ``hvd.DistributedOptimizer`` is this module's."""
+    return hvd.DistributedOptimizer is DistributedOptimizer
