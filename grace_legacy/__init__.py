@@ -1,40 +1,43 @@
 """grace-legacy: compressed gradient communication for data-parallel PyTorch, with LEGACY.
 
-The public names are the compressors, memories and communicators of the subpackages, plus
-``Grace`` (a compressor + memory + communicator bundle), ``Legacy`` (the scheduler) and the
-adaptive schedules ``DGCWarmup``, ``Accordion`` and ``LGreCo``.
+The public names are the compressors, memories and communicators of the subpackages, ``Grace``
+(a compressor + memory + communicator bundle), the schedules ``Legacy``, ``DGCWarmup``,
+``Accordion`` and ``LGreCo``, and what a user needs to write a compressor, memory, communicator or
+schedule of their own (``Compressor``, ``Memory``, ``Communicator``, ``Knob``, ``KnobSchedule``,
+``Backend``, ``Pending``).
+
 Importing this package makes ``horovod.torch.DistributedOptimizer`` accept grace_legacy
-compressors and ``Grace`` bundles (see :mod:`grace_legacy.horovod`) when Horovod is installed.
+compressors, schedules and ``Grace`` bundles when Horovod is installed (see
+:mod:`grace_legacy.optimizer`; ``grace_legacy.optimizer.uninstall()`` undoes it). Without Horovod
+everything else works.
 """
 
-from grace_legacy import communicators, compressors, memories
-from grace_legacy.adaptive import Accordion as Accordion
-from grace_legacy.adaptive import DGCWarmup as DGCWarmup
-from grace_legacy.adaptive import LGreCo as LGreCo
+from grace_legacy import communicators, compressors, memories, schedules
 from grace_legacy.communicators import *  # noqa: F403  (each subpackage's __all__ is public)
 from grace_legacy.compressors import *  # noqa: F403
 from grace_legacy.consistency import RanksDisagree as RanksDisagree
+from grace_legacy.core import Backend as Backend
 from grace_legacy.core import Communicator as Communicator
 from grace_legacy.core import Compressor as Compressor
 from grace_legacy.core import Knob as Knob
 from grace_legacy.core import Memory as Memory
+from grace_legacy.core import Pending as Pending
 from grace_legacy.grace import Grace as Grace
-from grace_legacy.legacy import Legacy as Legacy
 from grace_legacy.memories import *  # noqa: F403
+from grace_legacy.schedules import *  # noqa: F403
 
 try:
     import horovod.torch  # noqa: F401
-except ImportError:  # compressors and memories stay usable without Horovod
+except ImportError:  # compressors, memories and schedules stay usable without Horovod
     pass
 else:
-    from grace_legacy.horovod import install as _install_horovod_integration
+    from grace_legacy.optimizer import install as _install_horovod_integration
 
     _install_horovod_integration()
 
 __version__ = "0.1.0"
 
 __all__ = sorted([
-    "Accordion", "Communicator", "Compressor", "DGCWarmup", "Grace", "Knob", "LGreCo", "Legacy", "Memory",
-    "RanksDisagree",
-    *communicators.__all__, *compressors.__all__, *memories.__all__,
+    "Backend", "Communicator", "Compressor", "Grace", "Knob", "Memory", "Pending", "RanksDisagree",
+    *communicators.__all__, *compressors.__all__, *memories.__all__, *schedules.__all__,
 ])

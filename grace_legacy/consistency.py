@@ -17,7 +17,8 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from grace_legacy.core import Backend, derived_seed
+from grace_legacy.core.backend import Backend
+from grace_legacy.core.seeds import derived_seed
 
 #: A description: item name -> a text, or a list of entries compared as a set (e.g. parameters).
 Description = Mapping[str, str | Sequence[str]]

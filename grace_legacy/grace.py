@@ -2,88 +2,32 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from grace_legacy import wire
 from grace_legacy.communicators import Allgather, Allreduce
-from grace_legacy.communicators.fusion import BucketPlan, FusedExchange, Member
+from grace_legacy.communicators.flight import Member
+from grace_legacy.communicators.fusion import BucketPlan, FusedExchange, default_bucket_bytes
 from grace_legacy.compressors import NoCompression
-from grace_legacy.core import (
-    Backend,
-    Communicator,
-    Compressor,
-    Memory,
-    Payload,
-    Pending,
-    derived_seed,
-    nonfinite_flag,
-    refuse_other_configuration,
-    saved_configuration,
-)
+from grace_legacy.core import wire
+from grace_legacy.core.backend import Backend, Pending
+from grace_legacy.core.communicator import Communicator
+from grace_legacy.core.compressor import Compressor, Payload
+from grace_legacy.core.cost import gather_costs_more
+from grace_legacy.core.memory import Memory
+from grace_legacy.core.saved_state import refuse_other_configuration, saved_configuration
+from grace_legacy.core.seeds import derived_seed
+from grace_legacy.core.validation import nonfinite_flag
 
 _DENSE = NoCompression()
+
+
 _ALLREDUCE = Allreduce()
+
+
 _ALLGATHER = Allgather()
-#: Horovod's own default fusion threshold, used when the environment sets none.
-_HOROVOD_FUSION_DEFAULT = 64 * 1024 * 1024
-#: The largest default bucket. A bucket's aggregate is a fresh buffer of its dense size every
-#: step, and glibc maps any buffer above its largest mmap threshold (32 MiB) anew, faulting in
-#: every page (a 44 MB bucket: ~11,000 faults, ~27 ms of CPU per rank and step here). Buckets
-#: of 16 MiB mostly reuse the heap: with 4 workers on 2 cores, the CNN of the bandwidth
-#: benchmark stepped 0.92x as long as with one 64 MiB bucket (paired medians, 45 steps).
-BUCKET_BYTES_CAP = 16 * 1024 * 1024
-
-
-def default_bucket_bytes() -> int:
-    """The smaller of ``HOROVOD_FUSION_THRESHOLD`` (read as Horovod reads it; its 64 MiB when
-    unset, ``0`` for no fusion) and :data:`BUCKET_BYTES_CAP`."""
-    setting = os.environ.get("HOROVOD_FUSION_THRESHOLD")
-    if setting is None:
-        return min(_HOROVOD_FUSION_DEFAULT, BUCKET_BYTES_CAP)
-    try:
-        threshold = int(setting)
-    except ValueError:
-        threshold = -1
-    if threshold < 0:
-        raise ValueError(f"HOROVOD_FUSION_THRESHOLD must be a whole number of bytes >= 0, got {setting!r}")
-    return min(threshold, BUCKET_BYTES_CAP)
-
-
-def gather_costs_more(packed_bytes: int, dense_bytes: int, world_size: int) -> bool:
-    """Whether gathering a payload of ``packed_bytes`` from every rank moves at least as much as a
-    ring allreduce of the dense tensor.
-
-    A ring allreduce sends ``2 (P - 1) / P * dense`` bytes per rank; a gather makes every rank
-    receive ``(P - 1) * packed``. So the gather loses once ``packed >= 2 * dense / P``; for
-    ``P <= 2`` the bound is the dense size itself, so a rank never hands over more than dense.
-    """
-    # Integers, not dense * (2 / P): a float could round across the boundary.
-    if world_size > 2:
-        return packed_bytes * world_size >= 2 * dense_bytes
-    return packed_bytes >= dense_bytes
-
-
-def bytes_sent(concrete: Compressor | None, shape: int | Sequence[int], dtype: torch.dtype,
-               world_size: int | None = None) -> int:
-    """Bytes a rank hands to the backend for one tensor (an element count or a shape) on the
-    default route: the dense size when ``concrete`` is ``None``, the raw parts of every round for
-    an allreduce, the packed buffer for an allgather. With ``world_size``, a gathered payload
-    that the dense fallback would replace (:func:`gather_costs_more`) counts as dense."""
-    shape = torch.Size([shape]) if isinstance(shape, int) else torch.Size(shape)
-    dense = shape.numel() * torch.empty((), dtype=dtype).element_size()
-    if concrete is None:
-        return dense
-    spec = concrete.payload_spec_for(shape, dtype)
-    if concrete.additive:
-        return sum(n * torch.empty((), dtype=d).element_size() for n, d in spec)
-    packed = wire.packed_size_of(spec, with_header=not concrete.uniform_payload)
-    if world_size is not None and concrete.aggregates_by_mean and gather_costs_more(packed, dense, world_size):
-        return dense
-    return packed
 
 
 class Grace:

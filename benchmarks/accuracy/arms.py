@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from grace_legacy import QSGD, Accordion, DGCWarmup, Grace, Legacy, LGreCo, NoMemory, Residual, TopK
-from grace_legacy.grace import bytes_sent
+from grace_legacy.core.cost import bytes_sent
 
 from .tasks import Task
 

@@ -18,10 +18,10 @@ grace_legacy's backend does), so that only the exchange differs.
 
 Last, in this one process and with no collective, the CPU work of a bucket is timed both ways the
 library can lay it out, interleaved: *by part* (every member's values, then every member's
-indices: :func:`grace_legacy.wire.pack_columns`, :func:`~grace_legacy.wire.unpack_columns`,
-:func:`~grace_legacy.compressors.sparsify.scatter_sum_columns`), which a Top-k bucket takes, and
-*member by member* (:func:`~grace_legacy.wire.pack_many`, :func:`~grace_legacy.wire.unpack_stacked`,
-:func:`~grace_legacy.compressors.sparsify.scatter_sum_many`), which buckets whose parts do not line
+indices: :func:`grace_legacy.core.wire.pack_columns`, :func:`~grace_legacy.core.wire.unpack_columns`,
+:func:`~grace_legacy.core.sparse.scatter_sum_columns`), which a Top-k bucket takes, and
+*member by member* (:func:`~grace_legacy.core.wire.pack_many`, :func:`~grace_legacy.core.wire.unpack_stacked`,
+:func:`~grace_legacy.core.sparse.scatter_sum_many`), which buckets whose parts do not line
 up take. The 4 ranks' buffers are real packs of 4 different gradients' payloads; both ways must
 give the same sums, bit for bit.
 
@@ -62,8 +62,9 @@ def worker(args: argparse.Namespace) -> None:
 
     from grace_legacy import TopK
     from grace_legacy.backends.horovod import HorovodBackend, synchronize
-    from grace_legacy.communicators.fusion import BucketPlan, Flight, FusedExchange, Member
-    from grace_legacy.compressors.sparsify import SparseContext
+    from grace_legacy.communicators.flight import Flight, Member
+    from grace_legacy.communicators.fusion import BucketPlan, FusedExchange
+    from grace_legacy.core.sparse import SparseContext
 
     hvd.init()
     torch.set_num_threads(1)
@@ -186,7 +187,7 @@ def bucket_layouts(quick: bool, density: float, world: int = 4, repetitions: int
     import torch
 
     from grace_legacy import TopK, wire
-    from grace_legacy.compressors.sparsify import scatter_sum_columns, scatter_sum_many
+    from grace_legacy.core.sparse import scatter_sum_columns, scatter_sum_many
 
     torch.set_num_threads(1)
     shapes = model_shapes(quick)

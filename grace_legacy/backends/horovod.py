@@ -21,11 +21,10 @@ def synchronize(handle: Any) -> torch.Tensor:
     Horovod's own wait calls ``sched_yield`` in a loop, so a waiting rank keeps a core busy for
     as long as it waits. Where ranks share cores (several CPU workers on one host, or a busy
     host), the ranks that finish their backward pass first then take CPU time from the ranks
-    they are waiting for. On the 2-core test machine, 4 workers' Top-k step of the bandwidth
-    benchmark's CNN takes 1.37 s with Horovod's wait and 0.92 s with this one, against 0.75 s
-    for its compute alone; with 2 workers, a core each, both take the same time
-    (``benchmarks/performance/waiting.py``). Sleeping costs at most ``LONGEST_POLL_SLEEP_S`` of
-    latency per wait.
+    they are waiting for. Sleeping costs at most ``LONGEST_POLL_SLEEP_S`` of latency per wait,
+    which costs nothing measurable when every rank has a core of its own; the waiting benchmark
+    (``benchmarks/performance/waiting.py``, results in ``benchmarks/results/performance.md``)
+    measures both cases.
     """
     sleep = FIRST_POLL_SLEEP_S
     while not hvd.poll(handle):

@@ -1,26 +1,19 @@
-"""Compressors: each turns a gradient into a payload (a list of tensors) and back."""
+"""Compressors: turn a gradient into a small payload and back. One module per compressor or close
+family; what a family shares lives beside it (``entries``, ``quantization``, ``signs``), and the
+compiled inner loops in ``kernels``."""
 
 from grace_legacy.compressors.dense import FP16, NoCompression
 from grace_legacy.compressors.dgc import DGC
+from grace_legacy.compressors.efsignsgd import EFSignSGD
+from grace_legacy.compressors.natural import Natural
+from grace_legacy.compressors.onebit import OneBit
 from grace_legacy.compressors.powersgd import PowerSGD
-from grace_legacy.compressors.quantize import QSGD, Natural, TernGrad
-from grace_legacy.compressors.sign import EFSignSGD, OneBit, SignSGD, Signum
-from grace_legacy.compressors.sparsify import RandomK, TopK
+from grace_legacy.compressors.qsgd import QSGD
+from grace_legacy.compressors.randomk import RandomK
+from grace_legacy.compressors.signsgd import SignSGD, Signum
+from grace_legacy.compressors.terngrad import TernGrad
 from grace_legacy.compressors.threshold import Threshold
+from grace_legacy.compressors.topk import TopK
 
-__all__ = [
-    "DGC",
-    "EFSignSGD",
-    "FP16",
-    "Natural",
-    "NoCompression",
-    "OneBit",
-    "PowerSGD",
-    "QSGD",
-    "RandomK",
-    "SignSGD",
-    "Signum",
-    "TernGrad",
-    "Threshold",
-    "TopK",
-]
+__all__ = ["DGC", "EFSignSGD", "FP16", "Natural", "NoCompression", "OneBit", "PowerSGD", "QSGD", "RandomK",
+           "SignSGD", "Signum", "TernGrad", "Threshold", "TopK"]

@@ -6,7 +6,8 @@ from typing import Any
 
 import torch
 
-from grace_legacy.core import Compressor, Payload, check_gradient
+from grace_legacy.core.compressor import Compressor, Payload
+from grace_legacy.core.validation import check_gradient
 
 
 class NoCompression(Compressor):

@@ -8,10 +8,15 @@ from typing import Any
 
 import torch
 
-from grace_legacy.compressors import selection
-from grace_legacy.compressors.selection import top_k_at_or_above
-from grace_legacy.compressors.sparsify import SparseContext, TopK, index_dtype, kept_count
-from grace_legacy.core import ArgumentTypeError, Memory, Payload, check_gradient
+from grace_legacy.compressors.entries import kept_count
+from grace_legacy.compressors.kernels import selection
+from grace_legacy.compressors.kernels.selection import top_k_at_or_above
+from grace_legacy.compressors.topk import TopK
+from grace_legacy.core.compressor import Payload
+from grace_legacy.core.memory import Memory
+from grace_legacy.core.sparse import SparseContext, index_dtype
+from grace_legacy.core.validation import ArgumentTypeError, check_gradient
+from grace_legacy.memories.dgc import DGCMemory
 
 
 class DGC(TopK):
@@ -27,7 +32,7 @@ class DGC(TopK):
        standard deviations of the sampled count below the k-th largest, so it rarely selects too
        few, while the ``n r / s ~ k + 3 sqrt(k n / s) + n / s`` candidates above it stay a small
        fraction of ``n``.
-    3. :func:`~grace_legacy.compressors.selection.top_k_at_or_above` makes the selection exact
+    3. :func:`~grace_legacy.compressors.kernels.selection.top_k_at_or_above` makes the selection exact
        (one candidate pass, then a top-k among the candidates): the result is the set
        ``torch.topk`` would pick (ties aside), whether the estimate selected too many or too few.
 
@@ -95,8 +100,6 @@ class DGC(TopK):
         return [flat.index_select(0, indices), indices.to(index_dtype(numel))], ctx
 
     def recommended_memory(self) -> Memory:
-        from grace_legacy.memories import DGCMemory
-
         return DGCMemory()
 
     def __repr__(self) -> str:

@@ -6,9 +6,14 @@ from typing import Any
 
 import torch
 
-from grace_legacy.compressors.selection import positions_at_or_above
-from grace_legacy.compressors.sparsify import EntrySparsifier, SparseContext, index_dtype
-from grace_legacy.core import Knob, Memory, Payload, check_gradient
+from grace_legacy.compressors.entries import EntrySparsifier
+from grace_legacy.compressors.kernels.selection import positions_at_or_above
+from grace_legacy.core.compressor import Payload
+from grace_legacy.core.knob import Knob
+from grace_legacy.core.memory import Memory
+from grace_legacy.core.sparse import SparseContext, index_dtype
+from grace_legacy.core.validation import check_gradient
+from grace_legacy.memories.residual import Residual
 
 THRESHOLD = Knob("threshold", low=0.0, high=None, low_inclusive=False, high_inclusive=False, dense=None)
 
@@ -71,6 +76,4 @@ class Threshold(EntrySparsifier):
             "Use a compressor with a fixed size (TopK, DGC) for Legacy.budget_matched.")
 
     def recommended_memory(self) -> Memory:
-        from grace_legacy.memories import Residual
-
         return Residual()

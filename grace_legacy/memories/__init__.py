@@ -1,15 +1,10 @@
-"""Memories: per-tensor state that compensates the next gradient for what compression dropped."""
+"""Memories: per-tensor state a rank carries between steps (error feedback and its relatives)."""
 
-from grace_legacy.memories.basic import NoMemory, PowerSGDMemory, Residual
+from grace_legacy.core.memory import NoMemory
 from grace_legacy.memories.dgc import DGCMemory
 from grace_legacy.memories.ef21 import EF21
 from grace_legacy.memories.efsignsgd import EFSignSGDMemory
+from grace_legacy.memories.powersgd import PowerSGDMemory
+from grace_legacy.memories.residual import Residual
 
-__all__ = [
-    "DGCMemory",
-    "EF21",
-    "EFSignSGDMemory",
-    "NoMemory",
-    "PowerSGDMemory",
-    "Residual",
-]
+__all__ = ["DGCMemory", "EF21", "EFSignSGDMemory", "NoMemory", "PowerSGDMemory", "Residual"]

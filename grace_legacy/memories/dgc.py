@@ -8,7 +8,9 @@ from typing import Any
 
 import torch
 
-from grace_legacy.core import Compressor, Memory, Payload, StepJournal
+from grace_legacy.core.compressor import Compressor, Payload
+from grace_legacy.core.journal import StepJournal
+from grace_legacy.core.memory import Memory
 
 
 class DGCMemory(Memory):

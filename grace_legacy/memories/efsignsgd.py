@@ -6,8 +6,8 @@ from typing import Any
 
 import torch
 
-from grace_legacy.core import Knob
-from grace_legacy.memories.basic import Residual
+from grace_legacy.core.knob import Knob
+from grace_legacy.memories.residual import Residual
 
 LEARNING_RATE = Knob("lr", low=0.0, low_inclusive=False, high_inclusive=False)
 

@@ -29,7 +29,7 @@ from grace_legacy import (
     Threshold,
     TopK,
 )
-from grace_legacy.adaptive import choose_layerwise
+from grace_legacy.schedules.lgreco import choose_layerwise
 
 # -- DGC warm-up -----------------------------------------------------------------------------------
 

@@ -29,7 +29,7 @@ from grace_legacy import (
     Signum,
     TopK,
 )
-from grace_legacy.adaptive import DEFAULT_HISTORY
+from grace_legacy.schedules.history import DEFAULT_HISTORY
 
 SHAPES = {"fc.weight": (16, 24), "fc.bias": (24,)}
 EARLY, LATE = 200, 2000

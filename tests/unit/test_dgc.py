@@ -6,9 +6,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from grace_legacy import DGC, Grace, Legacy, TopK
-from grace_legacy.compressors.selection import top_k_at_or_above
-from grace_legacy.compressors.sparsify import kept_count
-from grace_legacy.memories import DGCMemory
+from grace_legacy.compressors.entries import kept_count
+from grace_legacy.compressors.kernels.selection import top_k_at_or_above
+from grace_legacy.memories.dgc import DGCMemory
 
 FLOATS = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from grace_legacy import DGC, FP16, QSGD, Grace, Legacy, NoCompression, RandomK, Threshold, TopK
-from grace_legacy.memories import DGCMemory
+from grace_legacy.memories.dgc import DGCMemory
 
 
 def gradients(seed: int, n: int, steps: int) -> list[torch.Tensor]:

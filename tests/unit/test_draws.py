@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from grace_legacy.compressors.draws import uniform
+from grace_legacy.compressors.kernels.draws import uniform
 
 MASK = 2**64 - 1
 

@@ -22,12 +22,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from threaded_backend import run_ranks
 
-from grace_legacy import DGC, Grace, Legacy, NoMemory, RandomK, Residual, Threshold, TopK, wire
-from grace_legacy.communicators.fusion import Flight, Member
-from grace_legacy.compressors.selection import positions_at_or_above
-from grace_legacy.compressors.sparsify import SparseContext, scatter_sum, scatter_sum_many, uniform_subset
+from grace_legacy import DGC, Grace, Legacy, NoMemory, RandomK, Residual, Threshold, TopK
+from grace_legacy.communicators.flight import Flight, Member
+from grace_legacy.compressors.kernels.selection import positions_at_or_above
+from grace_legacy.compressors.randomk import uniform_subset
 from grace_legacy.compressors.threshold import smallest_at_least
-from grace_legacy.core import nonfinite_flag
+from grace_legacy.core import wire
+from grace_legacy.core.sparse import SparseContext, scatter_sum, scatter_sum_many
+from grace_legacy.core.validation import nonfinite_flag
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
 SPECIALS = [float("nan"), float("inf"), float("-inf")]

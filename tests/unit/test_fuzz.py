@@ -50,12 +50,13 @@ from grace_legacy import (
     Threshold,
     TopK,
 )
+from grace_legacy.compressors.entries import DENSITY
 from grace_legacy.compressors.powersgd import RANK
-from grace_legacy.compressors.quantize import LEVELS
-from grace_legacy.compressors.sign import MOMENTUM
-from grace_legacy.compressors.sparsify import DENSITY
+from grace_legacy.compressors.qsgd import LEVELS
+from grace_legacy.compressors.signsgd import MOMENTUM
 from grace_legacy.compressors.threshold import THRESHOLD
-from grace_legacy.core import Compressor, Knob
+from grace_legacy.core.compressor import Compressor
+from grace_legacy.core.knob import Knob
 from grace_legacy.memories.efsignsgd import LEARNING_RATE
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]

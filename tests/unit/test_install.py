@@ -7,7 +7,7 @@ import pytest
 hvd = pytest.importorskip("horovod.torch")
 import horovod.torch.optimizer  # noqa: E402
 
-from grace_legacy import horovod as integration  # noqa: E402
+from grace_legacy import optimizer as integration  # noqa: E402
 
 
 def test_only_the_public_name_is_rebound():

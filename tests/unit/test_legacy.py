@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from grace_legacy import FP16, Grace, Legacy, NoMemory, RandomK, Residual, TopK
-from grace_legacy.grace import bytes_sent
+from grace_legacy.core.cost import bytes_sent
 
 SPLITS = [10_000, 1_000_000]
 

@@ -4,7 +4,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from grace_legacy import Grace, Legacy, PowerSGD, PowerSGDMemory
-from grace_legacy.grace import bytes_sent
+from grace_legacy.core.cost import bytes_sent
 
 
 def one_worker_step(compressor: PowerSGD, matrix: torch.Tensor, name: str = "w") -> torch.Tensor:

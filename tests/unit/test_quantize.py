@@ -22,11 +22,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import grace_legacy
-from grace_legacy import QSGD, Grace, Legacy, Natural, NoMemory, TernGrad, wire
-from grace_legacy.compressors.draws import uniform
-from grace_legacy.compressors.quantize import MAX_LEVELS, level_dtype, pow2
-from grace_legacy.core import derived_seed
-from grace_legacy.grace import bytes_sent
+from grace_legacy import QSGD, Grace, Legacy, Natural, NoMemory, TernGrad
+from grace_legacy.compressors.kernels.draws import uniform
+from grace_legacy.compressors.natural import pow2
+from grace_legacy.compressors.qsgd import MAX_LEVELS, level_dtype
+from grace_legacy.core import wire
+from grace_legacy.core.cost import bytes_sent
+from grace_legacy.core.seeds import derived_seed
 
 DELTA = 1e-6
 DRAWS = 2000

@@ -17,17 +17,13 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from grace_legacy import QSGD, Natural, TernGrad
-from grace_legacy.compressors import compiled, stochastic
-from grace_legacy.compressors.draws import uniform
-from grace_legacy.compressors.quantize import (
-    CLIP_SIGMAS,
-    NATURAL_SPAN,
-    NON_FINITE_CODE,
-    float32_at_least,
-    level_dtype,
-    pow2,
-)
-from grace_legacy.core import derived_seed
+from grace_legacy.compressors.kernels import compiled, stochastic
+from grace_legacy.compressors.kernels.draws import uniform
+from grace_legacy.compressors.natural import NATURAL_SPAN, NON_FINITE_CODE, pow2
+from grace_legacy.compressors.qsgd import level_dtype
+from grace_legacy.compressors.quantization import float32_at_least
+from grace_legacy.compressors.terngrad import CLIP_SIGMAS
+from grace_legacy.core.seeds import derived_seed
 
 FLOATS = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
 AWKWARD = [0.0, -0.0, 1e-45, -1e-40, 1e-30, -3e38, 2.5, -2.5, float("inf"), float("-inf"), float("nan")]

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from grace_legacy.compressors import scan
-from grace_legacy.compressors.scan import candidates_at_or_above, largest
+from grace_legacy.compressors.kernels import scan
+from grace_legacy.compressors.kernels.scan import candidates_at_or_above, largest
 
 WIDTHS = {np.int16: 0x7FFF, np.int32: 0x7FFF_FFFF, np.int64: 0x7FFF_FFFF_FFFF_FFFF}
 

@@ -7,14 +7,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from grace_legacy import DGC, TopK
-from grace_legacy.compressors import selection
-from grace_legacy.compressors.selection import (
+from grace_legacy.compressors.entries import kept_count
+from grace_legacy.compressors.kernels import selection
+from grace_legacy.compressors.kernels.selection import (
     _select_torch,
     _top_k_indices_torch,
     top_k_at_or_above,
     top_k_indices,
 )
-from grace_legacy.compressors.sparsify import kept_count
 
 FLOATS = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 # Around the size where the fast path starts, and well above it.

@@ -18,12 +18,19 @@ from grace_legacy import (
     SignSGD,
     Signum,
     TopK,
-    wire,
 )
-from grace_legacy.compressors import compiled, sign_passes
-from grace_legacy.compressors.bits import _pack_bits_torch, _unpack_bits_torch, pack_bits, packed_length, unpack_bits
-from grace_legacy.compressors.sign import SignContext, majority_vote
-from grace_legacy.grace import bytes_sent
+from grace_legacy.compressors.kernels import compiled, sign_passes
+from grace_legacy.compressors.kernels.bits import (
+    _pack_bits_torch,
+    _unpack_bits_torch,
+    pack_bits,
+    packed_length,
+    unpack_bits,
+)
+from grace_legacy.compressors.signs import SignContext
+from grace_legacy.compressors.signsgd import majority_vote
+from grace_legacy.core import wire
+from grace_legacy.core.cost import bytes_sent
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
 SHAPES = [(), (1,), (7,), (8,), (3, 5), (2, 3, 4, 5)]

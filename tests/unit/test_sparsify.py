@@ -6,7 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from grace_legacy import Grace, RandomK, TopK
-from grace_legacy.compressors.sparsify import SparseContext, densify, index_dtype, kept_count, scatter_sum
+from grace_legacy.compressors.entries import kept_count
+from grace_legacy.core.sparse import SparseContext, densify, index_dtype, scatter_sum
 
 
 def distinct_magnitudes(n: int, seed: int = 0) -> torch.Tensor:

@@ -5,8 +5,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from grace_legacy import Grace, Legacy, Residual, Threshold, wire
+from grace_legacy import Grace, Legacy, Residual, Threshold
 from grace_legacy.compressors.threshold import smallest_at_least
+from grace_legacy.core import wire
 
 FLOATS = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 

@@ -30,8 +30,8 @@ from zoo import mean_rule
 from zoo_worker import twin_step
 
 from grace_legacy import DGC, QSGD, Accordion, DGCMemory, DGCWarmup, Grace, LGreCo, NoMemory, Residual, TopK
-from grace_legacy.adaptive import LGreCo as LGreCoClass
-from grace_legacy.core import derived_seed
+from grace_legacy.core.seeds import derived_seed
+from grace_legacy.schedules.lgreco import LGreCo as LGreCoClass
 
 
 class NamedRuleTwin:

@@ -34,7 +34,7 @@ def main() -> None:
         return 4 * p.numel() if topk_goes_dense(p.numel(), RATIO, size) else 8 * kept(RATIO, p.numel())
 
     rec.check("hvd.DistributedOptimizer is grace_legacy's after import",
-              hvd.DistributedOptimizer is grace_legacy.horovod.DistributedOptimizer)
+              hvd.DistributedOptimizer is grace_legacy.optimizer.DistributedOptimizer)
 
     # Top-k without memory: mean over ranks of each rank's own top-k (the whole tensor where the
     # dense fallback applies: tensors too small for a gather to beat an allreduce).

@@ -117,7 +117,7 @@ def main() -> None:
     rec = Recorder(args.out)
     rec.check("horovod.torch.optimizer.DistributedOptimizer is still Horovod's own",
               horovod.torch.optimizer.DistributedOptimizer.__module__ == "horovod.torch.optimizer")
-    rec.check("hvd.DistributedOptimizer is grace_legacy's", grace_legacy.horovod.installed())
+    rec.check("hvd.DistributedOptimizer is grace_legacy's", grace_legacy.optimizer.installed())
     for compression_label in COMPRESSIONS:
         for optimizer_label in OPTIMIZERS:
             rec.guard(f"{compression_label}/{optimizer_label}", resume, rec, compression_label, optimizer_label)

@@ -15,7 +15,7 @@ from checks import Recorder, gather_from_ranks, gathered_goes_dense, parse_args
 from harness import STEPS, Net, batch, local_gradients, loss_of
 from zoo import Observation, mean_rule
 
-from grace_legacy import wire
+from grace_legacy.core import wire
 from grace_legacy.grace import _DENSE
 
 HERE = Path(__file__).resolve().parent

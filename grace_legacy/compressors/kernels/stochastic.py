@@ -2,7 +2,7 @@
 
 In tensor arithmetic each quantizer makes one full-size temporary per step of its formula (six
 to thirteen on a transformer's embedding) and draws its random numbers into one more. Here each
-is a single loop that reads an element, draws its number (:mod:`~grace_legacy.compressors.draws`,
+is a single loop that reads an element, draws its number (:mod:`~grace_legacy.compressors.kernels.draws`,
 computed inline) and writes its code, with the same float32 or float64 operations in the same
 order as the tensor formulas, so the codes are bit for bit theirs (tested against them).
 
@@ -22,13 +22,13 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from grace_legacy.compressors import compiled as _compiled
-from grace_legacy.compressors.draws import GAMMA, MIX1, MIX2
+from grace_legacy.compressors.kernels import compiled as _compiled
+from grace_legacy.compressors.kernels.draws import GAMMA, MIX1, MIX2
 
 
 def kernels_apply(tensor: torch.Tensor) -> bool:
     """Whether the compiled loops handle ``tensor``: any CPU tensor, which the quantizers convert
-    to float32 or float64 first (while :data:`grace_legacy.compressors.compiled.ENABLED`)."""
+    to float32 or float64 first (while :data:`grace_legacy.compressors.kernels.compiled.ENABLED`)."""
     return _compiled.applies(tensor)
 
 
@@ -44,8 +44,7 @@ def _kernels():
     from numba.extending import overload
 
     # A constant per compiled type: `x.itemsize` is read from the array at run time, so a test of
-    # it stayed in every loop, with both dtypes' code and spilled registers (Natural's loop ran
-    # about 1.5x slower for it).
+    # it would stay in every loop, with both dtypes' code and spilled registers.
     @overload(_single, inline="always")
     def _single_for(x):
         single = x.dtype.bitwidth == 32

@@ -19,8 +19,7 @@ leading dimension may differ between ranks.
 A bucket of header-less payloads whose parts line up (part ``i`` of every payload has one dtype)
 may instead travel *by part*: every payload's part 0 back to back, then every payload's part 1,
 and so on (:func:`pack_columns`). Each column is one ``torch.cat`` to pack and one view to
-unpack, where payload by payload costs a few small tensor operations per part (about 40 us a
-payload on CPU).
+unpack, where payload by payload costs a few small tensor operations per part.
 """
 
 from __future__ import annotations

@@ -25,18 +25,17 @@ from __future__ import annotations
 
 import bisect
 import math
-import numbers
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from fractions import Fraction
 from typing import Any
 
 import torch
 
-from grace_legacy.core import Compressor
-from grace_legacy.grace import bytes_sent
-from grace_legacy.schedule import KnobSchedule, check_positive_int, is_int
-
-MODES = ("layer", "epoch", "both")
+from grace_legacy.core.compressor import Compressor
+from grace_legacy.core.validation import check_positive_int, is_int
+from grace_legacy.schedules.base import KnobSchedule
+from grace_legacy.schedules.budget import budget_matched
+from grace_legacy.schedules.flags import from_flags, to_flags
 
 
 def _check_increasing_positive(values: Any, argument: str) -> list[int]:
@@ -65,12 +64,14 @@ class Legacy(KnobSchedule):
         steps_per_epoch: count optimizer steps for progress, so ``set_epoch`` is optional.
     """
 
+    MODES = ("layer", "epoch", "both")
+
     def __init__(self, base: Compressor, by: str, values: Sequence[Any], *, splits: Sequence[int] | None = None,
                  epochs: int | None = None, boundaries: Sequence[int] | None = None,
                  steps_per_epoch: int | None = None) -> None:
         super().__init__(base, steps_per_epoch=steps_per_epoch)
-        if by not in MODES:
-            raise ValueError(f"Legacy: by must be one of {', '.join(map(repr, MODES))}, got {by!r}")
+        if by not in self.MODES:
+            raise ValueError(f"Legacy: by must be one of {', '.join(map(repr, self.MODES))}, got {by!r}")
         by_layer, by_phase = by in ("layer", "both"), by in ("epoch", "both")
 
         if by_layer:
@@ -195,173 +196,10 @@ class Legacy(KnobSchedule):
             parts.append(f"steps_per_epoch={self.steps_per_epoch}")
         return f"Legacy({', '.join(parts)})"
 
-    # -- other ways to build one ----------------------------------------------------------------
-    @classmethod
-    def from_strings(cls, base: Compressor, by: str, group_compressions: str, group_splits: str = "",
-                     epochs: int | None = None, **kwargs: Any) -> Legacy:
-        """Read the reference implementation's flags.
-
-        ``group_compressions`` is comma-separated; for a density knob (Top-k, Random-k, DGC) the
-        values are *percentages* (``"1,0.1"`` is densities 0.01 and 0.001; ``100`` is dense), for
-        other knobs they are the knob's own values; ``none`` means uncompressed. With
-        ``by="both"``, ``;`` separates phases (rows). ``group_splits`` is comma-separated element
-        counts. ``by="uniform"`` uses the first value for every tensor, as the reference does.
-        """
-        if not isinstance(group_compressions, str) or not group_compressions.strip():
-            raise ValueError(f"Legacy.from_strings: group_compressions must be a non-empty string, "
-                             f"got {group_compressions!r}")
-        knob = base.knob
-        if knob is None:
-            raise ValueError(f"Legacy.from_strings: {type(base).__name__} has no parameter to schedule")
-        percent = knob.name == "ratio"
-
-        def parse_value(token: str) -> Any:
-            token = token.strip()
-            if token.lower() in ("none", "dense"):
-                return None
-            try:
-                number = Fraction(token)
-            except ValueError:
-                raise ValueError(f"Legacy.from_strings: cannot read {token!r} in group_compressions="
-                                 f"{group_compressions!r} as a number") from None
-            if percent:
-                return float(number / 100)
-            return int(number) if knob.integer and number.denominator == 1 else float(number)
-
-        rows = [[parse_value(t) for t in row.split(",")] for row in group_compressions.split(";")]
-        try:
-            splits = [int(t) for t in group_splits.split(",")] if group_splits.strip() else []
-        except ValueError:
-            raise ValueError(f"Legacy.from_strings: group_splits must be comma-separated integers, "
-                             f"got {group_splits!r}") from None
-        if by == "uniform":
-            return cls(base, "layer", [rows[0][0]], splits=[])
-        if by != "both" and len(rows) > 1:
-            raise ValueError(f"Legacy.from_strings: ';' in group_compressions separates phases, only with by='both'; "
-                             f"got group_compressions={group_compressions!r} with by={by!r}")
-        if by == "layer":
-            return cls(base, "layer", rows[0], splits=splits, **kwargs)
-        if by == "epoch":
-            if splits:
-                raise ValueError("Legacy.from_strings: group_splits is not used with by='epoch'")
-            return cls(base, "epoch", rows[0], epochs=epochs, **kwargs)
-        return cls(base, by, rows, splits=splits, epochs=epochs, **kwargs)
-
-    def to_strings(self) -> dict[str, Any]:
-        """The reference flags for this schedule: ``Legacy.from_strings(base, **to_strings())``
-        rebuilds it."""
-        percent = self.base.knob.name == "ratio"
-
-        def show(v: Any) -> str:
-            if v is None:
-                return "none"
-            return f"{v * 100:.12g}" if percent else f"{v:g}"
-
-        if self.by == "layer":
-            text = ",".join(show(v) for v in self.table[0])
-        elif self.by == "epoch":
-            text = ",".join(show(row[0]) for row in self.table)
-        else:
-            text = ";".join(",".join(show(v) for v in row) for row in self.table)
-        out: dict[str, Any] = {"by": self.by, "group_compressions": text,
-                               "group_splits": ",".join(str(s) for s in self.splits)}
-        if self.epochs is not None:
-            out["epochs"] = self.epochs
-        return out
-
-    @classmethod
-    def budget_matched(cls, base: Compressor, target: Any, *, by: str, sizes: Iterable[int] | Any,
-                       splits: Sequence[int] | None = None, layer_factors: Sequence[float] | None = None,
-                       phase_factors: Sequence[float] | None = None, epochs: int | None = None,
-                       boundaries: Sequence[int] | None = None, steps_per_epoch: int | None = None,
-                       dtype: torch.dtype = torch.float32, tolerance: float = 0.01,
-                       world_size: int | None = None) -> Legacy:
-        """A schedule of a given *shape* that sends as many bytes over the run as ``base`` at the
-        uniform knob ``target`` would.
-
-        The shape is relative: ``layer_factors[g]`` multiplies the knob of size group ``g`` and
-        ``phase_factors[p]`` that of phase ``p`` (e.g. ``layer_factors=[10, 1]``: small layers get
-        10x the density of large ones; ``phase_factors=[2, 1, 0.5]``). The schedule is
-
-            value(p, g) = c * phase_factors[p] * layer_factors[g]    (dense once past the knob's range)
-
-        with the scale ``c`` found by bisection so that
-
-            sum_p w_p * sum_l B(n_l, value(p, g(n_l)))  ==  sum_l B(n_l, target)
-
-        where ``B(n, v)`` is the exact number of bytes a rank hands to the backend for a tensor of
-        ``n`` elements at knob ``v`` on the default route (:func:`grace_legacy.grace.bytes_sent`),
-        ``n_l`` ranges over the model's tensors (``sizes``: element counts, or
-        ``model.named_parameters()``) and ``w_p`` is phase ``p``'s share of the run. Give
-        ``world_size`` (the number of ranks) to count tensors that the bundle's dense fallback
-        sends dense as dense, as they will be. Raises ``ValueError`` if no scale meets the budget
-        within ``tolerance`` (relative).
-        """
-        knob = base.knob
-        if knob is None or knob.integer or knob.high is None:
-            raise ValueError(f"Legacy.budget_matched: needs a bounded continuous knob whose bytes grow with it (a "
-                             f"density); {type(base).__name__}'s knob is "
-                             f"{f'{knob.name}, {knob.describe_range()}' if knob else 'missing'}")
-        target = knob.check(target, "Legacy.budget_matched(target)")
-        numels = [int(s[1].numel()) if isinstance(s, tuple) else int(s) for s in sizes]
-        if not numels:
-            raise ValueError("Legacy.budget_matched: sizes is empty")
-        if by not in MODES:
-            raise ValueError(f"Legacy.budget_matched: by must be one of {MODES}, got {by!r}")
-        layer_factors = list(layer_factors) if layer_factors is not None else [1.0] * (len(splits or []) + 1)
-        phase_factors = list(phase_factors) if phase_factors is not None else [1.0]
-        if by == "epoch":
-            layer_factors = [1.0]
-        if by == "layer":
-            phase_factors = [1.0]
-        for argument, factors in (("layer_factors", layer_factors), ("phase_factors", phase_factors)):
-            if not factors or any(not isinstance(f, numbers.Real) or not f > 0 for f in factors):
-                raise ValueError(f"Legacy.budget_matched: {argument} must be positive numbers, got {factors}")
-        def build(scale: float) -> Legacy:
-            def value(p: int, g: int) -> Any:
-                v = scale * phase_factors[p] * layer_factors[g]
-                return knob.dense if knob.high is not None and v >= knob.high else v
-
-            table = [[value(p, g) for g in range(len(layer_factors))] for p in range(len(phase_factors))]
-            values: Any = table if by == "both" else (table[0] if by == "layer" else [row[0] for row in table])
-            kwargs: dict[str, Any] = {"steps_per_epoch": steps_per_epoch}
-            if by != "epoch":
-                kwargs["splits"] = splits or []
-            if by != "layer":
-                kwargs.update(epochs=epochs, boundaries=boundaries)
-            return cls(base, by, values, **kwargs)
-
-        def run_bytes(schedule: Legacy) -> float:
-            return sum(weight * bytes_sent(schedule._concrete(phase, schedule.group_of(n)), n, dtype, world_size)
-                       for phase, weight in enumerate(schedule.phase_weights()) for n in numels)
-
-        uniform = None if knob.is_dense(target) else base.with_knob(target)
-        try:
-            budget = sum(bytes_sent(uniform, n, dtype, world_size) for n in numels)
-        except NotImplementedError as err:
-            raise ValueError(f"Legacy.budget_matched: {type(base).__name__} cannot predict its bytes, so no budget "
-                             f"can be matched ({err})") from None
-        smallest = min(f * g for f in phase_factors for g in layer_factors)
-        low = 0.0
-        high = knob.high / smallest
-        best, best_error = None, math.inf
-        for _ in range(200):
-            scale = (low + high) / 2
-            if scale <= 0:
-                break
-            schedule = build(scale)
-            spent = run_bytes(schedule)
-            error = abs(spent - budget) / budget
-            if error < best_error:
-                best, best_error = schedule, error
-            if spent < budget:
-                low = scale
-            else:
-                high = scale
-        if best is None or best_error > tolerance:
-            raise ValueError(f"Legacy.budget_matched: no scale of this shape matches the budget of target={target} "
-                             f"within {tolerance:.1%} (closest: {best_error:.2%}); widen the factors or the target")
-        return best
+    # -- other ways to build one (each in its own module; the functions take the class first) ----
+    from_strings = classmethod(from_flags)
+    to_strings = to_flags
+    budget_matched = classmethod(budget_matched)
 
     def phase_weights(self) -> list[float]:
         """Each phase's share of the run (equal phases, or from ``boundaries`` and ``epochs``)."""

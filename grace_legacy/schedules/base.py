@@ -17,7 +17,6 @@ by ``N`` (``hvd.DistributedOptimizer`` calls it after every synchronization).
 
 from __future__ import annotations
 
-import numbers
 from abc import abstractmethod
 from collections.abc import Hashable, Iterable, Sequence
 from fractions import Fraction
@@ -25,20 +24,9 @@ from typing import Any
 
 import torch
 
-from grace_legacy.core import ArgumentTypeError, Backend, Compressor, Payload, check_gradient
-
-
-def is_int(value: Any) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def check_positive_int(value: Any, argument: str, owner: str) -> int:
-    if not isinstance(value, numbers.Real) or isinstance(value, bool):
-        raise ArgumentTypeError(f"{owner}: {argument} must be a positive integer, got {value!r} "
-                                f"of type {type(value).__name__}")
-    if not is_int(value) or value <= 0:
-        raise ValueError(f"{owner}: {argument} must be a positive integer, got {value!r}")
-    return int(value)
+from grace_legacy.core.backend import Backend
+from grace_legacy.core.compressor import Compressor, Payload
+from grace_legacy.core.validation import ArgumentTypeError, check_gradient, check_positive_int, is_int
 
 
 class KnobSchedule(Compressor):

@@ -1,7 +1,7 @@
 """What the compiled CPU loops share: one switch, and one way to compile them.
 
-The loops in :mod:`~grace_legacy.compressors.scan`, :mod:`~grace_legacy.compressors.sign_passes`
-and :mod:`~grace_legacy.compressors.stochastic` are numba functions. Each module builds them in
+The loops in :mod:`~grace_legacy.compressors.kernels.scan`, :mod:`~grace_legacy.compressors.kernels.sign_passes`
+and :mod:`~grace_legacy.compressors.kernels.stochastic` are numba functions. Each module builds them in
 its own ``_kernels()`` on first use, so importing grace_legacy never imports numba; compiled code
 is cached on disk beside the module (``__pycache__``), so a later process loads it instead of
 compiling again.

@@ -9,10 +9,10 @@ A float32 draw needs 24 bits, so each word makes two: draw ``2j`` is the top 24 
 draw is a multiple of its dtype's resolution.
 
 Why not ``torch.rand`` with a seeded generator: on a CPU it draws one number at a time from a
-Mersenne Twister (about 6 ns a number here, more than all the stochastic quantizers' arithmetic
-together), and a CUDA generator gives other numbers than a CPU one. Each draw here is a pure
+Mersenne Twister, which costs more than all the stochastic quantizers' arithmetic together, and
+a CUDA generator gives other numbers than a CPU one. Each draw here is a pure
 function of ``(key, i)``, so a compiled CPU loop computes it inline beside the arithmetic that
-uses it (:mod:`~grace_legacy.compressors.stochastic`), the tensor version below computes the
+uses it (:mod:`~grace_legacy.compressors.kernels.stochastic`), the tensor version below computes the
 same numbers on any device, and a test replays any element.
 
 The tensor version works in int64, whose products and sums wrap modulo ``2**64`` exactly as

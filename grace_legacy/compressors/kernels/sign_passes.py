@@ -6,7 +6,7 @@ tensor of ``x >= 0``, its packing, two masked copies for 1-bit SGD's side sums (
 EF-signSGD's scale), then on the way back the unpacked bits, their conversion and the arithmetic
 that makes ``+-1`` or the side means. Here the way out is one loop that reads each element once,
 packs its bit (element ``i`` is bit ``i % 8`` of byte ``i // 8``, as
-:mod:`~grace_legacy.compressors.bits` lays them out) and, when asked, adds it to its side's sum;
+:mod:`~grace_legacy.compressors.kernels.bits` lays them out) and, when asked, adds it to its side's sum;
 the way back is one loop that writes each element once.
 
 Float32 and float64 CPU tensors only (the compressors take their tensor path otherwise). Sums are
@@ -23,15 +23,15 @@ import math
 import numpy as np
 import torch
 
-from grace_legacy.compressors import compiled as _compiled
-from grace_legacy.compressors.bits import packed_length
+from grace_legacy.compressors.kernels import compiled as _compiled
+from grace_legacy.compressors.kernels.bits import packed_length
 
 COMPILED_DTYPES = (torch.float32, torch.float64)
 
 
 def kernels_apply(tensor: torch.Tensor) -> bool:
     """Whether the compiled loops handle ``tensor``: a float32 or float64 CPU tensor (while
-    :data:`grace_legacy.compressors.compiled.ENABLED`)."""
+    :data:`grace_legacy.compressors.kernels.compiled.ENABLED`)."""
     return _compiled.applies(tensor, COMPILED_DTYPES)
 
 
@@ -110,7 +110,7 @@ def _kernels():
 
 
 def pack_nonnegative(x: torch.Tensor) -> torch.Tensor:
-    """The packed bits of ``x >= 0`` (flat), as :func:`~grace_legacy.compressors.bits.pack_bits`
+    """The packed bits of ``x >= 0`` (flat), as :func:`~grace_legacy.compressors.kernels.bits.pack_bits`
     would give them."""
     out = torch.empty(packed_length(x.numel()), dtype=torch.uint8)
     _kernels()[0](x.reshape(-1).numpy(), out.numpy())

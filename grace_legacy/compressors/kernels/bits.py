@@ -5,7 +5,7 @@ Layout: element ``i`` of the flattened input is bit ``i % 8`` (least significant
 bytes; the unused high bits of the last byte are zero, so equal inputs pack to equal bytes.
 Both directions are whole-tensor operations (no Python loop over elements) and run on the
 tensor's own device: on CPU through ``numpy.packbits``/``numpy.unpackbits`` (zero-copy views,
-some 30x faster there than the shifts and sums torch needs), elsewhere in torch.
+much faster there than the shifts and sums torch needs), elsewhere in torch.
 """
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ from horovod.torch.mpi_ops import Adasum, Average, Sum, global_process_set
 
 from grace_legacy.backends.horovod import HorovodBackend
 from grace_legacy.consistency import verify_ranks_agree
-from grace_legacy.core import Compressor
+from grace_legacy.core.compressor import Compressor
 from grace_legacy.grace import Grace
 
 _horovod_distributed_optimizer = _hvd_optimizer.DistributedOptimizer

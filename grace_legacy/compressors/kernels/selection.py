@@ -24,7 +24,7 @@ every NaN pattern sorts above infinity, which is where ``torch.topk`` puts NaN. 
 entries are selected first, as ``torch.topk(x.abs(), k)`` selects them, and the same code serves
 fp16, bf16 (which numpy lacks as a float), fp32 and fp64. On CPU the steps run on a zero-copy
 numpy view, the candidate pass and the exact top-k among the candidates as compiled loops
-(:mod:`~grace_legacy.compressors.scan`); on other devices the same algorithm runs in torch.
+(:mod:`~grace_legacy.compressors.kernels.scan`); on other devices the same algorithm runs in torch.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ import math
 import numpy as np
 import torch
 
-from grace_legacy.compressors.scan import candidates_at_or_above, largest
+from grace_legacy.compressors.kernels.scan import candidates_at_or_above, largest
 
 #: Below this many entries a plain ``torch.topk`` is as fast as anything (per-call overheads win).
 SMALL = 1 << 15

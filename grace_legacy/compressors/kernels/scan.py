@@ -1,17 +1,18 @@
 """Compiled passes of CPU selection: the candidates at or above a bound, and the k largest of them.
 
-Both work on a tensor's magnitude bits (see :mod:`~grace_legacy.compressors.selection`) and are
-compiled by numba, because in numpy each is several calls with a temporary apiece. Over
-ResNet-50's gradients:
+Both work on a tensor's magnitude bits (see :mod:`~grace_legacy.compressors.kernels.selection`) and are
+compiled by numba, because in numpy each is several calls with a temporary apiece:
 
 * the candidate pass reads each entry once, at about the speed of a vectorized read of the same
-  bytes (12 ms, against 17-23 ms for numpy's chunked mask-compare-``flatnonzero``), and writes
-  each candidate's magnitude beside its position, which spares a gather afterwards. Its test is
-  one-sided on purpose: a two-sided range test in the same loop measured slower than numpy, so
+  bytes (numpy's chunked mask-compare-``flatnonzero`` reads them several times), and writes each
+  candidate's magnitude beside its position, which spares a gather afterwards. Its test is
+  one-sided on purpose: a two-sided range test in the same loop was slower than numpy, so
   callers that must exclude NaN's patterns (which sort above infinity's) filter the candidates;
 * the k largest among the candidates come from a histogram of their magnitudes, which leaves
-  only one bin to partition (at density 0.01 the pass and the selection together take 15.6 ms, against
-  19.8 ms with a gather and numpy's partition over all the candidates).
+  only one bin to partition instead of partitioning all the candidates.
+
+Their speed against the alternatives is measured by ``benchmarks/performance/throughput.py``
+(``benchmarks/results/performance.md``).
 
 numba is imported, and the loops compiled, on first use (about a second, then cached on disk
 beside this file), so importing grace_legacy stays cheap.
@@ -23,7 +24,7 @@ import functools
 
 import numpy as np
 
-from grace_legacy.compressors import compiled as _compiled
+from grace_legacy.compressors.kernels import compiled as _compiled
 
 #: Candidates room is made for before the count is known, at least (a second pass is needed only
 #: when more than the caller's estimate, and more than this, are found).

@@ -1,4 +1,4 @@
-"""The two memories every compressor can use: none, and residual error feedback."""
+"""Residual error feedback: what compression left out of a gradient is added to the next one."""
 
 from __future__ import annotations
 
@@ -6,20 +6,9 @@ from typing import Any
 
 import torch
 
-from grace_legacy.core import Compressor, Memory, Payload, StepJournal
-
-
-class NoMemory(Memory):
-    """Compresses the gradient as it is and forgets what compression dropped."""
-
-    keeps_nonfinite = True
-
-    def compensate(self, tensor: torch.Tensor, name: str) -> torch.Tensor:
-        return tensor
-
-    def update(self, compensated: torch.Tensor, name: str, compressor: Compressor,
-               payload: Payload, ctx: Any) -> None:
-        pass
+from grace_legacy.core.compressor import Compressor, Payload
+from grace_legacy.core.journal import StepJournal
+from grace_legacy.core.memory import Memory
 
 
 class Residual(Memory):
@@ -86,14 +75,3 @@ class Residual(Memory):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self.residuals = {name: r.clone() for name, r in state["residuals"].items()}
-
-
-class PowerSGDMemory(Residual):
-    """PowerSGD's error feedback (Vogels et al. 2019, Algorithm 2): ``e_w <- M_w - P^ Q_w^T``.
-
-    The same rule as :class:`Residual`: the bundle hands the memory PowerSGD's last *local*
-    payload ``Q_w``, which decodes against the shared ``P^`` to this worker's share of the
-    approximation. Tensors PowerSGD sends dense (1-D, or too small to factor) keep no residual.
-    The warm-start ``Q`` lives in the compressor, which must re-draw it when a schedule changes
-    the rank.
-    """

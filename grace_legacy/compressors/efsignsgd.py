@@ -1,0 +1,73 @@
+"""EF-signSGD: the scaled sign of the error-compensated step (conventions in
+:mod:`grace_legacy.compressors.signs`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from grace_legacy.compressors.kernels import sign_passes
+from grace_legacy.compressors.kernels.bits import pack_bits, packed_length
+from grace_legacy.compressors.signs import SignContext, accumulator_dtype, choose, sign_context
+from grace_legacy.core.compressor import Compressor, Payload
+from grace_legacy.core.memory import Memory
+from grace_legacy.memories.efsignsgd import EFSignSGDMemory, check_learning_rate
+
+
+class EFSignSGD(Compressor):
+    """EF-signSGD (Karimireddy et al., 2019; GRACE's ``efsignsgd``): the scaled sign of the
+    error-compensated step, with :class:`~grace_legacy.memories.EFSignSGDMemory`.
+
+    The memory hands over ``p = lr * g + e`` (``lr`` the optimizer's learning rate). This sends
+
+        C(p) = (||p||_1 / n) * sign(p)
+
+    as ``[bits, scale]``: ``ceil(n / 8)`` ``uint8`` bytes and one scale in the gradient's dtype
+    (computed in fp32 for half precision), i.e. 1/8 byte per element plus 2, 4 or 8 bytes.
+    ``decompress`` gives ``scale * (+-1)`` in units of ``p``. The aggregate is the mean over ranks
+    of each rank's own ``scale_r * sign_r`` (the sum with ``average=False``): every rank has its
+    own scale, so it is gathered. The memory divides that by ``lr`` (``Memory.aggregated``) and
+    keeps ``e <- p - C(p)``, so the optimizer's step ``lr * (mean_r C(p_r) / lr)`` is exactly the
+    mean of the ranks' EF-signSGD steps.
+
+    Only ``EFSignSGDMemory`` with the same ``lr`` is accepted (:meth:`check_memory`); it is the
+    default when ``memory=None``.
+    """
+
+    def __init__(self, lr: float) -> None:
+        super().__init__()
+        self.lr = check_learning_rate(lr, "EFSignSGD")
+
+    def compress(self, tensor: torch.Tensor, name: str) -> tuple[Payload, Any]:
+        ctx = sign_context(tensor, "EFSignSGD")
+        flat = tensor.reshape(-1)
+        if sign_passes.kernels_apply(flat):
+            packed, nonnegative, negative, _ = sign_passes.pack_and_sum_sides(flat)
+            # sum |x_i| in float64; a NaN on the negative side stays NaN, an inf stays inf.
+            scale = torch.tensor([(nonnegative - negative) / ctx.numel], dtype=tensor.dtype)
+            return [packed, scale], ctx
+        scale = torch.mean(flat.abs(), dtype=accumulator_dtype(tensor.dtype)).to(tensor.dtype).reshape(1)
+        return [pack_bits(flat >= 0), scale], ctx
+
+    def decompress(self, payload: Payload, ctx: SignContext) -> torch.Tensor:
+        packed, scale = payload
+        return choose(packed, ctx, scale[0], -scale[0])
+
+    def payload_spec(self, numel: int, dtype: torch.dtype) -> list[tuple[int, torch.dtype]]:
+        return [(packed_length(numel), torch.uint8), (1, dtype)]
+
+    def recommended_memory(self) -> Memory:
+        return EFSignSGDMemory(self.lr)
+
+    def check_memory(self, memory: Memory) -> None:
+        if not isinstance(memory, EFSignSGDMemory):
+            raise ValueError(
+                f"{self!r} needs EFSignSGDMemory(lr={self.lr!r}), got {memory!r}: its error feedback works "
+                f"in units of lr * gradient and its aggregate is divided back by lr; leave memory=None")
+        if memory.lr != self.lr:
+            raise ValueError(f"{self!r} needs EFSignSGDMemory(lr={self.lr!r}) with the same learning rate, "
+                             f"got {memory!r}")
+
+    def __repr__(self) -> str:
+        return f"EFSignSGD(lr={self.lr!r})"

@@ -1,0 +1,60 @@
+"""1-bit SGD: one bit per entry for its side, and each side's mean (conventions in
+:mod:`grace_legacy.compressors.signs`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from grace_legacy.compressors.kernels import sign_passes
+from grace_legacy.compressors.kernels.bits import pack_bits, packed_length
+from grace_legacy.compressors.signs import SignContext, accumulator_dtype, choose, sign_context
+from grace_legacy.core.compressor import Compressor, Payload
+from grace_legacy.core.memory import Memory
+from grace_legacy.memories.residual import Residual
+
+
+class OneBit(Compressor):
+    """1-bit SGD (Seide et al., 2014; GRACE's ``onebit``), meant to run with error feedback.
+
+    One bit per entry says its side, non-negative (``x >= 0``) or negative, and two scalars give
+    each side's mean:
+
+        mu_+ = mean{x_i : x_i >= 0},   mu_- = mean{x_i : x_i < 0}   (0 for an empty side)
+        D(x)_i = mu_+ if x_i >= 0 else mu_-
+
+    Payload ``[bits, means]`` with ``means = [mu_+, mu_-]`` in the gradient's dtype (the sums are
+    accumulated in fp32 for half precision): ``ceil(n / 8)`` bytes plus 4, 8 or 16, i.e. 1/8 byte
+    per element. Each side's sum is kept, so ``sum_i D(x)_i == sum_i x_i`` up to rounding. Not a
+    vote: the aggregate is the mean over ranks of the decoded tensors (the sum with
+    ``average=False``). Recommended memory: ``Residual``, which returns what the two means dropped.
+    """
+
+    def compress(self, tensor: torch.Tensor, name: str) -> tuple[Payload, Any]:
+        ctx = sign_context(tensor, "OneBit")
+        flat = tensor.reshape(-1)
+        if sign_passes.kernels_apply(flat):
+            packed, up, down, count = sign_passes.pack_and_sum_sides(flat)
+            # A side with no entry has sum 0 and mean 0.
+            means = torch.tensor([up / max(count, 1), down / max(ctx.numel - count, 1)], dtype=tensor.dtype)
+            return [packed, means], ctx
+        nonnegative = flat >= 0
+        wide = flat.to(accumulator_dtype(tensor.dtype))
+        zero = wide.new_zeros(())
+        sums = torch.stack([torch.where(nonnegative, wide, zero).sum(), torch.where(nonnegative, zero, wide).sum()])
+        count = nonnegative.sum()
+        # A side with no entry has sum 0; dividing by 1 makes its mean 0 without a branch (no sync).
+        counts = torch.stack([count, ctx.numel - count]).clamp(min=1)
+        means = (sums / counts).to(tensor.dtype)
+        return [pack_bits(nonnegative), means], ctx
+
+    def decompress(self, payload: Payload, ctx: SignContext) -> torch.Tensor:
+        packed, means = payload
+        return choose(packed, ctx, means[0], means[1])
+
+    def payload_spec(self, numel: int, dtype: torch.dtype) -> list[tuple[int, torch.dtype]]:
+        return [(packed_length(numel), torch.uint8), (2, dtype)]
+
+    def recommended_memory(self) -> Memory:
+        return Residual()

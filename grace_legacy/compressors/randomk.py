@@ -1,0 +1,93 @@
+"""Random-k: keep entries chosen at random, the same ones on every rank, so they can be summed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from grace_legacy.compressors.entries import DENSITY, kept_count
+from grace_legacy.core.compressor import Compressor, Payload
+from grace_legacy.core.sparse import SparseContext, densify
+from grace_legacy.core.validation import check_gradient
+from grace_legacy.memories.residual import Residual
+
+
+def uniform_subset(n: int, k: int, generator: torch.Generator) -> torch.Tensor:
+    """``k`` distinct integers from ``range(n)``, every ``k``-subset equally likely (int64).
+
+    A permutation of all ``n`` costs ``O(n)`` for every draw; for ``k`` well below ``n`` the
+    first ``k`` distinct values of a stream of uniform draws are the same distribution (sampling
+    without replacement by rejecting repeats) at ``O(k log k)``. Few draws repeat: ``k`` draws
+    hold about ``k^2 / 2n`` repeats, so a stream of ``k + 2 k^2 / n + 64`` rarely needs topping up
+    (by ``2 m + 64`` more draws while ``m`` distinct values are missing). ``k > n / 4`` takes the
+    first ``k`` of a permutation instead.
+    """
+    if 4 * k > n:
+        return torch.randperm(n, generator=generator)[:k]
+    draws = torch.randint(n, (k + 2 * k * k // n + 64,), generator=generator)
+    while True:
+        # np.unique's return_index is each distinct value's first position in the stream.
+        _, first = np.unique(draws.numpy(), return_index=True)
+        if first.size >= k:
+            return draws[torch.from_numpy(np.sort(first)[:k])]
+        missing = k - first.size
+        draws = torch.cat([draws, torch.randint(n, (2 * missing + 64,), generator=generator)])
+
+
+class RandomK(Compressor):
+    """Keeps ``k = max(1, floor(ratio * n))`` entries chosen uniformly at random, unscaled.
+
+    The indices are a function of ``(seed, name, step)`` alone (not of the rank), drawn from a
+    private ``torch.Generator`` (the global RNG is never touched), so every rank picks the same
+    ones: only the values travel, and they can be summed by an allreduce. ``step`` counts this
+    tensor's compressions and is saved by :meth:`state_dict`. Pairs with ``Residual``.
+    """
+
+    knob = DENSITY
+    additive = True
+    sends_entries = True
+
+    def __init__(self, ratio: float | None = None, seed: int = 0) -> None:
+        super().__init__()
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise TypeError(f"RandomK: seed must be an int, got {seed!r}")
+        self._set_knob(ratio)
+        self.seed = seed
+
+    @property
+    def ratio(self) -> float | None:
+        return self.knob_value
+
+    def indices(self, name: str, step: int, numel: int) -> torch.Tensor:
+        """The indices kept for tensor ``name`` at its ``step``-th compression (int64, distinct,
+        in no particular order): a uniformly random ``k``-subset of ``range(numel)``."""
+        generator = self.generator(self.seed, name, step, per_rank=False)
+        return uniform_subset(numel, kept_count(self.ratio, numel), generator)
+
+    def compress(self, tensor: torch.Tensor, name: str) -> tuple[Payload, Any]:
+        check_gradient(tensor, "RandomK")
+        self.check_ready()
+        step = self.next_step(name)
+        flat = tensor.reshape(-1)
+        indices = self.indices(name, step, flat.numel()).to(tensor.device)
+        ctx = (indices, SparseContext(tensor.shape, flat.numel(), tensor.dtype, tensor.device))
+        return [flat.index_select(0, indices)], ctx  # flat[indices] is slower on CPU
+
+    def decompress(self, payload: Payload, ctx: Any) -> torch.Tensor:
+        indices, shape = ctx
+        return densify(payload[0], indices, shape)
+
+    def support(self, payload: Payload, ctx: Any) -> torch.Tensor:
+        """The flat indices whose values ``payload`` carries (what DGC's factor masking zeroes)."""
+        return ctx[0]
+
+    def payload_spec(self, numel: int, dtype: torch.dtype) -> list[tuple[int, torch.dtype]]:
+        return [(kept_count(self.ratio, numel), dtype)]
+
+    def __repr__(self) -> str:
+        return f"RandomK(ratio={self.ratio!r}, seed={self.seed})"
+
+    def recommended_memory(self):
+        return Residual()

@@ -1,0 +1,114 @@
+"""signSGD and Signum: every rank sends packed signs, and the ranks take a majority vote
+(conventions in :mod:`grace_legacy.compressors.signs`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from grace_legacy.compressors.kernels import sign_passes
+from grace_legacy.compressors.kernels.bits import packed_length, unpack_bits
+from grace_legacy.compressors.signs import SignContext, accumulator_dtype, choose, pack_signs, sign_context
+from grace_legacy.core.compressor import Compressor, Payload
+from grace_legacy.core.journal import StepJournal
+from grace_legacy.core.knob import Knob
+
+MOMENTUM = Knob("momentum", low=0.0, high=1.0, low_inclusive=True, high_inclusive=False)
+
+
+def majority_vote(payloads: Sequence[Payload], ctx: SignContext) -> torch.Tensor:
+    """``sign(sum_r s_r)`` from every rank's packed signs ``s_r`` (+-1): +1 or -1 where a strict
+    majority agrees, 0 where the vote ties (an even number of ranks, split evenly)."""
+    ranks = len(payloads)
+    # The narrowest count that holds 2 * ranks (a bool sum over a stacked dim is many times slower).
+    count_dtype = torch.int16 if 2 * ranks <= torch.iinfo(torch.int16).max else torch.int32
+    positive = unpack_bits(payloads[0][0], ctx.numel).to(count_dtype)
+    for payload in payloads[1:]:
+        positive += unpack_bits(payload[0], ctx.numel)
+    return torch.sign(positive.mul_(2).sub_(ranks)).to(ctx.dtype).view(ctx.shape)
+
+
+class _MajorityVote(Compressor):
+    """What signSGD and Signum share: a payload of packed signs only, aggregated by a vote."""
+
+    # A dense mean would change the update, not only the bytes: never swap it in.
+    aggregates_by_mean = False
+
+    def decompress(self, payload: Payload, ctx: SignContext) -> torch.Tensor:
+        one = torch.ones((), dtype=ctx.dtype, device=ctx.device)
+        return choose(payload[0], ctx, one, -one)
+
+    def aggregate(self, payloads: Sequence[Payload], ctx: SignContext, average: bool) -> torch.Tensor:
+        """The majority vote (:func:`majority_vote`), whatever ``average`` says: a vote is not a
+        sum, so there is nothing to divide (``op=hvd.Sum`` gets the same +-1/0 tensor)."""
+        return majority_vote(payloads, ctx)
+
+    def payload_spec(self, numel: int, dtype: torch.dtype) -> list[tuple[int, torch.dtype]]:
+        return [(packed_length(numel), torch.uint8)]
+
+
+class SignSGD(_MajorityVote):
+    """signSGD with majority vote (Bernstein et al., 2018).
+
+    Each rank sends ``s = sign(g)`` (``+1`` where ``g >= 0``, see the module docstring), packed:
+    ``[bits]``, ``ceil(n / 8)`` ``uint8`` bytes, i.e. 1/8 byte per element. The synchronized
+    gradient is the vote ``sign(sum_r s_r)``, in {-1, 0, +1}, 0 on ties. No knob, no memory.
+    """
+
+    def compress(self, tensor: torch.Tensor, name: str) -> tuple[Payload, Any]:
+        ctx = sign_context(tensor, "SignSGD")
+        return [pack_signs(tensor)], ctx
+
+
+class Signum(_MajorityVote):
+    """signSGD with momentum (Signum; Bernstein et al., 2018), aggregated by majority vote.
+
+    Per tensor, with ``m_0 = 0`` and ``beta = momentum`` in ``[0, 1)``:
+
+        m_t = beta * m_{t-1} + (1 - beta) * g_t,    sends sign(m_t)
+
+    so ``momentum=0`` is :class:`SignSGD`. The momentum is kept here (fp32 for half-precision
+    gradients, else the gradient's dtype), before compression, on each rank for its own gradient,
+    and is saved by :meth:`state_dict`. Payload and aggregation as :class:`SignSGD`: ``ceil(n / 8)``
+    bytes, the vote ``sign(sum_r sign(m_r))``, 0 on ties. Each call to :meth:`compress` is one step.
+    """
+
+    def __init__(self, momentum: float = 0.9) -> None:
+        super().__init__()
+        if momentum is None:
+            raise TypeError(f"Signum: momentum must be {MOMENTUM.describe_range()}, got None")
+        self.momentum: float = MOMENTUM.check(momentum, "Signum")
+        self.momentum_buffers: dict[str, torch.Tensor] = {}
+        self._journal = StepJournal()
+
+    def compress(self, tensor: torch.Tensor, name: str) -> tuple[Payload, Any]:
+        ctx = sign_context(tensor, "Signum")
+        accumulator = accumulator_dtype(tensor.dtype)
+        previous = self.momentum_buffers.get(name)
+        if previous is not None and (previous.shape != tensor.shape or previous.dtype != accumulator):
+            raise ValueError(f"Signum: tensor {name!r} changed from {tuple(previous.shape)} {previous.dtype} "
+                             f"momentum to a {tuple(tensor.shape)} {tensor.dtype} gradient")
+        self._journal.remember(self.momentum_buffers, name)
+        if previous is None:
+            previous = torch.zeros(tensor.shape, dtype=accumulator, device=tensor.device)
+        # Out of place, so that a skipped step can put the old buffer back.
+        if sign_passes.kernels_apply(tensor) and previous.is_contiguous():
+            buffer, packed = sign_passes.momentum_step(previous, tensor, self.momentum)
+        else:
+            buffer = previous * self.momentum + tensor.to(accumulator) * (1.0 - self.momentum)
+            packed = pack_signs(buffer)
+        self.momentum_buffers[name] = buffer
+        return [packed], ctx
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(),
+                "momentum_buffers": {name: m.detach().clone() for name, m in self.momentum_buffers.items()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.momentum_buffers = {name: m.clone() for name, m in state["momentum_buffers"].items()}
+
+    def __repr__(self) -> str:
+        return f"Signum(momentum={self.momentum!r})"

@@ -1,0 +1,54 @@
+"""Top-k: keep the entries of largest magnitude."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from grace_legacy.compressors.entries import DENSITY, EntrySparsifier, kept_count
+from grace_legacy.compressors.kernels.selection import top_k_indices
+from grace_legacy.core.compressor import Payload
+from grace_legacy.core.sparse import SparseContext, index_dtype
+from grace_legacy.core.validation import check_gradient
+from grace_legacy.memories.residual import Residual
+
+
+class TopK(EntrySparsifier):
+    """Keeps the ``k = max(1, floor(ratio * n))`` entries of largest magnitude.
+
+    Payload: ``[values, indices]`` with the signed values in the gradient's dtype and int32 indices
+    (int64 for tensors of 2**31 elements or more): ``8k`` bytes for fp32. Not additive (every rank
+    picks different indices), so it is gathered. Any floating dtype; pairs with ``Residual``.
+
+    The entries are those ``torch.topk(x.abs(), k)`` picks (ties aside; NaN and infinity first),
+    found by :func:`~grace_legacy.compressors.kernels.selection.top_k_indices`: a sampled threshold and one
+    candidate pass instead of a selection over every entry.
+    """
+
+    knob = DENSITY
+
+    def __init__(self, ratio: float | None = None) -> None:
+        super().__init__()
+        self._set_knob(ratio)
+
+    @property
+    def ratio(self) -> float | None:
+        return self.knob_value
+
+    def compress(self, tensor: torch.Tensor, name: str) -> tuple[Payload, Any]:
+        check_gradient(tensor, "TopK")
+        self.check_ready()
+        flat = tensor.reshape(-1)
+        k = kept_count(self.ratio, flat.numel())
+        indices = top_k_indices(flat, k)
+        values = flat.index_select(0, indices)  # several times faster than flat[indices] on CPU
+        ctx = SparseContext(tensor.shape, flat.numel(), tensor.dtype, tensor.device)
+        return [values, indices.to(index_dtype(flat.numel()))], ctx
+
+    def payload_spec(self, numel: int, dtype: torch.dtype) -> list[tuple[int, torch.dtype]]:
+        k = kept_count(self.ratio, numel)
+        return [(k, dtype), (k, index_dtype(numel))]
+
+    def recommended_memory(self):
+        return Residual()

@@ -1,0 +1,40 @@
+"""What a communicator needs from a collective library, and a result still on its way."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import torch
+
+
+class Backend(Protocol):
+    """What a communicator needs from a collective library (Horovod, later others)."""
+
+    def rank(self) -> int: ...
+    def size(self) -> int: ...
+    def allreduce_async(self, tensor: torch.Tensor, name: str, average: bool) -> Any: ...
+    def allgather_async(self, tensor: torch.Tensor, name: str) -> Any: ...
+    def broadcast_async(self, tensor: torch.Tensor, root_rank: int, name: str) -> Any: ...
+    def wait(self, handle: Any) -> torch.Tensor: ...
+
+
+class Pending:
+    """A gradient on its way: ``pending()`` waits for the collectives and returns the result.
+
+    ``bytes_sent`` is the size of what this rank handed to the backend.
+    """
+
+    __slots__ = ("bytes_sent", "_finish", "_result")
+
+    def __init__(self, finish: Callable[[], torch.Tensor], bytes_sent: int) -> None:
+        self._finish: Callable[[], torch.Tensor] | None = finish
+        self._result: torch.Tensor | None = None
+        self.bytes_sent = bytes_sent
+
+    def __call__(self) -> torch.Tensor:
+        if self._finish is not None:
+            self._result = self._finish()
+            self._finish = None
+        assert self._result is not None
+        return self._result

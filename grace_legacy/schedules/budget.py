@@ -1,0 +1,111 @@
+"""Budget matching: a LEGACY schedule of a given shape that sends as many bytes over the run as
+a uniform setting, so the user picks a shape and a familiar uniform value instead of a table."""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from grace_legacy.core.compressor import Compressor
+from grace_legacy.core.cost import bytes_sent
+
+if TYPE_CHECKING:
+    from grace_legacy.schedules.legacy import Legacy
+
+
+def budget_matched(cls: type[Legacy], base: Compressor, target: Any, *, by: str, sizes: Iterable[int] | Any,
+                   splits: Sequence[int] | None = None, layer_factors: Sequence[float] | None = None,
+                   phase_factors: Sequence[float] | None = None, epochs: int | None = None,
+                   boundaries: Sequence[int] | None = None, steps_per_epoch: int | None = None,
+                   dtype: torch.dtype = torch.float32, tolerance: float = 0.01,
+                   world_size: int | None = None) -> Legacy:
+    """A schedule of a given *shape* that sends as many bytes over the run as ``base`` at the
+    uniform knob ``target`` would.
+
+    The shape is relative: ``layer_factors[g]`` multiplies the knob of size group ``g`` and
+    ``phase_factors[p]`` that of phase ``p`` (e.g. ``layer_factors=[10, 1]``: small layers get
+    10x the density of large ones; ``phase_factors=[2, 1, 0.5]``). The schedule is
+
+        value(p, g) = c * phase_factors[p] * layer_factors[g]    (dense once past the knob's range)
+
+    with the scale ``c`` found by bisection so that
+
+        sum_p w_p * sum_l B(n_l, value(p, g(n_l)))  ==  sum_l B(n_l, target)
+
+    where ``B(n, v)`` is the exact number of bytes a rank hands to the backend for a tensor of
+    ``n`` elements at knob ``v`` on the default route (:func:`grace_legacy.core.cost.bytes_sent`),
+    ``n_l`` ranges over the model's tensors (``sizes``: element counts, or
+    ``model.named_parameters()``) and ``w_p`` is phase ``p``'s share of the run. Give
+    ``world_size`` (the number of ranks) to count tensors that the bundle's dense fallback
+    sends dense as dense, as they will be. Raises ``ValueError`` if no scale meets the budget
+    within ``tolerance`` (relative).
+    """
+    knob = base.knob
+    if knob is None or knob.integer or knob.high is None:
+        raise ValueError(f"Legacy.budget_matched: needs a bounded continuous knob whose bytes grow with it (a "
+                         f"density); {type(base).__name__}'s knob is "
+                         f"{f'{knob.name}, {knob.describe_range()}' if knob else 'missing'}")
+    target = knob.check(target, "Legacy.budget_matched(target)")
+    numels = [int(s[1].numel()) if isinstance(s, tuple) else int(s) for s in sizes]
+    if not numels:
+        raise ValueError("Legacy.budget_matched: sizes is empty")
+    if by not in cls.MODES:
+        raise ValueError(f"Legacy.budget_matched: by must be one of {cls.MODES}, got {by!r}")
+    layer_factors = list(layer_factors) if layer_factors is not None else [1.0] * (len(splits or []) + 1)
+    phase_factors = list(phase_factors) if phase_factors is not None else [1.0]
+    if by == "epoch":
+        layer_factors = [1.0]
+    if by == "layer":
+        phase_factors = [1.0]
+    for argument, factors in (("layer_factors", layer_factors), ("phase_factors", phase_factors)):
+        if not factors or any(not isinstance(f, numbers.Real) or not f > 0 for f in factors):
+            raise ValueError(f"Legacy.budget_matched: {argument} must be positive numbers, got {factors}")
+    def build(scale: float) -> Legacy:
+        def value(p: int, g: int) -> Any:
+            v = scale * phase_factors[p] * layer_factors[g]
+            return knob.dense if knob.high is not None and v >= knob.high else v
+
+        table = [[value(p, g) for g in range(len(layer_factors))] for p in range(len(phase_factors))]
+        values: Any = table if by == "both" else (table[0] if by == "layer" else [row[0] for row in table])
+        kwargs: dict[str, Any] = {"steps_per_epoch": steps_per_epoch}
+        if by != "epoch":
+            kwargs["splits"] = splits or []
+        if by != "layer":
+            kwargs.update(epochs=epochs, boundaries=boundaries)
+        return cls(base, by, values, **kwargs)
+
+    def run_bytes(schedule: Legacy) -> float:
+        return sum(weight * bytes_sent(schedule._concrete(phase, schedule.group_of(n)), n, dtype, world_size)
+                   for phase, weight in enumerate(schedule.phase_weights()) for n in numels)
+
+    uniform = None if knob.is_dense(target) else base.with_knob(target)
+    try:
+        budget = sum(bytes_sent(uniform, n, dtype, world_size) for n in numels)
+    except NotImplementedError as err:
+        raise ValueError(f"Legacy.budget_matched: {type(base).__name__} cannot predict its bytes, so no budget "
+                         f"can be matched ({err})") from None
+    smallest = min(f * g for f in phase_factors for g in layer_factors)
+    low = 0.0
+    high = knob.high / smallest
+    best, best_error = None, math.inf
+    for _ in range(200):
+        scale = (low + high) / 2
+        if scale <= 0:
+            break
+        schedule = build(scale)
+        spent = run_bytes(schedule)
+        error = abs(spent - budget) / budget
+        if error < best_error:
+            best, best_error = schedule, error
+        if spent < budget:
+            low = scale
+        else:
+            high = scale
+    if best is None or best_error > tolerance:
+        raise ValueError(f"Legacy.budget_matched: no scale of this shape matches the budget of target={target} "
+                         f"within {tolerance:.1%} (closest: {best_error:.2%}); widen the factors or the target")
+    return best

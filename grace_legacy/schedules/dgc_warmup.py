@@ -1,0 +1,109 @@
+"""DGC's warm-up: the knob moves exponentially from dense to its target over the first epochs."""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Hashable
+from typing import Any
+
+import torch
+
+from grace_legacy.core.compressor import Compressor
+from grace_legacy.core.validation import checked_knob_value, is_int, positive_number
+from grace_legacy.schedules.base import KnobSchedule
+
+
+class DGCWarmup(KnobSchedule):
+    """Deep Gradient Compression's warm-up training (Lin, Han, Mao, Wang and Dally, ICLR 2018):
+    the knob moves exponentially from ``start`` to ``target`` over the first ``warmup_epochs``
+    epochs, then stays at ``target``. For epoch ``e`` (0-based) and ``W = warmup_epochs``:
+
+        value(e) = start * c ** (e + 1)      for e < W, clamped so that it never passes target
+        value(e) = target                    for e >= W
+        c        = (target / start) ** (1 / (W + 1))     unless coeff= gives c
+
+    With a density knob (Top-k, Random-k, DGC) ``start`` defaults to ``1.0`` (dense), so the
+    default is the DGC reference implementation's ``max(target ** ((e + 1) / (W + 1)), target)``.
+    The paper's sequence for ``target=0.001``, "25%, 6.25%, 1.5625%, 0.4%, then 0.1%", is
+    ``coeff=0.25``: ``0.25, 0.0625, 0.015625, 0.00390625, 0.001``.
+
+    Any knob whose values are positive works: integer knobs (QSGD's ``levels``, PowerSGD's
+    ``rank``) are rounded to the nearest integer and need an explicit ``start`` (e.g.
+    ``DGCWarmup(QSGD(), target=4, start=256)``: 111, 49, 21, 9, then 4 levels); so does
+    Threshold, whose threshold then *grows* towards ``target``.
+
+    Progress as in :class:`~grace_legacy.Legacy`: the epoch given to :meth:`set_epoch`, or, with
+    ``steps_per_epoch``, ``floor(steps / steps_per_epoch)`` of the optimizer steps counted by
+    :meth:`end_step`. The same on every rank, so no communication is needed.
+    """
+
+    def __init__(self, base: Compressor, target: Any, warmup_epochs: int = 4, *, start: Any = None,
+                 coeff: float | None = None, steps_per_epoch: int | None = None) -> None:
+        super().__init__(base, steps_per_epoch=steps_per_epoch)
+        knob = base.knob
+        target = checked_knob_value(knob, target, "DGCWarmup(target)")
+        if target is None or knob.is_dense(target):
+            raise ValueError(f"DGCWarmup: target must be a value that compresses, got {target!r}")
+        if start is None:
+            if not isinstance(knob.dense, numbers.Real):
+                raise ValueError(f"DGCWarmup: start is needed for {type(base).__name__}'s {knob.name} (it has no "
+                                 f"dense value to start from); e.g. DGCWarmup({type(base).__name__}(), target="
+                                 f"{target!r}, start=...)")
+            start = knob.dense
+        start = checked_knob_value(knob, start, "DGCWarmup(start)")
+        if start is None:
+            raise ValueError("DGCWarmup: start must be a number")
+        for argument, value in (("target", target), ("start", start)):
+            if not value > 0:
+                raise ValueError(f"DGCWarmup: {argument} must be > 0 (the warm-up is geometric), got {value!r}")
+        if not is_int(warmup_epochs) or warmup_epochs < 0:
+            raise ValueError(f"DGCWarmup: warmup_epochs must be a non-negative integer, got {warmup_epochs!r}")
+        if coeff is not None:
+            coeff = positive_number(coeff, "coeff", "DGCWarmup")
+            if (target < start and not coeff < 1) or (target > start and not coeff > 1):
+                raise ValueError(f"DGCWarmup: coeff={coeff!r} moves away from target={target!r} "
+                                 f"(start={start!r}); it must be {'< 1' if target < start else '> 1'}")
+        self.target, self.start, self.warmup_epochs, self.coeff = target, start, int(warmup_epochs), coeff
+        self.values: list[Any] = [self._warmup_value(e) for e in range(self.warmup_epochs)] + [target]
+        self._configure(self.values)
+
+    def _warmup_value(self, epoch: int) -> Any:
+        low, high = min(self.start, self.target), max(self.start, self.target)
+        if self.coeff is None:
+            value = self.start * (self.target / self.start) ** ((epoch + 1) / (self.warmup_epochs + 1))
+        else:
+            value = self.start * self.coeff ** (epoch + 1)
+        value = min(high, max(low, value))
+        if self.base.knob.integer:
+            value = min(high, max(low, math.floor(value + 0.5)))
+        return self.base.knob.check(value, "DGCWarmup")
+
+    def phase_of(self, epoch: int) -> int:
+        """Index into :attr:`values` at ``epoch``: the epoch itself during the warm-up, then ``W``."""
+        return min(int(epoch), self.warmup_epochs)
+
+    def knob_at(self, epoch: int) -> Any:
+        """The knob value at epoch ``epoch``."""
+        return self.values[self.phase_of(epoch)]
+
+    def knob_for_tensor(self, tensor: torch.Tensor, name: str) -> Any:
+        return self.knob_at(math.floor(self.progress))
+
+    def traffic_labels(self, name: str, tensor: torch.Tensor) -> dict[str, Hashable]:
+        return {"phase": self.phase_of(math.floor(self.progress))}
+
+    @property
+    def stats(self) -> dict[str, Any]:
+        epoch = math.floor(self.progress)
+        return {**super().stats, "warmup": {"values": list(self.values), "epoch": epoch,
+                                            "phase": self.phase_of(epoch), "current": self.knob_at(epoch)}}
+
+    def __repr__(self) -> str:
+        parts = [repr(self.base), f"target={self.target!r}", f"warmup_epochs={self.warmup_epochs}",
+                 f"start={self.start!r}"]
+        if self.coeff is not None:
+            parts.append(f"coeff={self.coeff!r}")
+        if self.steps_per_epoch is not None:
+            parts.append(f"steps_per_epoch={self.steps_per_epoch}")
+        return f"DGCWarmup({', '.join(parts)})"
