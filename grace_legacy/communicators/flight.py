@@ -25,6 +25,7 @@ import torch
 
 from grace_legacy.core import wire
 from grace_legacy.core.backend import Backend, Pending
+from grace_legacy.core.communicator import Communicator
 from grace_legacy.core.compressor import Compressor, Payload
 from grace_legacy.core.sparse import scatter_sum_columns, scatter_sum_many
 
@@ -189,3 +190,17 @@ class Flight:
         sums = scatter_sum_many([entries for _, entries in scattered], self.average)
         results.update(zip((name for name, _ in scattered), sums, strict=True))
         return results
+
+
+class SingleFlight(Communicator):
+    """A communicator that sends each tensor as a flight of its own: gathered, or reduced by part
+    (:attr:`carries_non_additive`). :class:`~grace_legacy.communicators.Allreduce` and
+    :class:`~grace_legacy.communicators.Allgather` are its two settings."""
+
+    fusable = True
+
+    def start(self, payload: Payload, ctx: Any, name: str, compressor: Compressor, backend: Backend,
+              average: bool, on_final_payload: Learn | None = None) -> Pending:
+        member = Member(name, payload, ctx, compressor, gathered=self.carries_non_additive, learn=on_final_payload)
+        Flight(name, [member], backend, average)
+        return member.pending
