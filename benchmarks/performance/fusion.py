@@ -186,7 +186,8 @@ def bucket_layouts(quick: bool, density: float, world: int = 4, repetitions: int
     doc), in this process: median ms of each and the median of the paired ratios."""
     import torch
 
-    from grace_legacy import TopK, wire
+    from grace_legacy import TopK
+    from grace_legacy.core import wire
     from grace_legacy.core.sparse import scatter_sum_columns, scatter_sum_many
 
     torch.set_num_threads(1)
