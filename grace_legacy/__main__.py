@@ -113,10 +113,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         flags = compression.to_strings()
         print("reference flags: " + " ".join(f"--{k.replace('_', '-')} {v!r}" if isinstance(v, str) else
                                              f"--{k.replace('_', '-')} {v}" for k, v in flags.items()))
-    print(format_plan(result))
     if args.plot:
         plot_plan(result, args.plot)
         print(f"plot: {args.plot}")
+    print(format_plan(result))
     return 0
 
 

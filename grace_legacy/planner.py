@@ -35,6 +35,8 @@ class Cell:
     knob: Any
     bytes_sent: int
     bytes_dense: int
+    #: Tensors the dense fallback sends dense although the knob compresses them.
+    fallback: int = 0
 
     @property
     def volume(self) -> float:
@@ -132,20 +134,22 @@ def plan(compression: Compressor, shapes: Iterable[Any], *, world_size: int | No
             else:
                 value = compression.knob_value if knob else None
                 concrete = None if knob is not None and knob.is_dense(value) else compression
-            cells.append(Cell(phase, group, len(members), sum(s.numel() for s in members), value,
-                              sum(bytes_sent(concrete, s, dtype, world_size) for s in members),
-                              sum(s.numel() * element for s in members)))
+            sent = [bytes_sent(concrete, s, dtype, world_size) for s in members]
+            fallback = 0 if concrete is None or world_size is None else sum(
+                b != bytes_sent(concrete, s, dtype) for b, s in zip(sent, members, strict=True))
+            cells.append(Cell(phase, group, len(members), sum(s.numel() for s in members), value, sum(sent),
+                              sum(s.numel() * element for s in members), fallback))
     return Plan(cells, schedule.phase_weights() if schedule else [1.0],
                 _group_labels(schedule.splits if schedule else []), _phase_labels(schedule),
                 knob.name if knob else "-")
 
 
-def _show_knob(value: Any, knob_name: str) -> str:
+def _show_knob(cell: Cell, knob_name: str) -> str:
+    value = cell.knob
     if value is None:
         return "dense"
-    if knob_name == "ratio":
-        return f"{value:.4g} ({value * 100:.4g}%)"
-    return f"{value:g}"
+    text = f"{value:.4g} ({value * 100:.4g}%)" if knob_name == "ratio" else f"{value:g}"
+    return text + ("*" if cell.fallback else "")
 
 
 def _bytes(n: float) -> str:
@@ -161,7 +165,7 @@ def format_plan(result: Plan) -> str:
     for phase, label in enumerate(result.phase_labels):
         for cell in (c for c in result.cells if c.phase == phase):
             lines.append(f"{label:<18} {result.group_labels[cell.group]:<22} {cell.tensors:>7} "
-                         f"{cell.elements:>12,} {_show_knob(cell.knob, result.knob_name):>20} "
+                         f"{cell.elements:>12,} {_show_knob(cell, result.knob_name):>20} "
                          f"{_bytes(cell.bytes_sent):>14} {_bytes(cell.bytes_dense):>14} {cell.volume:>8.2%}")
         sent, dense = result.phase_totals(phase)
         share = result.phase_weights[phase]
@@ -169,6 +173,9 @@ def format_plan(result: Plan) -> str:
                      f"{sum(c.tensors for c in result.cells if c.phase == phase):>7} "
                      f"{sum(c.elements for c in result.cells if c.phase == phase):>12,} {'':>20} "
                      f"{_bytes(sent):>14} {_bytes(dense):>14} {sent / dense if dense else 0:>8.2%}")
+    if any(c.fallback for c in result.cells):
+        lines.append("* sent dense by the dense fallback: gathering such a payload from every rank would move more "
+                     "bytes than a ring allreduce of the dense tensor")
     lines.append(f"expected volume {result.volume:.2%}")
     return "\n".join(lines)
 
