@@ -86,6 +86,9 @@ COMPRESSORS: dict[str, _Build] = {
     "onebit": lambda p, knob: OneBit(),
     "powersgd": lambda p, knob: PowerSGD(p["compress_rank"] if knob else None),
 }
+#: The key that sets each compressor's knob (the parameter LEGACY schedules).
+KNOB_KEYS = {"topk": "compress_ratio", "randomk": "compress_ratio", "dgc": "compress_ratio",
+             "threshold": "threshold", "qsgd": "quantum_num", "powersgd": "compress_rank"}
 MEMORIES: dict[str, Callable[[Mapping[str, Any]], Memory]] = {
     "none": lambda p: NoMemory(),
     "residual": lambda p: Residual(),
@@ -103,6 +106,19 @@ def _choice(params: Mapping[str, Any], key: str, table: Mapping[str, Any]) -> An
     if name not in table:
         raise ValueError(f"grace_from_params: {key}={name!r} is not known; accepted: {', '.join(map(repr, table))}")
     return table[name]
+
+
+def compressor_from_name(name: str, value: Any = None, *, with_knob: bool = True) -> Compressor:
+    """The compressor GRACE calls ``name``, at knob ``value`` (GRACE's default when ``None``), or
+    without its knob (``with_knob=False``) for a schedule to set."""
+    if name not in COMPRESSORS:
+        raise ValueError(f"compressor {name!r} is not known; accepted: {', '.join(map(repr, COMPRESSORS))}")
+    params = dict(DEFAULTS)
+    if value is not None:
+        if name not in KNOB_KEYS:
+            raise ValueError(f"compressor {name!r} has no parameter to set; these have one: {', '.join(KNOB_KEYS)}")
+        params[KNOB_KEYS[name]] = value
+    return COMPRESSORS[name](params, with_knob)
 
 
 def _legacy(base: Compressor, params: Mapping[str, Any]) -> Legacy:

@@ -156,3 +156,16 @@ def test_distributed_optimizer_takes_grace_as_compression_and_refuses_both():
                                      named_parameters=model.named_parameters())
     with pytest.raises(TypeError, match="grace must be a grace_legacy Grace bundle or Compressor"):
         hvd.DistributedOptimizer(sgd, grace={"compressor": "topk"}, named_parameters=model.named_parameters())
+
+
+def test_compressor_from_name_sets_the_knob_or_leaves_it_to_a_schedule():
+    from grace_legacy.helper import compressor_from_name
+
+    assert compressor_from_name("topk").ratio == 0.3
+    assert compressor_from_name("topk", 0.01).ratio == 0.01
+    assert compressor_from_name("qsgd", 16).levels == 16
+    assert compressor_from_name("powersgd", with_knob=False).knob_value is None
+    with pytest.raises(ValueError, match="has no parameter to set"):
+        compressor_from_name("signsgd", 1)
+    with pytest.raises(ValueError, match="accepted: 'none'"):
+        compressor_from_name("top-k")
