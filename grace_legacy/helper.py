@@ -3,21 +3,17 @@ a :class:`~grace_legacy.Grace` bundle.
 
 The keys and defaults are GRACE's:
 
-==================== ============ =====================================================================
-key                  default      meaning
-==================== ============ =====================================================================
-``compressor``       ``"none"``   one of :data:`COMPRESSORS`
-``memory``           ``"none"``   one of :data:`MEMORIES`
-``communicator``     ``"allreduce"`` one of :data:`COMMUNICATORS`
-``compress_ratio``   ``0.3``      density of topk, randomk, dgc
-``quantum_num``      ``127``      qsgd's levels
-``threshold``        ``0.01``     threshold's magnitude
-``momentum``         ``0.9``      signum's momentum, and the dgc memory's
-``lr``               ``0.1``      efsignsgd's learning rate (compressor and memory)
-``compress_rank``    ``1``        powersgd's rank
-``gradient_clipping`` ``False``   the dgc memory's clipping norm (``False``: none)
-``world_size``       (ignored)    GRACE needed it; the backend knows the number of ranks
-==================== ============ =====================================================================
+* ``compressor`` (``"none"``): one of :data:`COMPRESSORS`;
+* ``memory`` (``"none"``): one of :data:`MEMORIES`;
+* ``communicator`` (``"allreduce"``): one of :data:`COMMUNICATORS`;
+* ``compress_ratio`` (``0.3``): the density of topk, randomk and dgc;
+* ``quantum_num`` (``127``): qsgd's levels;
+* ``threshold`` (``0.01``): threshold's magnitude;
+* ``momentum`` (``0.9``): signum's momentum, and the dgc memory's;
+* ``lr`` (``0.1``): efsignsgd's learning rate (compressor and memory);
+* ``compress_rank`` (``1``): powersgd's rank;
+* ``gradient_clipping`` (``False``): the dgc memory's clipping norm (``False``: none);
+* ``world_size``: ignored (GRACE needed it; the backend knows the number of ranks).
 
 Four more keys, those of the LEGACY reference implementation, turn on a LEGACY schedule of the
 compressor's parameter (:meth:`Legacy.from_strings`): ``legacy_by`` (``"uniform"``, ``"layer"``,
