@@ -29,7 +29,6 @@ def migrated(tmp_path):
     ("gloo", 2, '{"compressor": "topk", "memory": "residual", "communicator": "allgather", "compress_ratio": 0.1}'),
     ("mpi", 4, '{"compressor": "topk", "memory": "residual", "communicator": "allgather", '
                '"legacy_by": "both", "group_compressions": "100,10;10,1", "group_splits": "1000", "epochs": 4}'),
-    ("gloo", 3, '{"compressor": "qsgd", "communicator": "allgather", "quantum_num": 64}'),
 ])
 def test_grace_script_runs_after_changing_its_import_line(controller, np, params, tmp_path):
     script = migrated(tmp_path)
