@@ -167,5 +167,5 @@ def grace_from_params(params: Mapping[str, Any]) -> Grace:
     except ValueError as err:
         if communicator.carries_non_additive or compressor.additive:
             raise ValueError(f"grace_from_params: {err}") from None
-        raise ValueError(f"grace_from_params: {err}. With grace_from_params: "
+        raise ValueError(f"grace_from_params: {err}; in params, set "
                          f"'communicator': 'allgather' (or 'broadcast')") from None
