@@ -63,12 +63,12 @@ def standard_library_text(chars: int) -> torch.Tensor:
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--chars", type=int, default=1_000_000, help="bytes of source text used")
+    parser.add_argument("--chars", type=int, default=500_000, help="bytes of source text used")
     parser.add_argument("--seq-len", type=int, default=64)
-    parser.add_argument("--batch-size", type=int, default=32, help="per worker")
-    parser.add_argument("--steps-per-epoch", type=int, default=100)
+    parser.add_argument("--batch-size", type=int, default=16, help="per worker")
+    parser.add_argument("--steps-per-epoch", type=int, default=60)
     parser.add_argument("--embedding", type=int, default=64)
-    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--layers", type=int, default=1)
     parser.add_argument("--lr", type=float, default=0.002, help="Adam's, the same at any number of workers")
     parser.add_argument("--budget", type=float, default=1.0,
