@@ -39,6 +39,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--num-iters", type=int, default=10, help="benchmark iterations")
     parser.add_argument("--image-size", type=int, default=224, help="side of the synthetic square images")
     parser.add_argument("--no-cuda", action="store_true", help="train on the CPU even if CUDA is available")
+    parser.add_argument("--fp16-allreduce", action="store_true", help="Horovod's flag: the same as --compression fp16")
     parser.add_argument("--compression", default="none",
                         help="NAME[:VALUE]: a compressor as grace_from_params names it, e.g. topk:0.01, qsgd:64")
     parser.add_argument("--legacy-by", choices=["uniform", *Legacy.MODES],
@@ -50,6 +51,10 @@ def parse_args() -> argparse.Namespace:
     args = parser.parse_args()
     if (args.legacy_by is None) != (args.group_compressions is None):
         parser.error("--legacy-by and --group-compressions go together")
+    if args.fp16_allreduce:
+        if args.compression != "none":
+            parser.error(f"--fp16-allreduce is --compression fp16; got --compression {args.compression} too")
+        args.compression = "fp16"
     return args
 
 
