@@ -45,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compressor", default="topk", choices=list(COMPRESSORS),
                    help="a compressor name as grace_from_params takes it (default: topk)")
     p.add_argument("--by", choices=["uniform", *Legacy.MODES],
-                   help="LEGACY mode (reference flag legacy_by); needs --group-compressions or --budget")
+                   help="LEGACY mode (reference flag legacy_by; default layer); needs --group-compressions or --budget")
     p.add_argument("--group-compressions", help="knob values per size group, ';' between phases; a density "
                                                  "in percent (reference flag)")
     p.add_argument("--group-splits", default="", help="size-group thresholds in elements, comma-separated")

@@ -50,9 +50,15 @@ from grace_legacy.grace import Grace
 
 _horovod_distributed_optimizer = _hvd_optimizer.DistributedOptimizer
 
-#: ``compression``'s default: Horovod's ``Compression.none``, told apart from it given explicitly
-#: so that ``grace=`` together with any ``compression=`` is refused.
-_NOT_GIVEN: Any = type("NotGiven", (), {"__repr__": lambda self: "Compression.none"})()
+class _NotGiven:
+    """``compression``'s default. It means Horovod's ``Compression.none``, but is told apart from
+    ``Compression.none`` given explicitly, so that ``grace=`` with any ``compression=`` is refused."""
+
+    def __repr__(self) -> str:
+        return "Compression.none"
+
+
+_NOT_GIVEN: Any = _NotGiven()
 
 
 def is_grace_compression(compression: Any) -> bool:
