@@ -26,10 +26,10 @@ def migrated(tmp_path):
 
 
 @pytest.mark.parametrize(("controller", "np", "params"), [
-    ("gloo", 2, '{"compressor": "topk", "memory": "residual", "communicator": "allgather", "compress_ratio": 0.1}'),
-    ("mpi", 4, '{"compressor": "topk", "memory": "residual", "communicator": "allgather", '
-               '"legacy_by": "both", "group_compressions": "100,10;10,1", "group_splits": "1000", "epochs": 4}'),
-])
+    ("mpi", 2, '{"compressor": "topk", "memory": "residual", "communicator": "allgather", "compress_ratio": 0.1}'),
+    ("gloo", 4, '{"compressor": "topk", "memory": "residual", "communicator": "allgather", '
+                '"legacy_by": "both", "group_compressions": "100,10;10,1", "group_splits": "1000", "epochs": 4}'),
+], ids=["mpi-2-topk", "gloo-4-legacy"])
 def test_grace_script_runs_after_changing_its_import_line(controller, np, params, tmp_path):
     script = migrated(tmp_path)
     result = run_script(script, np, controller, "--params", params, "--epochs", "4", timeout=400)
