@@ -57,12 +57,13 @@ def main() -> None:
                                          named_parameters=model.named_parameters(), compression=compression)
     # No broadcast here: collectives belong inside hvd.elastic.run, whose first sync sends rank
     # 0's model, optimizer and compression state to every worker (and to every later newcomer).
-    state = hvd.elastic.TorchState(model, optimizer, compression=compression, epoch=0, batch=0, resets=0)
-    state.register_reset_callbacks([lambda: setattr(state, "resets", state.resets + 1)])
+    state = hvd.elastic.TorchState(model, optimizer, compression=compression, epoch=0, batch=0, worlds=0)
     steps_per_epoch = len(y_train) // args.global_batch
 
     @hvd.elastic.run
     def train(state: hvd.elastic.TorchState) -> None:
+        # Entered once at the start and again after every reset, once the state is synchronized.
+        state.worlds += 1
         while state.epoch < args.epochs:
             compression.set_epoch(state.epoch)
             order = torch.randperm(len(y_train), generator=torch.Generator().manual_seed(args.seed + state.epoch))
@@ -71,11 +72,14 @@ def main() -> None:
                 chosen = order[state.batch * args.global_batch:(state.batch + 1) * args.global_batch]
                 mine = chosen[hvd.rank()::hvd.size()]
                 optimizer.zero_grad()
-                nn.functional.cross_entropy(model(x_train[mine]), y_train[mine]).backward()
+                loss = nn.functional.cross_entropy(model(x_train[mine]), y_train[mine])
+                loss.backward()
                 optimizer.step()
                 state.batch += 1
                 if state.batch % args.commit_every == 0:
                     state.commit()
+            if hvd.rank() == 0:
+                print(f"epoch {state.epoch}: {hvd.size()} workers, loss {loss.item():.3f}", flush=True)
             state.epoch, state.batch = state.epoch + 1, 0
             state.commit()
 
@@ -84,9 +88,10 @@ def main() -> None:
     with torch.no_grad():
         accuracy = (model(x_test).argmax(1) == y_test).float().mean().item()
     stats = compression.stats
+    resets = state.worlds - 1
     if hvd.rank() == 0:
-        print(f"test accuracy {accuracy:.2%} | {hvd.size()} workers at the end, {state.resets} resets | rank 0 sent "
-              f"{stats['bytes_sent'] / 1e6:.3f} MB vs {stats['bytes_dense'] / 1e6:.3f} MB dense: "
+        print(f"test accuracy {accuracy:.2%} | {hvd.size()} workers at the end, {resets} reset{'s' * (resets != 1)} | "
+              f"rank 0 sent {stats['bytes_sent'] / 1e6:.3f} MB vs {stats['bytes_dense'] / 1e6:.3f} MB dense: "
               f"volume {stats['volume']:.2%}")
 
 

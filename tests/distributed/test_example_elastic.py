@@ -16,7 +16,7 @@ pytestmark = pytest.mark.distributed
 
 TIMEOUT_S = 300
 SUMMARY = re.compile(r"test accuracy (?P<accuracy>[\d.]+)% \| (?P<workers>\d+) workers at the end, (?P<resets>\d+) "
-                     r"resets \| rank 0 sent [\d.]+ MB vs [\d.]+ MB dense: volume (?P<volume>[\d.]+)%")
+                     r"resets? \| rank 0 sent [\d.]+ MB vs [\d.]+ MB dense: volume (?P<volume>[\d.]+)%")
 
 
 def test_the_elastic_example_trains_with_compression(tmp_path):
