@@ -13,8 +13,9 @@ cycle for the bundle that runs the compression (for a bare compressor, the bundl
 * A failure (a rank raising or killed: the others get ``HorovodInternalError``) restores every
   survivor to that copy, so residuals, step counters and schedule progress match the model and
   optimizer of the last commit; the interrupted step's half-filled buckets are dropped.
-* After every reset (ranks lost or added), synchronization sends rank 0's state to every rank,
-  and each rank continues from it with :meth:`Grace.rejoin`: progress, decisions and the step
+* After every reset (ranks lost or added), synchronization sends rank 0's shared state (its
+  configuration and compressor state, not its residuals) to every rank, and each rank continues
+  from it with :meth:`Grace.rejoin`: progress, decisions and the step
   counters behind every generator are rank 0's, so every rank picks the same knob and draws
   alike; the error-feedback residuals stay with the process that owns them.
 
@@ -86,7 +87,7 @@ class CompressionStateHandler(_hvd_state.StateHandler):
 
     def sync(self) -> None:
         bundle = self._bundle()
-        shared = hvd.broadcast_object(bundle.state_dict() if hvd.rank() == 0 else None, root_rank=0,
+        shared = hvd.broadcast_object(bundle.shared_state() if hvd.rank() == 0 else None, root_rank=0,
                                       name="grace.elastic.state")
         bundle.rejoin(shared)
         self._saved = self._state()

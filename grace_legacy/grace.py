@@ -196,9 +196,14 @@ class Grace:
         if not self.memory.survives_world_change:
             self.memory.forget()
 
+    def shared_state(self) -> dict[str, Any]:
+        """What :meth:`rejoin` takes from the rank every rank follows: the configuration and the
+        compressor's state, without the memory's per-rank tensors (nobody else uses them)."""
+        return {"config": self.configuration(), "compressor": self.compressor.state_dict()}
+
     def rejoin(self, shared: dict[str, Any]) -> None:
         """Continue in a world that changed (ranks left or joined; elastic training) from
-        ``shared``, the :meth:`state_dict` of the rank that every rank follows (rank 0).
+        ``shared``, the :meth:`shared_state` of the rank that every rank follows (rank 0).
 
         What every rank must agree on is taken from ``shared``: the schedule's progress and
         decisions, the step counters that seed every generator, PowerSGD's warm start

@@ -34,7 +34,7 @@ def test_survivors_keep_their_residuals_and_everyone_takes_rank_zeros_shared_sta
     # Rank 0 is lost; old ranks 1 and 2 become 0 and 1, and a newcomer joins as rank 2.
     survivors, newcomer = bundles[1:], SETUPS[setup]()
     before = [b.state_dict() for b in survivors]
-    shared = survivors[0].state_dict()
+    shared = survivors[0].shared_state()
     for bundle in [*survivors, newcomer]:
         bundle.rejoin(shared)
     for bundle, kept in zip(survivors, before, strict=True):
@@ -73,7 +73,7 @@ def test_a_bundle_notices_a_new_rank_or_size_without_being_told():
 
 
 def test_rejoining_from_another_configuration_is_refused():
-    shared = Grace(TopK(0.2)).state_dict()
+    shared = Grace(TopK(0.2)).shared_state()
     with pytest.raises(ValueError, match=r"(?s)Grace.rejoin: .*ratio=0.2.*ratio=0.1"):
         Grace(TopK(0.1)).rejoin(shared)
 
