@@ -12,13 +12,15 @@ what ``Grace.start`` returns.
 Two checks guard every run. The ranks compare a digest of their parameters (names, shapes,
 dtypes), compression set-up (compressor, memory and communicator with their knobs and seeds,
 buckets) and schedule (:mod:`grace_legacy.consistency`) when the optimizer is built, before the
-user's ``broadcast_parameters`` could hang on a different model, and again before the first
-gradient collective (``set_epoch`` or a loaded state may have moved a schedule since); on a
-mismatch every rank raises the same :class:`~grace_legacy.consistency.RanksDisagree`. After
-every synchronization one small allreduce tells every rank which gradients held an inf or NaN on
-any rank (in the gradient itself, in its error-compensated form, or in the synchronized result);
-those are made NaN everywhere (so ``torch.amp.GradScaler`` skips the step on every
-rank, as it would without compression) and, since the whole step is then skipped, every
+user's ``broadcast_parameters`` could hang on a different model (not under elastic
+``horovodrun``, where collectives belong inside ``hvd.elastic.run``), and again before the first
+gradient collective (``set_epoch`` or a loaded state may have moved a schedule since) and the
+first after every elastic reset (:mod:`grace_legacy.elastic`); on a mismatch every rank raises
+the same :class:`~grace_legacy.consistency.RanksDisagree`. After every synchronization one
+small allreduce tells every rank which gradients held an inf or NaN on any rank (in the gradient
+itself, in its error-compensated form, or in the synchronized result); those are made NaN
+everywhere (so ``torch.amp.GradScaler`` skips the step on every rank, as it would without
+compression) and, since the whole step is then skipped, every
 tensor's memory and compressor state (schedules' observations included) is rolled back to before
 the step.
 
