@@ -1,10 +1,12 @@
 """Elastic training of the digits CNN with LEGACY-compressed gradients: workers may fail, leave
 and join while training goes on.
 
-    horovodrun -np 2 --min-np 1 --max-np 4 --host-discovery-script ./discover.sh \\
+    horovodrun -np 2 --min-np 1 --max-np 4 --host-discovery-script ./discover.sh --network-interface lo \\
         python examples/train_digits_elastic.py
 
-``discover.sh`` prints one ``host:slots`` line per available host (``localhost:2``). Horovod runs
+``discover.sh`` prints one ``host:slots`` line per available host (``localhost:2``; on one
+machine ``localhost`` and ``127.0.0.1`` are two hosts). ``--network-interface lo`` is for a job
+on one machine: without it an elastic job waits for two hosts to compare their interfaces. Horovod runs
 the script about once a second; when its answer changes, or a worker fails, the workers reset:
 every survivor goes back to the last ``state.commit()`` (model, optimizer, and the compression
 state: error-feedback residuals, the schedule's progress, the step counters behind the random
