@@ -105,13 +105,14 @@ def check_run(result: subprocess.CompletedProcess, records: list[dict], sizes: l
     return found
 
 
-@pytest.mark.parametrize(("scenario", "hosts", "fail_host"), [
-    ("raise", "localhost:2;127.0.0.1:1", "127.0.0.1"),
-    ("kill", "localhost:1;127.0.0.1:2", "localhost"),
+@pytest.mark.parametrize(("scenario", "hosts", "fail_host", "given"), [
+    ("raise", "localhost:2;127.0.0.1:1", "127.0.0.1", []),
+    # The bare schedule as compression: the optimizer's bundle (and its residuals) is what is saved.
+    ("kill", "localhost:1;127.0.0.1:2", "localhost", ["--bare"]),
 ])
 def test_a_worker_failing_mid_step_leaves_the_others_training_from_the_last_commit(
-        tmp_path, scenario, hosts, fail_host):
-    result, records = elastic_run(tmp_path, hosts, "--scenario", scenario, "--fail-host", fail_host)
+        tmp_path, scenario, hosts, fail_host, given):
+    result, records = elastic_run(tmp_path, hosts, "--scenario", scenario, "--fail-host", fail_host, *given)
     found = check_run(result, records, sizes=[3, 2])
     first, second = found
     # The failing world went on past the commit; its survivors went back to it.

@@ -10,10 +10,11 @@ can follow each process through every world it lived in:
 * ``done``: training reached its last step.
 
 ``--scenario raise|kill`` makes the process on ``--fail-host`` raise, or SIGKILL itself, in the
-middle of step ``--fail-at``'s backward pass (some buckets sent, others not), in its first world
-only. ``--scenario hosts`` makes rank 0 rewrite ``--hosts-file`` (which the discovery script
-prints) at the commits named by ``--hosts-at STEP=HOSTS``, and wait until Horovod's driver has
-noticed, so that the next commit raises ``HostsUpdatedInterrupt``.
+middle of step ``--fail-at``'s backward pass (with the bundle's small buckets, some sent and
+others not), in its first world only. ``--scenario hosts`` makes rank 0 rewrite ``--hosts-file``
+(which the discovery script prints) at the commits named by ``--hosts-at STEP=HOSTS``, and wait
+until Horovod's driver has noticed, so that the next commit raises ``HostsUpdatedInterrupt``.
+``--bare`` gives the schedule itself as the compression.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--fail-at", type=int, default=6)
     parser.add_argument("--fail-host", default="localhost")
     parser.add_argument("--hosts-file", type=Path)
+    parser.add_argument("--bare", action="store_true", help="give the bare schedule as compression")
     parser.add_argument("--hosts-at", action="append", default=[], help="STEP=HOSTS (hosts ';'-separated)")
     return parser.parse_args()
 
@@ -88,10 +90,15 @@ torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
 # Layers under 1,000 elements dense, larger ones at 10% then 5% from epoch 2; buckets small
 # enough that the layers fly in separate buckets.
-compression = Grace(Legacy(TopK(), by="both", values=[[1.0, 0.1], [1.0, 0.05]], splits=[1000], epochs=4,
-                           steps_per_epoch=STEPS_PER_EPOCH), memory=Residual(), bucket_bytes=8 * 1024)
+schedule = Legacy(TopK(), by="both", values=[[1.0, 0.1], [1.0, 0.05]], splits=[1000], epochs=4,
+                  steps_per_epoch=STEPS_PER_EPOCH)
+# --bare: the schedule itself is the compression (the optimizer wraps it in a bundle with Top-k's
+# recommended memory, error feedback), and TorchState is given the schedule.
+given = schedule if ARGS.bare else Grace(schedule, memory=Residual(), bucket_bytes=8 * 1024)
 optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05 * hvd.size(), momentum=0.9),
-                                     named_parameters=model.named_parameters(), compression=compression)
+                                     named_parameters=model.named_parameters(), compression=given)
+compression = optimizer._grace
+assert isinstance(compression.memory, Residual)
 # The failing host has one slot, so exactly one process fails, in the first world (it dies).
 failing = {"armed": ARGS.scenario in ("raise", "kill") and HOST == ARGS.fail_host}
 hosts_at = {int(step): hosts.replace(";", "\n") for step, hosts in (item.split("=", 1) for item in ARGS.hosts_at)}
@@ -149,6 +156,6 @@ def rescale_lr() -> None:
         group["lr"] = 0.05 * hvd.size()
 
 
-state = hvd.elastic.TorchState(model, optimizer, compression=compression, step=0)
+state = hvd.elastic.TorchState(model, optimizer, compression=given, step=0)
 state.register_reset_callbacks([rescale_lr])
 train(state)
