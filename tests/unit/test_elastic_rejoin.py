@@ -2,10 +2,11 @@
 changes, every rank continues from rank 0's shared compression state while survivors keep their
 own error-feedback residuals and newcomers start empty; world-wide memory state (EF21) starts
 afresh; a bundle notices a new rank or size by itself; restoring goes back to the last commit;
-and Horovod's elastic handler registry matches our objects only."""
+Horovod's elastic handler registry matches our objects only; and a process set is refused."""
 
 from __future__ import annotations
 
+import horovod.torch as hvd
 import pytest
 import torch
 from horovod.torch.elastic import state as hvd_state
@@ -115,3 +116,12 @@ def test_uninstall_gives_horovod_its_registry_back_and_install_is_idempotent():
         elastic.install()
         elastic.install()
     assert sum(handler is elastic.CompressionStateHandler for _, handler in hvd_state.get_handler_registry()) == 1
+
+
+def test_a_process_set_is_refused_under_elastic_horovodrun(monkeypatch):
+    """A reset renumbers the ranks, so a process set of fixed ranks would name other processes."""
+    monkeypatch.setenv("HOROVOD_ELASTIC", "1")
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(ValueError, match=r"process_set cannot be used .* under elastic horovodrun"):
+        hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters(),
+                                 compression=TopK(0.1), process_set=hvd.ProcessSet([0]))
