@@ -40,12 +40,9 @@ def elastic_run(tmp_path: Path, hosts: str, *args: str) -> tuple[subprocess.Comp
     script.write_text(f"#!/bin/sh\ncat '{hosts_file}'\n")
     script.chmod(0o755)
     # --network-interface: otherwise an elastic job waits for two hosts to compare interfaces.
-    # --gloo-timeout-seconds: Gloo gives up on its operations after 30 s by default, which a
-    # newcomer starting on a loaded machine (30 s here once) can reach while the others wait.
     cmd = [str(HOROVODRUN), "-np", "2", "--min-np", "1", "--max-np", "3", "--host-discovery-script", str(script),
-           "--network-interface", "lo", "--gloo", "--gloo-timeout-seconds", "180",
-           sys.executable, str(WORKERS / "elastic_worker.py"), "--out", str(tmp_path),
-           "--hosts-file", str(hosts_file), "--steps", str(STEPS),
+           "--network-interface", "lo", "--gloo", sys.executable, str(WORKERS / "elastic_worker.py"),
+           "--out", str(tmp_path), "--hosts-file", str(hosts_file), "--steps", str(STEPS),
            "--commit-every", str(COMMIT_EVERY), "--fail-at", str(FAIL_AT), *args]
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{WORKERS}", "OMP_NUM_THREADS": "1",
            "PYTHONUNBUFFERED": "1", "HOROVOD_ELASTIC_TIMEOUT": "180"}
