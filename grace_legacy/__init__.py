@@ -13,8 +13,9 @@ GRACE users keep their scripts: ``grace_from_params(params)`` reads GRACE's para
 
 Importing this package makes ``horovod.torch.DistributedOptimizer`` accept grace_legacy
 compressors, schedules and ``Grace`` bundles when Horovod is installed (see
-:mod:`grace_legacy.optimizer`; ``grace_legacy.optimizer.uninstall()`` undoes it). Without Horovod
-everything else works.
+:mod:`grace_legacy.optimizer`; ``grace_legacy.optimizer.uninstall()`` undoes it), and makes
+``hvd.elastic.TorchState`` save, restore and synchronize their state (:mod:`grace_legacy.elastic`,
+whose ``uninstall()`` undoes that). Without Horovod everything else works.
 """
 
 from grace_legacy import communicators, compressors, memories, schedules
@@ -38,12 +39,14 @@ try:
 except ImportError:  # compressors, memories and schedules stay usable without Horovod
     _HOROVOD_NAMES: list[str] = []
 else:
+    from grace_legacy.elastic import install as _install_elastic_state
     from grace_legacy.optimizer import DistributedOptimizer as DistributedOptimizer
     from grace_legacy.optimizer import install as _install_horovod_integration
 
     _HOROVOD_NAMES = ["DistributedOptimizer"]
 
     _install_horovod_integration()
+    _install_elastic_state()
 
 __version__ = "0.1.0"
 

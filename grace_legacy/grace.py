@@ -113,10 +113,7 @@ class Grace:
 
     def start(self, tensor: torch.Tensor, name: str, backend: Backend, average: bool) -> Pending:
         """Compress ``tensor`` and launch its collectives; call the result to get the gradient."""
-        if self._placement is None:
-            self._enter(backend)
-        if backend.rank() != self.compressor.rank:
-            self.compressor.set_rank(backend.rank())
+        self.enter(backend)
         # A sparsifier or a sign may drop an inf; the flag makes sure every rank still sees it.
         compensated = self.memory.compensate(tensor, name)
         # Finite state can still overflow (momentum, an fp16 sum), so the compensated gradient is
@@ -161,16 +158,67 @@ class Grace:
 
         return Pending(finish, inner.bytes_sent)
 
-    def _enter(self, backend: Backend) -> None:
-        """The first step on ``backend``: learn this rank's place, and check a loaded state's."""
+    def enter(self, backend: Backend) -> bool:
+        """Take this rank's place in ``backend``'s world before sending: ``True`` when the place
+        is new (the first step, or the first since the world changed), when whoever runs the
+        bundle should check again that the ranks agree (the distributed optimizer does).
+
+        A loaded state must be entered at the rank and size that saved it (``ValueError``
+        otherwise). A rank or size that changes under a running bundle is an elastic reset that
+        Horovod did not follow with a synchronization (it skips one when ranks only left): the
+        bundle then leaves the old world as :meth:`rejoin` would, keeping rank 0's shared state
+        that every survivor already holds, and every rank sees the change alike."""
         placement = (backend.rank(), backend.size())
+        if placement == self._placement:
+            return False
         if self._expected_placement is not None and self._expected_placement != placement:
             (rank, size), (saved_rank, saved_size) = placement, self._expected_placement
             raise ValueError(
                 f"Grace: this rank ({rank} of {size}) loaded the state that rank {saved_rank} of {saved_size} "
                 f"saved; residuals and generators belong to one rank, so each rank must load its own "
                 f"(compression.load_state_dict(states[hvd.rank()])) on as many ranks as saved them")
-        self._placement = placement
+        if self._placement is not None:
+            self._leave_world()
+        self._placement, self._expected_placement = placement, None
+        self.compressor.set_rank(placement[0])
+        return True
+
+    # -- elastic training (horovod.elastic; see grace_legacy.elastic) ---------------------------
+    def abandon_step(self) -> None:
+        """Forget a step that a failure interrupted: gradients waiting in half-filled buckets
+        and this step's inf/NaN flags. (Per-tensor state is put back by loading a saved state.)"""
+        self._nonfinite.clear()
+        if self._fusion is not None:
+            self._fusion.abandon()
+
+    def _leave_world(self) -> None:
+        self.abandon_step()
+        if not self.memory.survives_world_change:
+            self.memory.forget()
+
+    def shared_state(self) -> dict[str, Any]:
+        """What :meth:`rejoin` takes from the rank every rank follows: the configuration and the
+        compressor's state, without the memory's per-rank tensors (nobody else uses them)."""
+        return {"config": self.configuration(), "compressor": self.compressor.state_dict()}
+
+    def rejoin(self, shared: dict[str, Any]) -> None:
+        """Continue in a world that changed (ranks left or joined; elastic training) from
+        ``shared``, the :meth:`shared_state` of the rank that every rank follows (rank 0).
+
+        What every rank must agree on is taken from ``shared``: the schedule's progress and
+        decisions, the step counters that seed every generator, PowerSGD's warm start
+        (:meth:`Compressor.rejoin_state`). What is this process's own is kept: its error-feedback
+        residuals, so a survivor still delivers the gradient it has not sent yet (a newcomer's
+        are empty), and its byte counts. A memory whose state is a function of the whole world
+        (EF21's estimate of the mean; ``Memory.survives_world_change``) starts afresh on every
+        rank. The next :meth:`enter` takes the new rank and size wherever they are.
+        Raises ``ValueError`` if ``shared`` was saved by another configuration."""
+        saved = saved_configuration(shared, "Grace.rejoin")
+        refuse_other_configuration("Grace.rejoin", saved, self.configuration())
+        own = self.compressor.state_dict()
+        self.compressor.load_state_dict(self.compressor.rejoin_state(shared["compressor"], own))
+        self._leave_world()
+        self._placement = self._expected_placement = None
 
     # -- the end of a step ------------------------------------------------------------------
     def nonfinite_names(self, names: Sequence[str], backend: Backend) -> set[str]:

@@ -12,13 +12,15 @@ what ``Grace.start`` returns.
 Two checks guard every run. The ranks compare a digest of their parameters (names, shapes,
 dtypes), compression set-up (compressor, memory and communicator with their knobs and seeds,
 buckets) and schedule (:mod:`grace_legacy.consistency`) when the optimizer is built, before the
-user's ``broadcast_parameters`` could hang on a different model, and again before the first
-gradient collective (``set_epoch`` or a loaded state may have moved a schedule since); on a
-mismatch every rank raises the same :class:`~grace_legacy.consistency.RanksDisagree`. After
-every synchronization one small allreduce tells every rank which gradients held an inf or NaN on
-any rank (in the gradient itself, in its error-compensated form, or in the synchronized result);
-those are made NaN everywhere (so ``torch.amp.GradScaler`` skips the step on every
-rank, as it would without compression) and, since the whole step is then skipped, every
+user's ``broadcast_parameters`` could hang on a different model (not under elastic
+``horovodrun``, where collectives belong inside ``hvd.elastic.run``), and again before the first
+gradient collective (``set_epoch`` or a loaded state may have moved a schedule since) and the
+first after every elastic reset (:mod:`grace_legacy.elastic`); on a mismatch every rank raises
+the same :class:`~grace_legacy.consistency.RanksDisagree`. After every synchronization one
+small allreduce tells every rank which gradients held an inf or NaN on any rank (in the gradient
+itself, in its error-compensated form, or in the synchronized result); those are made NaN
+everywhere (so ``torch.amp.GradScaler`` skips the step on every rank, as it would without
+compression) and, since the whole step is then skipped, every
 tensor's memory and compressor state (schedules' observations included) is rolled back to before
 the step.
 
@@ -35,6 +37,8 @@ grace_legacy compressors and ``Grace`` bundles; any other ``compression`` (Horov
 
 from __future__ import annotations
 
+import os
+import weakref
 from typing import Any
 
 import horovod.torch as hvd
@@ -59,6 +63,11 @@ class _NotGiven:
 
 
 _NOT_GIVEN: Any = _NotGiven()
+
+
+#: The bundle built around each bare compressor given as ``compression``, so that elastic state
+#: given the same compressor saves its memory too (:func:`bundle_of`).
+_bundles_built_for: weakref.WeakKeyDictionary[Compressor, Grace] = weakref.WeakKeyDictionary()
 
 
 def is_grace_compression(compression: Any) -> bool:
@@ -96,11 +105,11 @@ def _verify_ranks_agree(self: Any, when: str) -> None:
 
 
 def _grace_allreduce_grad_async(self: Any, p: torch.Tensor) -> tuple[Any, None]:
-    if not self._grace_verified:
+    if self._grace.enter(self._grace_backend):
         # Again before the first gradient collective: set_epoch or a loaded state_dict may have
-        # moved one rank's schedule since construction.
+        # moved one rank's schedule since construction. And after every elastic reset: the ranks
+        # that joined must have been set up alike.
         _verify_ranks_agree(self, "first-step")
-        self._grace_verified = True
     if p.grad is None:
         # Unused on this rank (a branch not taken) but perhaps not on others: every rank must
         # take part in every collective, so this rank contributes zeros, exactly as Horovod does.
@@ -207,6 +216,10 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor not supported with op != Average")
 
+    if _elastic_worker() and process_set is not global_process_set:
+        raise ValueError("process_set cannot be used with grace_legacy compression under elastic horovodrun: a "
+                         "reset renumbers the ranks, so a process set of fixed ranks would name other "
+                         "processes; leave process_set=hvd.global_process_set")
     bundle = compression if isinstance(compression, Grace) else Grace(compression)
     members = dict(_hvd_optimizer._DistributedOptimizer.__dict__)
     members["_allreduce_grad_async"] = _grace_allreduce_grad_async
@@ -216,18 +229,33 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
                       op, gradient_predivide_factor, None, sparse_as_dense, process_set)
     distributed._grace = bundle
     distributed._grace_backend = HorovodBackend(process_set)
-    distributed._grace_verified = False
     # Gradients arrive roughly in reverse registration order during backward, so buckets of
     # consecutive parameters in that order fill (and take off) while backward goes on.
     trainable = [p for group in distributed.param_groups for p in group["params"] if p.requires_grad]
     distributed._grace_order = list(reversed(trainable))
     bundle.plan_buckets([(distributed._parameter_names[p], p.numel() * p.element_size())
                          for p in distributed._grace_order])
-    if process_set.included():
+    if not isinstance(compression, Grace):
+        _bundles_built_for[compression] = bundle
+    # Under elastic horovodrun a worker that joins later builds its optimizer while the others
+    # are synchronizing state: a collective here would meet theirs (Horovod forbids collectives
+    # outside hvd.elastic.run). The check before the first gradient runs there instead.
+    if process_set.included() and not _elastic_worker():
         # Here already, before the user's broadcast_parameters: ranks with different models
         # would otherwise hang or fail obscurely inside it.
         _verify_ranks_agree(distributed, "construction")
     return distributed
+
+
+def _elastic_worker() -> bool:
+    """Whether this process was started by elastic ``horovodrun`` (which sets HOROVOD_ELASTIC)."""
+    return os.environ.get("HOROVOD_ELASTIC", "0") not in ("", "0")
+
+
+def bundle_of(compression: Compressor | Grace) -> Grace | None:
+    """The ``Grace`` bundle that runs ``compression``: itself, or the one
+    :func:`DistributedOptimizer` built around a bare compressor (``None`` before that)."""
+    return compression if isinstance(compression, Grace) else _bundles_built_for.get(compression)
 
 
 def install() -> None:

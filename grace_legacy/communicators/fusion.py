@@ -87,6 +87,10 @@ class FusedExchange:
             Flight(f"bucket{index}", [entries[n] for n in names], backend, average)
         return member.pending
 
+    def abandon(self) -> None:
+        """Drop the members of buckets not yet launched (their step was interrupted)."""
+        self._open.clear()
+
     def waiting(self) -> dict[int, list[str]]:
         """Buckets started but not complete, with the members still missing."""
         return {index: [n for n in self.plan.buckets[index] if n not in entries]

@@ -110,5 +110,9 @@ class Signum(_MajorityVote):
         super().load_state_dict(state)
         self.momentum_buffers = {name: m.clone() for name, m in state["momentum_buffers"].items()}
 
+    def rejoin_state(self, shared: dict[str, Any], own: dict[str, Any]) -> dict[str, Any]:
+        # The momentum is of this rank's own gradients, like error feedback: a survivor keeps it.
+        return {**super().rejoin_state(shared, own), "momentum_buffers": own["momentum_buffers"]}
+
     def __repr__(self) -> str:
         return f"Signum(momentum={self.momentum!r})"

@@ -252,6 +252,16 @@ class Compressor(ABC):
         self._steps.clear()
         self._steps.update(state["steps"])
 
+    def rejoin_state(self, shared: dict[str, Any], own: dict[str, Any]) -> dict[str, Any]:
+        """The state to continue from after the world changed (elastic training: a rank lost or
+        added), given ``shared``, the :meth:`state_dict` of the rank every rank follows (rank 0),
+        and ``own``, this rank's (a newcomer's is fresh). What every rank must agree on comes
+        from ``shared``: the per-tensor step counters, which with the seed make every generator
+        (Random-k draws the same indices on every rank only from equal counters). What this
+        rank alone measured stays its own: its byte counts. Subclasses that keep per-rank state
+        (Signum's momentum of its own gradients) keep theirs from ``own`` too."""
+        return {**shared, "traffic": own["traffic"]}
+
     def recommended_memory(self) -> Memory:
         """The memory GRACE pairs with this compressor when the user names none."""
         return NoMemory()

@@ -20,9 +20,18 @@ class Memory(ABC):
     ``keeps_nonfinite``: an inf or NaN in the tensor given to :meth:`compensate` is still one in
     what it returns (an element-wise sum with finite or non-finite state does that), so the
     bundle need only look at the compensated gradient to flag a step.
+
+    ``survives_world_change``: this rank's state stays meaningful when ranks leave or join
+    (elastic training). True for state that is this rank's own business, such as error
+    feedback's residual (gradient this process computed and has not delivered yet, whatever its
+    rank number becomes). False for state that is a function of the whole world, such as EF21's
+    estimate of the mean over all ranks: every rank then :meth:`forget` s it on a change.
+
+    Per-tensor state lives in dicts keyed by tensor name, as ``state_dict`` entries.
     """
 
     keeps_nonfinite: ClassVar[bool] = False
+    survives_world_change: ClassVar[bool] = True
 
     @abstractmethod
     def compensate(self, tensor: torch.Tensor, name: str) -> torch.Tensor:
@@ -55,6 +64,11 @@ class Memory(ABC):
         journal = self.__dict__.get("_journal")
         if journal is not None:
             journal.commit()
+
+    def forget(self) -> None:
+        """Drop every tensor's state, as if no step had been taken (a newcomer's state)."""
+        self.load_state_dict({key: {} if isinstance(value, dict) else value
+                              for key, value in self.state_dict().items()})
 
     def configuration(self) -> str:
         """What a saved state is only valid for: this memory's arguments, as its ``repr``."""

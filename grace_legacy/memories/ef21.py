@@ -40,6 +40,10 @@ class EF21(Memory):
     ``g`` are kept in the gradient's dtype and saved by :meth:`state_dict`.
     """
 
+    # g is the mean over the world that was: once ranks leave or join it no longer equals the
+    # mean of the g_i present, so every rank starts again from zero (the next step sends C(grad_i)).
+    survives_world_change = False
+
     def __init__(self) -> None:
         self.local: dict[str, torch.Tensor] = {}
         self.estimates: dict[str, torch.Tensor] = {}

@@ -194,6 +194,11 @@ class KnobSchedule(Compressor):
         return {**super().state_dict(), "epoch": self.epoch, "optimizer_steps": self.steps,
                 "base": self.base.state_dict()}
 
+    def rejoin_state(self, shared: dict[str, Any], own: dict[str, Any]) -> dict[str, Any]:
+        # Progress and decisions are rank 0's (every rank must pick the same knob); the base
+        # decides what of its own state is per rank.
+        return {**super().rejoin_state(shared, own), "base": self.base.rejoin_state(shared["base"], own["base"])}
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self.epoch, self.steps = state["epoch"], state["optimizer_steps"]
