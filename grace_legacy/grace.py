@@ -316,3 +316,15 @@ class Grace:
 
     def __repr__(self) -> str:
         return f"Grace({self.compressor!r}, memory={self.memory!r}, communicator={self.communicator!r})"
+
+
+def as_bundle(compression: Compressor | Grace, owner: str) -> Grace:
+    """``compression`` as a ``Grace`` bundle: a bundle as it is, a compressor or schedule (``TopK``,
+    ``Legacy``, ``Accordion``...) with its recommended memory and the default communicator. Both
+    training paths (Horovod's optimizer, the DDP hook) accept the same ``compression`` this way."""
+    if isinstance(compression, Grace):
+        return compression
+    if isinstance(compression, Compressor):
+        return Grace(compression)
+    raise TypeError(f"{owner}: compression must be a grace_legacy compressor, schedule (Legacy, DGCWarmup, "
+                    f"Accordion, LGreCo) or Grace bundle, got {type(compression).__name__}")

@@ -1,0 +1,186 @@
+"""Collectives through ``torch.distributed`` (Gloo, NCCL or MPI: whatever the process group runs).
+
+``torch.distributed`` matches collectives across ranks by the order in which each rank issues
+them, not by name as Horovod does. So every rank must call this backend's ``*_async`` methods,
+and :meth:`TorchDistributedBackend.wait`, in the same order; names only label errors. The DDP hook
+(:mod:`grace_legacy.ddp`) keeps that order by issuing everything from one thread in an order fixed
+by the bucket and parameter order.
+
+An allgather takes rows of different counts from different ranks, as Horovod's does (Threshold's
+payloads, empty ones). ``torch.distributed`` gathers equal sizes only, so the ranks first gather
+their row counts (launched at once, a few bytes), and the rows themselves follow *padded* to the
+longest rank's count in one allgather, cut back to each rank's count on arrival. The alternative,
+each rank broadcasting exactly its own rows, moves fewer bytes when counts differ but costs one
+collective per rank; the side-by-side benchmark (``benchmarks/performance/variable_gather.py``,
+results in ``benchmarks/results/variable_gather.md``) measured the padded gather faster, and both
+are kept selectable (``variable_gather=``) so that it can be measured again. The rows can only
+leave once the counts are known: they are launched at the next call into the backend, or when the
+gather is waited for, whichever comes first. Both happen at the same point of every rank's
+sequence of calls, so the order stays shared, and by then the counts have usually arrived.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+#: How the rows of an allgather of rows of different counts travel (see the module docstring).
+VARIABLE_GATHERS = ("padded", "exact")
+
+#: Gathers equal sizes into one tensor (renamed in recent releases; the old name warns there).
+_gather_into_tensor = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+class _Launched:
+    """An in-place collective on a staged copy; ``divisor`` averages a sum on arrival."""
+
+    __slots__ = ("work", "staged", "divisor", "device")
+
+    def __init__(self, work: Any, staged: torch.Tensor, divisor: int | None, device: torch.device) -> None:
+        self.work, self.staged, self.divisor, self.device = work, staged, divisor, device
+
+    def result(self) -> torch.Tensor:
+        self.work.wait()
+        if self.divisor is not None:
+            self.staged.div_(self.divisor)
+        return self.staged.to(self.device)
+
+
+class _Gather:
+    """An allgather of rows of different counts: the counts first, then the rows."""
+
+    def __init__(self, backend: TorchDistributedBackend, local: torch.Tensor, name: str, device: torch.device) -> None:
+        self.backend, self.local, self.name, self.device = backend, local, name, device
+        # (rows, elements per row): the second catches ranks whose rows differ in shape, which a
+        # padded gather would otherwise turn into a size mismatch deep inside the library.
+        shape = torch.tensor([local.shape[0], local[0].numel() if local.shape[0] else -1], dtype=torch.int64,
+                             device=local.device)
+        self.shapes = torch.empty(backend.size() * 2, dtype=torch.int64, device=local.device)
+        self.shapes_work = _gather_into_tensor(self.shapes, shape, group=backend.group, async_op=True)
+        self.counts: list[int] | None = None
+        self.launched: list[tuple[Any, torch.Tensor]] = []
+
+    def launch(self) -> None:
+        """Wait for the counts and launch the rows' collectives (once)."""
+        if self.counts is not None:
+            return
+        self.shapes_work.wait()
+        pairs = self.shapes.view(-1, 2).tolist()
+        self.counts = [rows for rows, _ in pairs]
+        widths = {width for rows, width in pairs if rows}
+        if len(widths) > 1:
+            raise ValueError(f"allgather {self.name!r}: the ranks' rows have different sizes "
+                             f"({[width for _, width in pairs]} elements); only the first dimension may differ")
+        group, local, longest = self.backend.group, self.local, max(self.counts)
+        if longest == 0:
+            return
+        if self.backend.variable_gather == "padded":
+            padded = local
+            if local.shape[0] != longest:
+                padded = local.new_zeros((longest, *local.shape[1:]))
+                padded[:local.shape[0]] = local
+            out = local.new_empty((self.backend.size() * longest, *local.shape[1:]))
+            self.launched.append((_gather_into_tensor(out, padded, group=group, async_op=True), out))
+            return
+        for root, rows in enumerate(self.counts):
+            if rows == 0:
+                continue
+            buffer = local if root == self.backend.rank() else local.new_empty((rows, *local.shape[1:]))
+            work = dist.broadcast(buffer, src=dist.get_global_rank(group, root), group=group, async_op=True)
+            self.launched.append((work, buffer))
+
+    def result(self) -> torch.Tensor:
+        self.launch()
+        assert self.counts is not None
+        for work, _ in self.launched:
+            work.wait()
+        if not self.launched:
+            return self.local.new_empty((0, *self.local.shape[1:])).to(self.device)
+        if self.backend.variable_gather == "exact":
+            gathered = torch.cat([buffer for _, buffer in self.launched])
+        else:
+            out = self.launched[0][1]
+            longest = max(self.counts)
+            gathered = out if min(self.counts) == longest else torch.cat(
+                [out[r * longest: r * longest + rows] for r, rows in enumerate(self.counts)])
+        return gathered.to(self.device)
+
+
+class TorchDistributedBackend:
+    """Asynchronous ``torch.distributed`` collectives on one process group (the default group when
+    ``process_group`` is ``None``).
+
+    Tensors may live on any device the group serves; a CPU tensor given to an NCCL-only group
+    travels through the current CUDA device and comes back to the CPU. Inputs are never changed:
+    the collectives run in place on a copy. An average is the sum divided by the group's size on
+    arrival (Gloo has no average), as Horovod does it.
+    """
+
+    def __init__(self, process_group: Any = None, *, variable_gather: str = "padded") -> None:
+        if not dist.is_available() or not dist.is_initialized():
+            raise RuntimeError("TorchDistributedBackend: torch.distributed is not initialized; call "
+                               "torch.distributed.init_process_group first (torchrun sets up its environment)")
+        if variable_gather not in VARIABLE_GATHERS:
+            raise ValueError(f"TorchDistributedBackend: variable_gather must be one of {VARIABLE_GATHERS}, "
+                             f"got {variable_gather!r}")
+        self.group = process_group if process_group is not None else dist.group.WORLD
+        self._rank = dist.get_rank(self.group)
+        if self._rank < 0:
+            raise ValueError("TorchDistributedBackend: this process is not a member of process_group")
+        self._size = dist.get_world_size(self.group)
+        self.variable_gather = variable_gather
+        # A group served by NCCL alone cannot move CPU tensors.
+        self._cpu_stage = (torch.device("cuda", torch.cuda.current_device())
+                           if dist.get_backend(self.group) == "nccl" else None)
+        self._unlaunched: deque[_Gather] = deque()
+
+    def rank(self) -> int:
+        return self._rank
+
+    def size(self) -> int:
+        return self._size
+
+    def _staged(self, tensor: torch.Tensor, copy: bool) -> torch.Tensor:
+        if self._cpu_stage is not None and tensor.device.type == "cpu":
+            return tensor.to(self._cpu_stage).contiguous()
+        return tensor.clone(memory_format=torch.contiguous_format) if copy else tensor.contiguous()
+
+    def _launch_waiting_gathers(self) -> None:
+        """Launch the rows of every earlier gather, in the order they were asked for."""
+        while self._unlaunched:
+            self._unlaunched.popleft().launch()
+
+    def allreduce_async(self, tensor: torch.Tensor, name: str, average: bool) -> _Launched:
+        if average and not tensor.is_floating_point():
+            raise TypeError(f"allreduce {name!r}: an average needs a floating-point tensor, got {tensor.dtype}")
+        self._launch_waiting_gathers()
+        staged = self._staged(tensor, copy=True)
+        work = dist.all_reduce(staged, op=dist.ReduceOp.SUM, group=self.group, async_op=True)
+        return _Launched(work, staged, self._size if average else None, tensor.device)
+
+    def allgather_async(self, tensor: torch.Tensor, name: str) -> _Gather:
+        """Every rank's ``tensor`` concatenated along the first dimension, in rank order; the
+        first dimension may differ between ranks, the others may not."""
+        if tensor.dim() == 0:
+            raise ValueError(f"allgather {name!r}: a 0-dim tensor has no rows to gather; reshape it to (1,)")
+        self._launch_waiting_gathers()
+        gather = _Gather(self, self._staged(tensor, copy=False), name, tensor.device)
+        self._unlaunched.append(gather)
+        return gather
+
+    def broadcast_async(self, tensor: torch.Tensor, root_rank: int, name: str) -> _Launched:
+        """``root_rank`` is a rank within the group; every rank's ``tensor`` has the root's shape."""
+        self._launch_waiting_gathers()
+        staged = self._staged(tensor, copy=False)
+        if self._rank != root_rank:  # overwritten: its contents do not matter, the input's must not change
+            staged = torch.empty_like(staged, memory_format=torch.contiguous_format)
+        work = dist.broadcast(staged, src=dist.get_global_rank(self.group, root_rank), group=self.group,
+                              async_op=True)
+        return _Launched(work, staged, None, tensor.device)
+
+    def wait(self, handle: _Launched | _Gather) -> torch.Tensor:
+        self._launch_waiting_gathers()
+        return handle.result()

@@ -1,0 +1,229 @@
+"""grace_legacy compression as a ``DistributedDataParallel`` communication hook.
+
+One line after wrapping the model::
+
+    ddp_model = DistributedDataParallel(model)
+    compression = grace_legacy.ddp.register(ddp_model, Legacy(TopK(), ...))
+
+or PyTorch's spelling, as with its own hooks::
+
+    state = grace_legacy.ddp.GraceState(ddp_model, Legacy(TopK(), ...))
+    ddp_model.register_comm_hook(state, grace_legacy.ddp.grace_hook)
+
+``compression`` is what ``hvd.DistributedOptimizer`` accepts from grace_legacy: a compressor, a
+schedule or a ``Grace`` bundle, and every gradient is what the Horovod path computes from the same
+local gradients: compressed per parameter under its name (LEGACY's layer rule and every memory
+are per tensor), averaged over the process group like DDP's own allreduce, the same bits on every
+rank.
+
+Why the hook runs the way it does. DDP hands the hook flat buckets in index order, and
+``torch.distributed`` matches collectives by the order each rank issues them. Collectives issued
+from future callbacks run on whichever thread completes a future, in orders that differ between
+ranks (a mismatch or a hang; PyTorch's own ``powerSGD_hook`` meets it with more than one bucket).
+So everything is issued from the hook itself, in an order every rank shares: each bucket's
+parameters are compressed and their first collectives launched as the bucket arrives (they
+overlap the rest of the backward pass), and when the last bucket arrives every parameter is
+collected in one fixed order, which launches the further rounds of multi-round compressors
+(PowerSGD), then one allreduce tells every rank which gradients were not finite, the schedules
+count the step, and every bucket's future is completed. DDP waits for all of them only at the end
+of the backward pass, so nothing waits longer than with DDP's own allreduce.
+
+The guarantees of the Horovod path hold here too: ranks that differ in parameters, compression
+set-up or schedule raise the same :class:`~grace_legacy.consistency.RanksDisagree` on every rank
+at registration or at the first backward pass; a gradient that is not finite on any rank is NaN
+on every rank (``torch.amp.GradScaler`` then skips the step everywhere) and every tensor's
+compression state is rolled back; :meth:`GraceState.state_dict` resumes bit for bit. A dead rank
+ends the job: ``torchrun`` stops the others, and a rank waiting in a Gloo collective sees the
+closed connection.
+
+DDP's options: ``no_sync()`` accumulates without calling the hook, and the step after it is one
+step; ``find_unused_parameters=True``: a parameter unused on this rank takes part with zeros, and
+one unused on every rank keeps its gradient as DDP leaves it (its share of an error-feedback
+residual sent that step is then not applied); ``static_graph=True`` and
+``gradient_as_bucket_view=True`` work unchanged; DDP's experimental ``mixed_precision``,
+``skip_all_reduce_unused_params``, sparse gradients and a model whose parameters are all delayed
+(``delay_all_reduce_named_params``) are refused with a ``ValueError`` naming them.
+"""
+
+# No ``from __future__ import annotations``: DDP checks the hook's annotations against the classes.
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from grace_legacy.backends.torch_distributed import TorchDistributedBackend
+from grace_legacy.consistency import verify_ranks_agree
+from grace_legacy.core.backend import Pending
+from grace_legacy.core.compressor import Compressor
+from grace_legacy.grace import Grace, as_bundle
+
+__all__ = ["GraceState", "grace_hook", "register"]
+
+
+class _Step:
+    """One backward pass: the gradients on their way and each bucket's promise."""
+
+    def __init__(self) -> None:
+        self.pending: dict[str, Pending] = {}
+        self.buckets: list[tuple[torch.Tensor, list[str], torch.futures.Future]] = []
+
+
+def _refuse_options(ddp_model: DistributedDataParallel) -> None:
+    if getattr(ddp_model, "mixed_precision", None) is not None:
+        raise ValueError("grace_legacy.ddp: DistributedDataParallel(mixed_precision=...) is not supported: it "
+                         "reduces gradients in another dtype than the hook compresses; use torch.autocast with "
+                         "torch.amp.GradScaler instead")
+    if getattr(ddp_model, "skip_all_reduce_unused_params", False):
+        raise ValueError("grace_legacy.ddp: DistributedDataParallel(skip_all_reduce_unused_params=True) is not "
+                         "supported: every parameter's compression state must see every step; leave it False")
+    if getattr(ddp_model, "_delay_all_reduce_all_params", False):
+        raise ValueError("grace_legacy.ddp: every parameter is in delay_all_reduce_named_params, so DDP calls no "
+                         "communication hook; leave some parameters to the hook")
+
+
+class GraceState:
+    """The state of :func:`grace_hook` for one DDP model: the ``Grace`` bundle, the backend on the
+    model's process group, and each parameter's name.
+
+    Building it is a collective (every rank of the group, in the same order): the ranks compare
+    their set-ups here and again at the first backward pass. ``set_epoch``, ``stats``,
+    ``state_dict`` and ``load_state_dict`` are the bundle's (see :class:`~grace_legacy.Grace`);
+    gather ``state_dict()`` from every rank to checkpoint, and have each rank load its own.
+    """
+
+    def __init__(self, ddp_model: DistributedDataParallel, compression: Compressor | Grace) -> None:
+        if not isinstance(ddp_model, DistributedDataParallel):
+            raise TypeError(f"grace_legacy.ddp: ddp_model must be a torch.nn.parallel.DistributedDataParallel, "
+                            f"got {type(ddp_model).__name__}")
+        _refuse_options(ddp_model)
+        self.grace: Grace = as_bundle(compression, "grace_legacy.ddp")
+        self.backend = TorchDistributedBackend(ddp_model.process_group)
+        ignored = getattr(ddp_model, "parameters_to_ignore", set())
+        # The module's own names, as Horovod users name parameters (no "module." prefix): seeds
+        # and LEGACY's rules depend on them.
+        named = [(name, p) for name, p in ddp_model.module.named_parameters()
+                 if p.requires_grad and name not in ignored]
+        self._names = {id(p): name for name, p in named}
+        self._parameters = {name: p for name, p in named}
+        # Gradients arrive roughly in reverse registration order, so the bundle's fused buckets
+        # fill while backward goes on; results are collected in this order on every rank.
+        self._order = [name for name, _ in reversed(named)]
+        self.grace.plan_buckets([(name, self._parameters[name].numel() * self._parameters[name].element_size())
+                                 for name in self._order])
+        self._options = {option: str(getattr(ddp_model, option, None)) for option in
+                         ("find_unused_parameters", "static_graph", "gradient_as_bucket_view")}
+        self._step: _Step | None = None
+        self._verified = False
+        self.steps = 0
+        self._verify("registration")
+
+    # -- what the ranks must agree on --------------------------------------------------------
+    def _description(self) -> dict[str, str | list[str]]:
+        return {"parameters": sorted(f"{name}{list(p.shape)} {str(p.dtype).removeprefix('torch.')}"
+                                     for name, p in self._parameters.items()),
+                "op": "Average", **{f"DistributedDataParallel {k}": v for k, v in self._options.items()},
+                **self.grace.describe()}
+
+    def _verify(self, when: str) -> None:
+        verify_ranks_agree(self.backend, self._description(), f"consistency.{when}")
+
+    # -- the hook ----------------------------------------------------------------------------
+    def exchange(self, bucket: dist.GradBucket) -> torch.futures.Future:
+        """Start ``bucket``'s parameters; at the last bucket finish the whole step."""
+        index = bucket.index()
+        if index == 0:
+            if self._step is not None:
+                raise RuntimeError("grace_legacy.ddp: a backward pass started before the previous one's buckets "
+                                   "were all exchanged")
+            if not self._verified:
+                # Again here: set_epoch or a loaded state may have moved one rank's schedule.
+                self._verify("first-step")
+                self._verified = True
+            self._step = _Step()
+        elif self._step is None or len(self._step.buckets) != index:
+            raise RuntimeError(f"grace_legacy.ddp: bucket {index} arrived out of order; DDP hands buckets over in "
+                               f"index order")
+        step = self._step
+        buffer = bucket.buffer()
+        names = []
+        for parameter, gradient in zip(bucket.parameters(), bucket.gradients(), strict=True):
+            name = self._names.get(id(parameter))
+            if name is None:
+                raise RuntimeError("grace_legacy.ddp: DDP handed over a parameter that was not in the model when "
+                                   "the hook was registered")
+            if gradient.is_sparse:
+                raise ValueError(f"grace_legacy.ddp: parameter {name!r} has a sparse gradient (an Embedding with "
+                                 f"sparse=True): grace_legacy compresses dense gradients")
+            step.pending[name] = self.grace.start(gradient, name, self.backend, average=True)
+            names.append(name)
+        future: torch.futures.Future = torch.futures.Future(
+            devices=[buffer.device] if buffer.device.type == "cuda" else None)
+        step.buckets.append((buffer, names, future))
+        if bucket.is_last():
+            self._finish_step(step)
+        return future
+
+    def _finish_step(self, step: _Step) -> None:
+        try:
+            missing = [name for name in self._order if name not in step.pending]
+            if missing:
+                raise RuntimeError(f"grace_legacy.ddp: the buckets of this backward pass lacked {missing}")
+            results = {name: step.pending[name]() for name in self._order}
+            flagged = self.grace.nonfinite_names(sorted(self._order), self.backend)
+            for name in flagged:
+                # A compressor may have dropped the inf; GradScaler must see it on every rank.
+                if bool(torch.isfinite(results[name]).all()):
+                    results[name] = torch.full_like(results[name], float("nan"))
+            if flagged:
+                # GradScaler skips the whole step, so no tensor's memory or schedule may keep it.
+                for name in self._order:
+                    self.grace.discard(name)
+            self.grace.end_step(self.backend)
+        except BaseException as error:
+            for _, _, future in step.buckets:
+                future.set_exception(error)
+            self._step = None
+            raise
+        for buffer, names, future in step.buckets:
+            parts = [results[name].reshape(-1).to(buffer.dtype) for name in names]
+            future.set_result(torch.cat(parts) if parts else buffer)
+        self._step = None
+        self.steps += 1
+
+    # -- the bundle's ------------------------------------------------------------------------
+    def set_epoch(self, epoch: int) -> None:
+        """Enter epoch ``epoch``, like ``DistributedSampler.set_epoch`` (schedules change phase)."""
+        self.grace.set_epoch(epoch)
+
+    @property
+    def stats(self) -> dict[str, Any]:
+        return self.grace.stats
+
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's compression state (:meth:`grace_legacy.Grace.state_dict`)."""
+        return self.grace.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.grace.load_state_dict(state)
+        self._verified = False
+
+    def __repr__(self) -> str:
+        return f"GraceState({self.grace!r}, {len(self._order)} parameters)"
+
+
+def grace_hook(state: GraceState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """The DDP communication hook: ``ddp_model.register_comm_hook(GraceState(ddp_model, compression),
+    grace_hook)``."""
+    if not isinstance(state, GraceState):
+        raise TypeError(f"grace_hook: the hook's state must be a grace_legacy.ddp.GraceState, got "
+                        f"{type(state).__name__}")
+    return state.exchange(bucket)
+
+
+def register(ddp_model: DistributedDataParallel, compression: Compressor | Grace) -> GraceState:
+    """Compress ``ddp_model``'s gradients with ``compression``; returns the hook's state. Every rank
+    of the model's process group must call it, before the first backward pass."""
+    state = GraceState(ddp_model, compression)
+    ddp_model.register_comm_hook(state, grace_hook)
+    return state
