@@ -2,6 +2,11 @@
 
     horovodrun -np 4 -H localhost:4 python examples/train_digits.py
     horovodrun -np 4 -H localhost:4 python examples/train_digits.py --legacy-by epoch --group-compressions 5,1,0.5
+    torchrun --nproc-per-node 4 examples/train_digits.py --backend ddp
+
+With ``--backend ddp`` the model is wrapped in PyTorch's ``DistributedDataParallel`` (Gloo) and
+the compression is its communication hook (``grace_legacy.ddp.register``); Horovod need not be
+installed.
 
 Each worker trains on its own quarter of the training set. Gradients are compressed with Top-k
 and error feedback, its density set by LEGACY from the layer's size and the epoch; the flags use
@@ -15,14 +20,21 @@ from __future__ import annotations
 
 import argparse
 
-import horovod.torch as hvd
 import torch
+import torch.distributed as dist
 from sklearn.datasets import load_digits
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 import grace_legacy  # noqa: F401  (makes hvd.DistributedOptimizer accept grace_legacy compression)
+import grace_legacy.ddp
 from grace_legacy import Grace, Legacy, NoMemory, Residual, TopK
+
+try:
+    import horovod.torch as hvd
+except ImportError:  # --backend ddp needs only PyTorch
+    hvd = None
 
 
 class DigitsCNN(nn.Module):
@@ -58,36 +70,53 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--group-splits", default="1000,10000", help="size-group thresholds in elements")
     parser.add_argument("--no-memory", action="store_true", help="turn error feedback off")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--backend", choices=["horovod", "ddp"], default="horovod",
+                        help="horovodrun and hvd.DistributedOptimizer, or torchrun and DistributedDataParallel")
     return parser.parse_args()
+
+
+def distribute(args, model: nn.Module, optimizer: torch.optim.Optimizer, compression: Grace):
+    """(rank, size, the model to train, the optimizer to step) on the chosen backend."""
+    if args.backend == "ddp":
+        dist.init_process_group("gloo")
+        ddp_model = DistributedDataParallel(model)  # broadcasts rank 0's parameters
+        grace_legacy.ddp.register(ddp_model, compression)  # the one line DDP users add
+        return dist.get_rank(), dist.get_world_size(), ddp_model, optimizer
+    if hvd is None:
+        raise SystemExit("--backend horovod needs Horovod installed; use --backend ddp under torchrun")
+    hvd.init()
+    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
+                                         compression=compression)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+    return hvd.rank(), hvd.size(), model, optimizer
 
 
 def main() -> None:
     args = parse_args()
-    hvd.init()
     torch.set_num_threads(1)
     torch.manual_seed(args.seed)
-
-    (x_train, y_train), (x_test, y_test) = load_split(args.seed)
-    shard = slice(hvd.rank(), None, hvd.size())
-    x_train, y_train = x_train[shard], y_train[shard]
 
     model = DigitsCNN()
     schedule = Legacy.from_strings(TopK(), args.legacy_by, group_compressions=args.group_compressions,
                                    group_splits=args.group_splits if args.legacy_by != "epoch" else "",
                                    epochs=args.epochs)
     compression = Grace(schedule, memory=NoMemory() if args.no_memory else Residual())
-    if hvd.rank() == 0:
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    rank, size, trained, optimizer = distribute(args, model, optimizer, compression)
+    for group in optimizer.param_groups:
+        group["lr"] = args.lr * size
+    if rank == 0:
         print(compression)
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * hvd.size(), momentum=0.9)
-    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
-                                         compression=compression)
-    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
 
-    # Every rank must take the same number of steps: Horovod waits for all of them.
+    (x_train, y_train), (x_test, y_test) = load_split(args.seed)
+    shard = slice(rank, None, size)
+    x_train, y_train = x_train[shard], y_train[shard]
+
+    # Every rank must take the same number of steps: the collectives wait for all of them.
     steps = len(y_train) // args.batch_size
-    generator = torch.Generator().manual_seed(args.seed + hvd.rank())
-    epochs = tqdm(range(args.epochs), desc="epochs", disable=hvd.rank() != 0)
+    generator = torch.Generator().manual_seed(args.seed + rank)
+    epochs = tqdm(range(args.epochs), desc="epochs", disable=rank != 0)
     for epoch in epochs:
         compression.set_epoch(epoch)
         model.train()
@@ -95,7 +124,7 @@ def main() -> None:
         for step in range(steps):
             batch = order[step * args.batch_size:(step + 1) * args.batch_size]
             optimizer.zero_grad()
-            loss = nn.functional.cross_entropy(model(x_train[batch]), y_train[batch])
+            loss = nn.functional.cross_entropy(trained(x_train[batch]), y_train[batch])
             loss.backward()
             optimizer.step()
         epochs.set_postfix(loss=f"{loss.item():.3f}")
@@ -104,11 +133,12 @@ def main() -> None:
     with torch.no_grad():
         accuracy = (model(x_test).argmax(1) == y_test).float().mean().item()
     stats = compression.stats
-    if hvd.rank() == 0:
+    if rank == 0:
         for dimension in ("group", "phase"):
             for key, part in stats.get(dimension, {}).items():
                 print(f"  {dimension} {key}: {part['tensors']} tensors sent, volume {part['volume']:.2%}")
-        print(f"test accuracy {accuracy:.2%} | {hvd.size()} workers | rank 0 sent {stats['bytes_sent'] / 1e6:.3f} MB "
+        workers = f"{size} workers" + (" (DDP)" if args.backend == "ddp" else "")
+        print(f"test accuracy {accuracy:.2%} | {workers} | rank 0 sent {stats['bytes_sent'] / 1e6:.3f} MB "
               f"vs {stats['bytes_dense'] / 1e6:.3f} MB dense: volume {stats['volume']:.2%}")
 
 

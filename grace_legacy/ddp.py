@@ -200,6 +200,9 @@ class GraceState:
     def stats(self) -> dict[str, Any]:
         return self.grace.stats
 
+    def reset_stats(self) -> None:
+        self.grace.reset_stats()
+
     def state_dict(self) -> dict[str, Any]:
         """This rank's compression state (:meth:`grace_legacy.Grace.state_dict`)."""
         return self.grace.state_dict()

@@ -1,10 +1,11 @@
-"""Runs a worker script under a real ``horovodrun`` and collects what each rank reported."""
+"""Runs a worker script under a real ``horovodrun`` or ``torchrun`` and collects what each rank reported."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 WORKERS = Path(__file__).resolve().parent / "workers"
 HOROVODRUN = Path(sys.executable).with_name("horovodrun")
+TORCHRUN = Path(sys.executable).with_name("torchrun")
 CONTROLLERS = ("gloo", "mpi")
 
 
@@ -34,6 +36,25 @@ def run_script(script: Path, np: int, controller: str, *args: str, timeout: floa
     assert controller in CONTROLLERS
     cmd = [str(HOROVODRUN), "-np", str(np), "-H", f"localhost:{np}", f"--{controller}", *launcher_flags,
            sys.executable, str(script), *args]
+    return _run(cmd, timeout, extra_env)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(script: str, np: int, out_dir: Path, *args: str, timeout: float = 300,
+             extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Launch ``workers/<script>`` on ``np`` local processes under ``torchrun`` (a free port each
+    time, no restarts); kill the whole job after ``timeout``."""
+    cmd = [str(TORCHRUN), "--nproc-per-node", str(np), "--master-addr", "127.0.0.1", "--master-port",
+           str(free_port()), "--max-restarts", "0", str(WORKERS / script), "--out", str(out_dir), *args]
+    return _run(cmd, timeout, extra_env)
+
+
+def _run(cmd: list[str], timeout: float, extra_env: dict[str, str] | None) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{WORKERS}", "OMP_NUM_THREADS": "1",
            "PYTHONUNBUFFERED": "1", **(extra_env or {})}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
@@ -51,6 +72,18 @@ def run_checks(script: str, np: int, controller: str, tmp_path: Path, *args: str
                timeout: float = 300, extra_env: dict[str, str] | None = None) -> dict[int, dict]:
     """Run a worker that records named checks, and fail with every failing check's detail."""
     result = horovodrun(script, np, controller, tmp_path, *args, timeout=timeout, extra_env=extra_env)
+    return reported_checks(result, script, np, tmp_path)
+
+
+def run_torchrun_checks(script: str, np: int, tmp_path: Path, *args: str, timeout: float = 300,
+                        extra_env: dict[str, str] | None = None) -> dict[int, dict]:
+    """:func:`run_checks` under ``torchrun``."""
+    result = torchrun(script, np, tmp_path, *args, timeout=timeout, extra_env=extra_env)
+    return reported_checks(result, script, np, tmp_path)
+
+
+def reported_checks(result: subprocess.CompletedProcess, script: str, np: int, tmp_path: Path) -> dict[int, dict]:
+    """Every rank's report, failing with every failing check's detail."""
     if result.returncode != 0:
         raise WorkerFailure(f"{script} exited {result.returncode}\n{result.stdout[-8000:]}")
     reports = {}

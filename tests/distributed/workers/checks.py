@@ -28,10 +28,12 @@ def parse_args(extra=None) -> argparse.Namespace:
 
 
 class Recorder:
-    """Collects named pass/fail checks and writes them to ``<out>/rank<r>.json``."""
+    """Collects named pass/fail checks and writes them to ``<out>/rank<r>.json``; ``rank`` is
+    Horovod's unless given (torchrun workers give torch.distributed's)."""
 
-    def __init__(self, out: Path) -> None:
+    def __init__(self, out: Path, rank: int | None = None) -> None:
         self.out = out
+        self.rank = rank
         self.checks: list[dict] = []
         self.extra: dict = {}
 
@@ -60,7 +62,7 @@ class Recorder:
 
     def write(self) -> None:
         self.out.mkdir(parents=True, exist_ok=True)
-        path = self.out / f"rank{hvd.rank()}.json"
+        path = self.out / f"rank{hvd.rank() if self.rank is None else self.rank}.json"
         path.write_text(json.dumps({"checks": self.checks, **self.extra}, indent=1))
 
 

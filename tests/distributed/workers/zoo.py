@@ -11,11 +11,16 @@ module-level ``CASES`` list.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
+
+#: The families of cases, one ``zoo_cases_<family>.py`` module each.
+FAMILIES = sorted(p.stem.removeprefix("zoo_cases_") for p in Path(__file__).parent.glob("zoo_cases_*.py"))
 
 
 def mean_rule(decompressed: list[torch.Tensor]) -> torch.Tensor:
@@ -95,3 +100,9 @@ def first_group(numel: int, splits: list[int]) -> int:
 def equal_phase(epoch: float, epochs: int, phases: int) -> int:
     """The reference rule: the first i with epoch < (i + 1) * epochs / phases, else the last."""
     return next((i for i in range(phases) if epoch < (i + 1) * epochs / phases), phases - 1)
+
+
+def cases(family: str | None = None) -> list[Case]:
+    """The registered cases of one family (one of :data:`FAMILIES`), or of all of them."""
+    return [case for name in ([family] if family else FAMILIES)
+            for case in importlib.import_module(f"zoo_cases_{name}").CASES]

@@ -1,0 +1,64 @@
+"""The DDP communication hook (``grace_legacy.ddp``) under real ``torchrun`` with Gloo, on 2 and 4
+ranks: every zoo case equals its independent aggregation, bit-identical on every rank, under each
+of DDP's options; ranks that disagree raise the same ``RanksDisagree``; non-finite gradients are
+seen everywhere and leave no trace in the state; memory stays flat; a run resumed from
+``state_dict()`` in fresh processes ends bit-identical; a killed rank ends the job within 60 s.
+One launch per rank count carries most checks (see ``workers/ddp_worker.py``)."""
+
+import importlib
+import json
+import sys
+import time
+
+import pytest
+import torch
+from launcher import WORKERS, run_torchrun_checks, torchrun
+
+pytestmark = pytest.mark.distributed
+
+#: How soon after a rank is killed the whole job must have ended.
+DEATH_BOUND_S = 60
+
+
+def zoo_labels() -> list[str]:
+    """The labels of every zoo case, to check that a worker ran each of them."""
+    if str(WORKERS) not in sys.path:
+        sys.path.insert(0, str(WORKERS))  # the case modules import each other as the workers do
+    return [case.label for case in importlib.import_module("zoo").cases()]
+
+
+@pytest.mark.parametrize("np", [2, 4])
+def test_the_hook_keeps_every_guarantee(np, tmp_path):
+    reports = run_torchrun_checks("ddp_worker.py", np, tmp_path, "--scenario", "checks",
+                                  *(["--checkpoint"] if np == 2 else []), timeout=900)
+    assert reports[0]["cases"] == zoo_labels()
+    names = {check["name"] for check in reports[0]["checks"]}
+    for label in reports[0]["nonfinite"]:  # each really ran through both poisoned steps
+        assert f"{label}: parameters bit-identical on every rank" in names, label
+        assert f"{label}: step 3: skipped, parameters untouched" in names, label
+    for label in ("registration", "first step"):
+        assert f"{label}: every rank raised the same message" in names
+    print(f"{np} ranks: seconds per part {reports[0]['seconds']}")
+    if np == 2:
+        resumed = run_torchrun_checks("ddp_worker.py", np, tmp_path, "--scenario", "resume", timeout=600)
+        names = {check["name"] for check in resumed[0]["checks"]}
+        for label in resumed[0]["setups"]:
+            assert f"{label}: resumed parameters bit-identical to the uninterrupted run's" in names, label
+
+
+def test_a_killed_rank_ends_the_job_quickly(tmp_path):
+    result = torchrun("ddp_worker.py", 4, tmp_path, "--scenario", "dead", timeout=300)
+    ended = time.time()
+    assert result.returncode != 0, result.stdout[-6000:]
+    killed_at = json.loads((tmp_path / "killed_at.json").read_text())
+    print(f"the job ended {ended - killed_at:.1f} s after rank 2 was killed")
+    assert ended - killed_at < DEATH_BOUND_S, result.stdout[-6000:]
+    assert "Signal 9" in result.stdout or "SIGKILL" in result.stdout, result.stdout[-6000:]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (NCCL)")
+def test_the_hook_on_cuda_with_nccl(tmp_path):
+    """The zoo's cases with CUDA gradients over NCCL, one rank per GPU (at most 4)."""
+    np = min(torch.cuda.device_count(), 4)
+    reports = run_torchrun_checks("ddp_worker.py", np, tmp_path, "--scenario", "cuda", timeout=900)
+    assert reports[0]["cases"] == zoo_labels()
