@@ -3,7 +3,7 @@
 One line after wrapping the model::
 
     ddp_model = DistributedDataParallel(model)
-    compression = grace_legacy.ddp.register(ddp_model, Legacy(TopK(), ...))
+    state = grace_legacy.ddp.register(ddp_model, Legacy(TopK(), ...))
 
 or PyTorch's spelling, as with its own hooks::
 
@@ -13,8 +13,8 @@ or PyTorch's spelling, as with its own hooks::
 ``compression`` is what ``hvd.DistributedOptimizer`` accepts from grace_legacy: a compressor, a
 schedule or a ``Grace`` bundle, and every gradient is what the Horovod path computes from the same
 local gradients: compressed per parameter under its name (LEGACY's layer rule and every memory
-are per tensor), averaged over the process group like DDP's own allreduce, the same bits on every
-rank.
+are per tensor), averaged over the process group like DDP's own allreduce (summed, then divided by
+the group's size, as Horovod averages), the same bits on every rank.
 
 Why the hook runs the way it does. DDP hands the hook flat buckets in index order, and
 ``torch.distributed`` matches collectives by the order each rank issues them. Collectives issued
@@ -25,8 +25,9 @@ parameters are compressed and their first collectives launched as the bucket arr
 overlap the rest of the backward pass), and when the last bucket arrives every parameter is
 collected in one fixed order, which launches the further rounds of multi-round compressors
 (PowerSGD), then one allreduce tells every rank which gradients were not finite, the schedules
-count the step, and every bucket's future is completed. DDP waits for all of them only at the end
-of the backward pass, so nothing waits longer than with DDP's own allreduce.
+count the step (once per backward pass that reaches the hook, whatever the number of buckets), and
+every bucket's future is completed. DDP waits for the futures only at the end of the backward
+pass, so no gradient is applied later than with DDP's own allreduce.
 
 The guarantees of the Horovod path hold here too: ranks that differ in parameters, compression
 set-up or schedule raise the same :class:`~grace_legacy.consistency.RanksDisagree` on every rank
@@ -77,6 +78,11 @@ def _refuse_options(ddp_model: DistributedDataParallel) -> None:
     if getattr(ddp_model, "skip_all_reduce_unused_params", False):
         raise ValueError("grace_legacy.ddp: DistributedDataParallel(skip_all_reduce_unused_params=True) is not "
                          "supported: every parameter's compression state must see every step; leave it False")
+    sparse = [name for name, module in ddp_model.module.named_modules()
+              if isinstance(module, torch.nn.Embedding | torch.nn.EmbeddingBag) and module.sparse]
+    if sparse:
+        raise ValueError(f"grace_legacy.ddp: {sparse[0]!r} has sparse gradients (sparse=True): grace_legacy "
+                         f"compresses dense gradients; build it with sparse=False")
     if getattr(ddp_model, "_delay_all_reduce_all_params", False):
         raise ValueError("grace_legacy.ddp: every parameter is in delay_all_reduce_named_params, so DDP calls no "
                          "communication hook; leave some parameters to the hook")
@@ -147,16 +153,20 @@ class GraceState:
         step = self._step
         buffer = bucket.buffer()
         names = []
-        for parameter, gradient in zip(bucket.parameters(), bucket.gradients(), strict=True):
-            name = self._names.get(id(parameter))
-            if name is None:
-                raise RuntimeError("grace_legacy.ddp: DDP handed over a parameter that was not in the model when "
-                                   "the hook was registered")
-            if gradient.is_sparse:
-                raise ValueError(f"grace_legacy.ddp: parameter {name!r} has a sparse gradient (an Embedding with "
-                                 f"sparse=True): grace_legacy compresses dense gradients")
-            step.pending[name] = self.grace.start(gradient, name, self.backend, average=True)
-            names.append(name)
+        try:
+            if buffer.is_sparse:
+                raise ValueError("grace_legacy.ddp: DDP handed over a sparse gradient: grace_legacy compresses "
+                                 "dense gradients")
+            for parameter, gradient in zip(bucket.parameters(), bucket.gradients(), strict=True):
+                name = self._names.get(id(parameter))
+                if name is None:
+                    raise RuntimeError("grace_legacy.ddp: DDP handed over a parameter that was not in the model "
+                                       "when the hook was registered")
+                step.pending[name] = self.grace.start(gradient, name, self.backend, average=True)
+                names.append(name)
+        except BaseException:
+            self._step = None  # the backward pass fails with the error; the next one starts afresh
+            raise
         future: torch.futures.Future = torch.futures.Future(
             devices=[buffer.device] if buffer.device.type == "cuda" else None)
         step.buckets.append((buffer, names, future))

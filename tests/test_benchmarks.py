@@ -135,3 +135,10 @@ def test_bandwidth_benchmark_removes_its_namespaces_on_ctrl_c(tmp_path):
         if proc.poll() is None:
             proc.kill()
     assert namespaces_named(prefix) == []
+
+
+def test_variable_gather_benchmark_quick(tmp_path):
+    run_module("benchmarks.performance.variable_gather", tmp_path, timeout=300)
+    text = (tmp_path / "variable_gather.md").read_text()
+    assert "padded vs exact" in text and "two empty, two 1 MiB" in text
+    assert (tmp_path / "variable_gather.json").exists()

@@ -14,9 +14,10 @@ each rank broadcasting exactly its own rows, moves fewer bytes when counts diffe
 collective per rank; the side-by-side benchmark (``benchmarks/performance/variable_gather.py``,
 results in ``benchmarks/results/variable_gather.md``) measured the padded gather faster, and both
 are kept selectable (``variable_gather=``) so that it can be measured again. The rows can only
-leave once the counts are known: they are launched at the next call into the backend, or when the
-gather is waited for, whichever comes first. Both happen at the same point of every rank's
-sequence of calls, so the order stays shared, and by then the counts have usually arrived.
+leave once the counts are known: they are launched at the next allgather, or when anything is
+waited for, whichever comes first. Both happen at the same point of every rank's sequence of
+calls, so the order stays shared; and in a DDP step the next allgather is the next bucket's, by
+when the counts have usually arrived, so the rows still overlap the backward pass.
 """
 
 from __future__ import annotations
@@ -156,7 +157,6 @@ class TorchDistributedBackend:
     def allreduce_async(self, tensor: torch.Tensor, name: str, average: bool) -> _Launched:
         if average and not tensor.is_floating_point():
             raise TypeError(f"allreduce {name!r}: an average needs a floating-point tensor, got {tensor.dtype}")
-        self._launch_waiting_gathers()
         staged = self._staged(tensor, copy=True)
         work = dist.all_reduce(staged, op=dist.ReduceOp.SUM, group=self.group, async_op=True)
         return _Launched(work, staged, self._size if average else None, tensor.device)
@@ -173,7 +173,6 @@ class TorchDistributedBackend:
 
     def broadcast_async(self, tensor: torch.Tensor, root_rank: int, name: str) -> _Launched:
         """``root_rank`` is a rank within the group; every rank's ``tensor`` has the root's shape."""
-        self._launch_waiting_gathers()
         staged = self._staged(tensor, copy=False)
         if self._rank != root_rank:  # overwritten: its contents do not matter, the input's must not change
             staged = torch.empty_like(staged, memory_format=torch.contiguous_format)

@@ -7,12 +7,15 @@ One launch per rank count carries most checks (see ``workers/ddp_worker.py``).""
 
 import importlib
 import json
+import os
+import re
+import subprocess
 import sys
 import time
 
 import pytest
 import torch
-from launcher import WORKERS, run_torchrun_checks, torchrun
+from launcher import REPO, TORCHRUN, WORKERS, free_port, run_torchrun_checks, torchrun
 
 pytestmark = pytest.mark.distributed
 
@@ -62,3 +65,16 @@ def test_the_hook_on_cuda_with_nccl(tmp_path):
     np = min(torch.cuda.device_count(), 4)
     reports = run_torchrun_checks("ddp_worker.py", np, tmp_path, "--scenario", "cuda", timeout=900)
     assert reports[0]["cases"] == zoo_labels()
+
+
+def test_the_digits_example_trains_with_the_ddp_hook(tmp_path):
+    """``examples/train_digits.py --backend ddp`` under torchrun, with tiny settings, prints its line."""
+    result = subprocess.run(
+        [str(TORCHRUN), "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+         str(REPO / "examples" / "train_digits.py"), "--backend", "ddp", "--epochs", "2", "--legacy-by", "both",
+         "--group-compressions", "100,10,1;10,1,0.5"],
+        capture_output=True, text=True, timeout=300, cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    assert re.search(r"test accuracy \d+\.\d+% \| 2 workers \(DDP\) \| rank 0 sent \d+\.\d+ MB vs \d+\.\d+ MB dense",
+                     result.stdout), result.stdout[-4000:]

@@ -44,6 +44,7 @@ from resume_worker import differences
 from state_setups import LR, RESUME_AT, RESUME_SETUPS, RESUME_STEPS, every_pair
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
+from torch.nn.parallel.distributed import _MixedPrecision
 from zoo import Observation, cases, mean_rule
 from zoo_worker import twin_step
 
@@ -234,6 +235,47 @@ def epochs_and_spelling(rec: Recorder) -> None:
         rec.check(f"set_epoch({epoch}): the schedule's routes", moved, str(routes))
 
 
+def refusals_and_autocast(rec: Recorder) -> None:
+    """What the hook cannot honour is refused, naming the option; autocast with GradScaler trains
+    and every rank ends with the same parameters."""
+    def refused(label, error, needle, run):
+        try:
+            run()
+        except error as err:
+            rec.check(f"refused: {label}", needle in str(err), str(err))
+        else:
+            rec.check(f"refused: {label}", False, "no error")
+
+    refused("mixed_precision", ValueError, "mixed_precision", lambda: grace_legacy.ddp.register(
+        wrap(Net(), mixed_precision=_MixedPrecision(param_dtype=torch.float16)), TopK(0.1)))
+    refused("skip_all_reduce_unused_params", ValueError, "skip_all_reduce_unused_params",
+            lambda: grace_legacy.ddp.register(wrap(Net(), skip_all_reduce_unused_params=True), TopK(0.1)))
+    refused("a model that is not DDP", TypeError, "DistributedDataParallel",
+            lambda: grace_legacy.ddp.register(Net(), TopK(0.1)))
+    refused("Horovod's compression", TypeError, "compression must be", lambda: grace_legacy.ddp.register(
+        wrap(Net()), "fp16"))
+
+    refused("sparse gradients", ValueError, "sparse=True", lambda: grace_legacy.ddp.register(
+        wrap(nn.Sequential(nn.Embedding(10, 4, sparse=True), nn.Linear(4, 2))), TopK(0.5)))
+
+    torch.manual_seed(0)
+    model = Net()
+    ddp = wrap(model)
+    grace_legacy.ddp.register(ddp, Grace(TopK(0.2)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    scaler = torch.amp.GradScaler("cpu")
+    for step in range(3):
+        opt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = loss_of(ddp, batch(step, rank()))
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+    digests = [None] * dist.get_world_size()
+    dist.all_gather_object(digests, parameter_digest(model))
+    rec.check("autocast + GradScaler: parameters bit-identical on every rank", len(set(digests)) == 1)
+
+
 def disagreements(rec: Recorder) -> None:
     last = dist.get_world_size() - 1
     splits = [64] if rank() != last else [32]
@@ -403,6 +445,7 @@ def checks(rec: Recorder, write_checkpoints: bool) -> None:
     rec.extra["cases"] = labels
     timed("unused parameters", unused_parameters, rec)
     timed("epochs and spelling", epochs_and_spelling, rec)
+    timed("refusals and autocast", refusals_and_autocast, rec)
     timed("disagreements", disagreements, rec)
     reference = rec.guard("nonfinite: no hook", nonfinite, rec, "no hook", None, None)
     setups = [("NoCompression+NoMemory", lambda: Grace(NoCompression(), memory=NoMemory()))] + every_pair()
