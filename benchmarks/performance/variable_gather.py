@@ -6,10 +6,11 @@
 ``TorchDistributedBackend`` gathers payloads whose size differs between ranks (Threshold's, empty
 ones) in two steps: the row counts, then the rows. The rows either travel padded to the longest
 rank's count in one allgather (``variable_gather="padded"``), or exactly, each rank broadcasting
-its own (``"exact"``: one collective per rank, fewer bytes when counts differ). This benchmark
-times both, interleaved, from ``allgather_async`` to the gathered tensor, on uint8 buffers as the
-bundle hands them over, for equal sizes (Top-k) and for the spreads Threshold produces. Results go
-to ``benchmarks/results/variable_gather.md`` and ``.json``.
+its own (``"exact"``: one collective per rank, fewer bytes when counts differ); ``"auto"``, the
+default, picks one per gather from the counts. This benchmark times the three, interleaved, from
+``allgather_async`` to the gathered tensor, on uint8 buffers as the bundle hands them over, for
+equal sizes (Top-k) and for the spreads Threshold produces. Results go to
+``benchmarks/results/variable_gather.md`` and ``.json``.
 """
 
 from __future__ import annotations
@@ -53,14 +54,14 @@ def worker(repeats: int) -> dict:
         local = torch.full((sizes[rank],), rank, dtype=torch.uint8)
         times: dict[str, list[float]] = {mode: [] for mode in VARIABLE_GATHERS}
         for repeat in range(repeats + 1):
-            for mode in VARIABLE_GATHERS if repeat % 2 == 0 else reversed(VARIABLE_GATHERS):
+            for mode in VARIABLE_GATHERS if repeat % 2 == 0 else tuple(reversed(VARIABLE_GATHERS)):
                 backend = backends[mode]
                 dist.barrier()
                 started = time.perf_counter()
                 gathered = backend.wait(backend.allgather_async(local, label))
                 elapsed = time.perf_counter() - started
                 assert gathered.numel() == sum(sizes)
-                if repeat:  # the first round warms up both
+                if repeat:  # the first round warms every arm up
                     times[mode].append(elapsed)
         # The slowest rank decides when a gather is over.
         per_rank = [None] * dist.get_world_size()
@@ -89,18 +90,19 @@ def launch(repeats: int) -> dict:
 
 
 def report(results: dict, repeats: int, load: list[float]) -> str:
-    lines = [f"## Rows of different counts: padded vs exact ({WORKERS} torchrun workers, Gloo, loopback)", "",
+    lines = [f"## Rows of different counts: padded vs exact vs auto ({WORKERS} torchrun workers, Gloo, loopback)", "",
              f"{machine()}; {load_note(load)}. {repeats} interleaved repeats per arm; a gather's time is the "
              f"slowest rank's, from `allgather_async` to the gathered tensor (the count exchange included). "
              f"Median ms (95% interval of the median).", "",
-             "| payloads | padded | exact | exact / padded |", "|---|---|---|---|"]
+             f"| payloads | {' | '.join(VARIABLE_GATHERS)} | exact / padded |",
+             "|---|" + "---|" * (len(VARIABLE_GATHERS) + 1)]
     for label, times in results.items():
         cells = []
         for mode in VARIABLE_GATHERS:
             low, high = median_interval(times[mode])
             cells.append(f"{1e3 * float(np.median(times[mode])):.2f} ({1e3 * low:.2f}-{1e3 * high:.2f})")
         ratio = float(np.median(times["exact"])) / float(np.median(times["padded"]))
-        lines.append(f"| {label} | {cells[0]} | {cells[1]} | {ratio:.2f}x |")
+        lines.append(f"| {label} | {' | '.join(cells)} | {ratio:.2f}x |")
     return "\n".join(lines) + "\n"
 
 

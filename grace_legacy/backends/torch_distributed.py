@@ -8,12 +8,14 @@ by the bucket and parameter order.
 
 An allgather takes rows of different counts from different ranks, as Horovod's does (Threshold's
 payloads, empty ones). ``torch.distributed`` gathers equal sizes only, so the ranks first gather
-their row counts (launched at once, a few bytes), and the rows themselves follow *padded* to the
-longest rank's count in one allgather, cut back to each rank's count on arrival. The alternative,
-each rank broadcasting exactly its own rows, moves fewer bytes when counts differ but costs one
-collective per rank; the side-by-side benchmark (``benchmarks/performance/variable_gather.py``,
-results in ``benchmarks/results/variable_gather.md``) measured the padded gather faster, and both
-are kept selectable (``variable_gather=``) so that it can be measured again. The rows can only
+their row counts (launched at once, a few bytes); the rows then travel either *padded* to the
+longest rank's count in one allgather and cut back on arrival, or *exactly*, each rank
+broadcasting its own rows (one collective per rank, but no padding). The side-by-side benchmark
+(``benchmarks/performance/variable_gather.py``, results in ``benchmarks/results/variable_gather.md``)
+measured them equal where the counts are equal (Top-k, DGC) and the exact broadcasts faster where
+padding would add half the bytes or more (Threshold's spreads, empty payloads): so by default
+(``variable_gather="auto"``) every rank, knowing all counts, picks the padded gather unless padding
+adds at least :data:`PADDING_LIMIT` of the bytes. The rows can only
 leave once the counts are known: they are launched at the next allgather, or when anything is
 waited for, whichever comes first. Both happen at the same point of every rank's sequence of
 calls, so the order stays shared; and in a DDP step the next allgather is the next bucket's, by
@@ -29,7 +31,10 @@ import torch
 import torch.distributed as dist
 
 #: How the rows of an allgather of rows of different counts travel (see the module docstring).
-VARIABLE_GATHERS = ("padded", "exact")
+VARIABLE_GATHERS = ("auto", "padded", "exact")
+
+#: ``"auto"`` broadcasts exactly when a padded gather would move this many times the bytes or more.
+PADDING_LIMIT = 1.5
 
 #: Gathers equal sizes into one tensor (renamed in recent releases; the old name warns there).
 _gather_into_tensor = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -62,6 +67,7 @@ class _Gather:
         self.shapes = torch.empty(backend.size() * 2, dtype=torch.int64, device=local.device)
         self.shapes_work = _gather_into_tensor(self.shapes, shape, group=backend.group, async_op=True)
         self.counts: list[int] | None = None
+        self.mode = backend.variable_gather
         self.launched: list[tuple[Any, torch.Tensor]] = []
 
     def launch(self) -> None:
@@ -78,7 +84,10 @@ class _Gather:
         group, local, longest = self.backend.group, self.local, max(self.counts)
         if longest == 0:
             return
-        if self.backend.variable_gather == "padded":
+        if self.mode == "auto":  # every rank knows every count, so every rank chooses alike
+            padded_rows = longest * len(self.counts)
+            self.mode = "exact" if padded_rows >= PADDING_LIMIT * sum(self.counts) else "padded"
+        if self.mode == "padded":
             padded = local
             if local.shape[0] != longest:
                 padded = local.new_zeros((longest, *local.shape[1:]))
@@ -100,7 +109,7 @@ class _Gather:
             work.wait()
         if not self.launched:
             return self.local.new_empty((0, *self.local.shape[1:])).to(self.device)
-        if self.backend.variable_gather == "exact":
+        if self.mode == "exact":
             gathered = torch.cat([buffer for _, buffer in self.launched])
         else:
             out = self.launched[0][1]
@@ -120,7 +129,7 @@ class TorchDistributedBackend:
     arrival (Gloo has no average), as Horovod does it.
     """
 
-    def __init__(self, process_group: Any = None, *, variable_gather: str = "padded") -> None:
+    def __init__(self, process_group: Any = None, *, variable_gather: str = "auto") -> None:
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("TorchDistributedBackend: torch.distributed is not initialized; call "
                                "torch.distributed.init_process_group first (torchrun sets up its environment)")

@@ -3,7 +3,7 @@
 ``--scenario checks`` runs, in one launch:
 
 * the backend: allreduce (sum and average), broadcast from every root, allgathers whose ranks send
-  different row counts (empty ones too) under both ways of moving them;
+  different row counts (empty ones too) under each way of moving them;
 * every registered compressor case of the zoo (``zoo.cases()``), its synchronized gradient
   compared at every step with an independent aggregation of its twin's decompressed payloads,
   exactly as the Horovod zoo worker does; DDP's options rotate over the cases (several buckets
@@ -51,7 +51,7 @@ from zoo_worker import twin_step
 import grace_legacy.ddp
 from benchmarks.performance.memory import structure_size
 from grace_legacy import Grace, Legacy, NoCompression, NoMemory, PowerSGD, TopK
-from grace_legacy.backends.torch_distributed import TorchDistributedBackend
+from grace_legacy.backends.torch_distributed import VARIABLE_GATHERS, TorchDistributedBackend
 
 #: DDP's bucket cap in MB: small, so the test model's 8 parameters span several buckets.
 BUCKET_MB = 0.002
@@ -106,7 +106,7 @@ def backward_passes(ddp: DistributedDataParallel, step: int, passes: int) -> Non
 
 def backend_checks(rec: Recorder) -> None:
     size, me = dist.get_world_size(), rank()
-    for mode in ("padded", "exact"):
+    for mode in VARIABLE_GATHERS:
         backend = TorchDistributedBackend(variable_gather=mode)
         x = torch.arange(5.0) * (me + 1)
         summed, averaged = backend.allreduce_async(x, "s", False), backend.allreduce_async(x, "a", True)
