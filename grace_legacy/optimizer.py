@@ -41,7 +41,7 @@ import horovod.torch as hvd
 import horovod.torch.optimizer as _hvd_optimizer
 import torch
 from horovod.torch.compression import Compression
-from horovod.torch.mpi_ops import Adasum, Average, Sum, global_process_set
+from horovod.torch.mpi_ops import Adasum, Average, HorovodInternalError, Sum, global_process_set
 
 from grace_legacy.backends.horovod import HorovodBackend
 from grace_legacy.consistency import verify_ranks_agree
@@ -122,7 +122,26 @@ def _start_the_rest_in_order(self: Any) -> None:
     self._handles = {p: self._handles[p] for p in order}
 
 
+def _average_again(self: Any) -> None:
+    """A second ``synchronize()`` with no backward pass since the first (``step()`` after
+    ``synchronize()`` outside ``skip_synchronize()``, which Horovod warns about): Horovod then
+    reduces every gradient again, which changes nothing when every rank holds the same
+    gradients. Compressing them again would not be so harmless (a second lossy pass, a second
+    error-feedback update, a schedule step counted twice), so they are reduced again dense and
+    nothing of the compression state moves."""
+    backend = self._grace_backend
+    launched = [(p, backend.allreduce_async(p.grad, f"again.{self._parameter_names[p]}", self.op == Average))
+                for p in self._grace_order if p in self._requires_update and p.grad is not None]
+    for p, handle in launched:
+        p.grad.copy_(backend.wait(handle))
+    self._synchronized = True
+
+
 def _grace_synchronize(self: Any) -> None:
+    if self._synchronized and not self._handles:
+        if self.process_set.included():
+            _average_again(self)
+        return
     if self.process_set.included():
         _start_the_rest_in_order(self)
     _hvd_optimizer._DistributedOptimizer.synchronize(self)
@@ -139,6 +158,22 @@ def _grace_synchronize(self: Any) -> None:
             for name in by_name:
                 self._grace.discard(name)
     self._grace.end_step(self._grace_backend)
+
+
+def _grace_load_state_dict(self: Any, *args: Any, **kwargs: Any) -> None:
+    """Horovod's ``load_state_dict``, which drops the gradients of a step under way; the step is
+    abandoned here too (:meth:`Grace.abandon_step`) after waiting for the collectives this rank
+    launched, so that none is still in flight when the next step reuses its name."""
+    if self._handles:
+        unlaunched = self._grace.unlaunched()
+        for p, (handle, _) in self._handles.items():
+            if handle is not None and self._parameter_names[p] not in unlaunched:
+                try:
+                    handle()
+                except HorovodInternalError:
+                    pass  # Horovod has shut down (an elastic reset): nothing is in flight any more
+        self._grace.abandon_step()
+    _hvd_optimizer._DistributedOptimizer.load_state_dict(self, *args, **kwargs)
 
 
 def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any = None,
@@ -188,11 +223,12 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
     members = dict(_hvd_optimizer._DistributedOptimizer.__dict__)
     members["_allreduce_grad_async"] = _grace_allreduce_grad_async
     members["synchronize"] = _grace_synchronize
+    members["load_state_dict"] = _grace_load_state_dict
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), members)
     distributed = cls(optimizer.param_groups, named_parameters, _AlreadyAggregated(), backward_passes_per_step,
                       op, gradient_predivide_factor, None, sparse_as_dense, process_set)
     distributed._grace = bundle
-    distributed._grace_backend = HorovodBackend(process_set)
+    distributed._grace_backend = HorovodBackend(process_set, bundle.stall_timeout)
     distributed._grace_verified = False
     # Gradients arrive roughly in reverse registration order during backward, so buckets of
     # consecutive parameters in that order fill (and take off) while backward goes on.
@@ -201,6 +237,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
     bundle.plan_buckets([(distributed._parameter_names[p], p.numel() * p.element_size())
                          for p in distributed._grace_order])
     if process_set.included():
+        distributed._grace_backend.open_board()
         # Here already, before the user's broadcast_parameters: ranks with different models
         # would otherwise hang or fail obscurely inside it.
         _verify_ranks_agree(distributed, "construction")

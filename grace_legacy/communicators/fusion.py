@@ -87,6 +87,14 @@ class FusedExchange:
             Flight(f"bucket{index}", [entries[n] for n in names], backend, average)
         return member.pending
 
+    def unlaunched(self) -> set[str]:
+        """The members of buckets that have not taken off yet."""
+        return {name for entries in self._open.values() for name in entries}
+
+    def abandon(self) -> None:
+        """Drop the members of buckets that have not taken off: the step was abandoned."""
+        self._open.clear()
+
     def waiting(self) -> dict[int, list[str]]:
         """Buckets started but not complete, with the members still missing."""
         return {index: [n for n in self.plan.buckets[index] if n not in entries]
