@@ -4,7 +4,7 @@ The public names are the compressors, memories and communicators of the subpacka
 (a compressor + memory + communicator bundle), the schedules ``Legacy``, ``DGCWarmup``,
 ``Accordion`` and ``LGreCo``, and what a user needs to write a compressor, memory, communicator or
 schedule of their own (``Compressor``, ``Memory``, ``Communicator``, ``Knob``, ``KnobSchedule``,
-``Backend``, ``Pending``).
+``Backend``, ``Pending``), and the errors a run can raise (``RanksDisagree``, ``RanksStalled``).
 
 Importing this package makes ``horovod.torch.DistributedOptimizer`` accept grace_legacy
 compressors, schedules and ``Grace`` bundles when Horovod is installed (see
@@ -22,6 +22,7 @@ from grace_legacy.core import Compressor as Compressor
 from grace_legacy.core import Knob as Knob
 from grace_legacy.core import Memory as Memory
 from grace_legacy.core import Pending as Pending
+from grace_legacy.core.stall import RanksStalled as RanksStalled
 from grace_legacy.grace import Grace as Grace
 from grace_legacy.memories import *  # noqa: F403
 from grace_legacy.schedules import *  # noqa: F403
@@ -38,6 +39,6 @@ else:
 __version__ = "0.1.0"
 
 __all__ = sorted([
-    "Backend", "Communicator", "Compressor", "Grace", "Knob", "Memory", "Pending", "RanksDisagree",
+    "Backend", "Communicator", "Compressor", "Grace", "Knob", "Memory", "Pending", "RanksDisagree", "RanksStalled",
     *communicators.__all__, *compressors.__all__, *memories.__all__, *schedules.__all__,
 ])

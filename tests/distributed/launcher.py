@@ -19,16 +19,23 @@ class WorkerFailure(AssertionError):
     pass
 
 
-def horovodrun(script: str, np: int, controller: str, out_dir: Path, *args: str,
-               timeout: float = 300, extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """Launch ``workers/<script>`` on ``np`` local processes; kill the whole job after ``timeout``."""
+def start(script: str, np: int, controller: str, out_dir: Path, *args: str,
+          extra_env: dict[str, str] | None = None, **popen: object) -> subprocess.Popen:
+    """Start ``workers/<script>`` on ``np`` local processes under horovodrun, in a session of its own."""
     assert controller in CONTROLLERS
     cmd = [str(HOROVODRUN), "-np", str(np), "-H", f"localhost:{np}", f"--{controller}",
            sys.executable, str(WORKERS / script), "--out", str(out_dir), *args]
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{WORKERS}", "OMP_NUM_THREADS": "1",
            "PYTHONUNBUFFERED": "1", **(extra_env or {})}
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                            start_new_session=True, cwd=REPO)
+    return subprocess.Popen(cmd, text=True, env=env, start_new_session=True, cwd=REPO, **popen)
+
+
+def horovodrun(script: str, np: int, controller: str, out_dir: Path, *args: str,
+               timeout: float = 300, extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Launch ``workers/<script>`` on ``np`` local processes; kill the whole job after ``timeout``."""
+    proc = start(script, np, controller, out_dir, *args, extra_env=extra_env,
+                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    cmd = proc.args
     try:
         output, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
