@@ -26,7 +26,10 @@ A rank that dies (killed, out of memory) ends the job instead of hanging it: ``h
 terminates the other ranks as soon as one exits non-zero (Gloo: "Terminating remaining workers
 after failure of Process N"; MPI: ``mpirun`` aborts the job), and a surviving rank that is
 waiting in a collective gets "Horovod has been shut down" from Horovod, because Gloo sees the
-dead peer's closed connection at once.
+dead peer's closed connection at once. A rank that stays alive but stops taking part (stopped,
+hung) cannot be seen that way: every wait of this integration ends after the bundle's
+``stall_timeout`` with :class:`~grace_legacy.core.stall.RanksStalled`, naming the gradient and the
+ranks it waits for (:mod:`grace_legacy.backends.board`; the construction opens the board).
 
 ``import grace_legacy`` calls :func:`install`, so the stock ``hvd.DistributedOptimizer`` accepts
 grace_legacy compressors and ``Grace`` bundles; any other ``compression`` (Horovod's own
@@ -199,6 +202,11 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
 
     Raises :class:`~grace_legacy.consistency.RanksDisagree` (on every rank of the process set,
     here or at the first step) when ranks differ in parameters, compression set-up or schedule.
+
+    Horovod's other behaviours hold: ``synchronize()``/``skip_synchronize()``, the warning for
+    ``step()`` after ``synchronize()`` (whose second synchronization re-averages the gradients
+    dense, see ``_average_again``), ``zero_grad()``'s error while gradients are pending, and
+    ``load_state_dict`` in mid-step, which drops the step (``_grace_load_state_dict``).
     """
     if not is_grace_compression(compression):
         return _horovod_distributed_optimizer(

@@ -27,3 +27,12 @@ def test_uninstall_restores_horovods_function_and_install_is_idempotent():
         integration.install()
         integration.install()
     assert hvd.DistributedOptimizer is integration.DistributedOptimizer
+
+
+def test_the_rebound_function_takes_horovods_arguments_with_horovods_defaults():
+    import inspect
+
+    ours = inspect.signature(integration.DistributedOptimizer).parameters
+    theirs = inspect.signature(horovod.torch.optimizer.DistributedOptimizer).parameters
+    assert list(ours) == list(theirs)
+    assert [p.default for p in ours.values()] == [p.default for p in theirs.values()]
