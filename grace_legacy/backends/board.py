@@ -46,20 +46,24 @@ BEAT_AFTER_S = 1.0
 ANSWER_S = 5.0
 
 
-def host_address(members: int) -> tuple[str, int]:
-    """Start a board for ``members`` members on this rank (a store on any free port, every
-    interface, every member's beat already posted as none); return (host name, port). The store
-    lives as long as the process."""
-    store = TCPStore("127.0.0.1", 0, None, True, datetime.timedelta(seconds=ANSWER_S), wait_for_workers=False)
+def host_address(board: str, members: int) -> tuple[str, int]:
+    """Host the board named ``board`` for ``members`` members on this rank, every member's beat
+    posted as none; return (host name, port). One store (any free port, every interface) serves
+    every board this process hosts, for as long as the process runs."""
+    if not _hosted:
+        _hosted.append(TCPStore("127.0.0.1", 0, None, True, datetime.timedelta(seconds=ANSWER_S),
+                                wait_for_workers=False))
     for rank in range(members):
-        store.set(ProgressBoard.key(rank), "0|")
-    _hosted.append(store)
-    return socket.gethostname(), store.port
+        _hosted[0].set(ProgressBoard.key(board, rank), "0|")
+    return socket.gethostname(), _hosted[0].port
 
 
-# The stores this process hosts: a board's host must keep answering after the board object that
-# opened it is gone, for as long as other members may read it.
+# The store this process hosts: it must keep answering after the boards that opened it are gone,
+# for as long as other members may read it.
 _hosted: list[TCPStore] = []
+
+# Connections to other processes' stores, by address, shared by every board on that store.
+_clients: dict[tuple[str, int], TCPStore] = {}
 
 
 def _within(seconds: float, fn: Callable[..., Any], *args: Any) -> Any:
@@ -84,36 +88,35 @@ def _within(seconds: float, fn: Callable[..., Any], *args: Any) -> Any:
 class ProgressBoard:
     """One process-set member's view of the board (see the module docstring).
 
-    ``rank``: this member's index in the set; ``labels``: how errors name each member (its global
-    rank); ``address``: (host name, port) from :func:`host_address` on the set's first member.
+    ``board``: the board's name, the same on every member (one per process set); ``rank``: this
+    member's index in the set; ``labels``: how errors name each member (its global rank);
+    ``address``: (host name, port) from :func:`host_address` on the set's first member.
     """
 
-    def __init__(self, rank: int, labels: Sequence[int], address: tuple[str, int], beat_s: float = BEAT_AFTER_S):
-        self.rank, self.labels, self.beat_s = rank, list(labels), beat_s
+    def __init__(self, board: str, rank: int, labels: Sequence[int], address: tuple[str, int],
+                 beat_s: float = BEAT_AFTER_S):
+        self.board, self.rank, self.labels, self.beat_s = board, rank, list(labels), beat_s
         self.listen_s = 2 * beat_s + 0.5
         self.unreachable: str | None = None
         #: whether the host stopped answering after this member had reached it
         self.host_silent = False
         self._beats = 0
+        self._address = address
         host, port = address
         target = "127.0.0.1" if host == socket.gethostname() else host
-
-        def connect() -> TCPStore:
-            store = TCPStore(target, port, None, False, datetime.timedelta(seconds=ANSWER_S))
-            return store
-
-        self._store: TCPStore | None = None
-        outcome = _within(ANSWER_S, connect)
-        if isinstance(outcome, TCPStore):
-            self._store = outcome
-        else:
-            self.unreachable = (f"The progress board on rank {self.labels[0]} ({host}:{port}) could not be reached "
-                                f"when it opened ({outcome}).")
+        self._store: TCPStore | None = _clients.get(address)
+        if self._store is None:
+            outcome = _within(ANSWER_S, TCPStore, target, port, None, False, datetime.timedelta(seconds=ANSWER_S))
+            if isinstance(outcome, TCPStore):
+                self._store = _clients[address] = outcome
+            else:
+                self.unreachable = (f"The progress board on rank {self.labels[0]} ({host}:{port}) could not be "
+                                    f"reached when it opened ({outcome}).")
 
     @staticmethod
-    def key(rank: int) -> str:
-        """Where member ``rank`` posts its beat."""
-        return f"grace_legacy.beat.{rank}"
+    def key(board: str, rank: int) -> str:
+        """Where member ``rank`` of board ``board`` posts its beat."""
+        return f"grace_legacy.{board}.beat.{rank}"
 
     def beat(self, collective: str) -> None:
         """Post that this member is alive and waiting for ``collective``."""
@@ -121,7 +124,7 @@ class ProgressBoard:
             return
         self._beats += 1
         try:
-            self._store.set(ProgressBoard.key(self.rank), f"{self._beats}|{collective}")
+            self._store.set(ProgressBoard.key(self.board, self.rank), f"{self._beats}|{collective}")
         except (RuntimeError, OSError) as err:
             self._lost(err)
 
@@ -130,7 +133,8 @@ class ProgressBoard:
         store = self._store
         if store is None:
             return None
-        outcome = _within(ANSWER_S, store.multi_get, [ProgressBoard.key(r) for r in range(len(self.labels))])
+        keys = [ProgressBoard.key(self.board, r) for r in range(len(self.labels))]
+        outcome = _within(ANSWER_S, store.multi_get, keys)
         if not isinstance(outcome, list):
             self._lost(outcome)
             return None
@@ -141,6 +145,9 @@ class ProgressBoard:
         return beats
 
     def _lost(self, err: BaseException) -> None:
+        # A read may still hang on its thread: no board may use this connection again.
+        if _clients.get(self._address) is self._store:
+            del _clients[self._address]
         self._store = None
         self.host_silent = True
         why = "" if isinstance(err, TimeoutError) else f" ({err})"

@@ -64,16 +64,18 @@ class HorovodBackend:
 
     def open_board(self) -> None:
         """Open the process set's progress board: a collective (every member calls it, once the
-        set is in use); the set's first member hosts it and sends the others its address. A set
-        of one rank has nothing to wait for and opens none."""
+        set is in use); the set's first member hosts it and sends the others its address. Every
+        backend of a process shares one store and one connection per host. A set of one rank has
+        nothing to wait for and opens none."""
         if self.size() == 1:
             return
-        mine = "{}:{}".format(*host_address(self.size())).encode() if self.rank() == 0 else b""
+        board = f"set{self.process_set.process_set_id}"
+        mine = "{}:{}".format(*host_address(board, self.size())).encode() if self.rank() == 0 else b""
         length = int(self.wait(self.broadcast_async(torch.tensor([len(mine)]), 0, "board.length")).item())
         text = torch.tensor(list(mine), dtype=torch.uint8) if mine else torch.zeros(length, dtype=torch.uint8)
         address = bytes(self.wait(self.broadcast_async(text, 0, "board.address")).tolist()).decode()
         host, _, port = address.rpartition(":")
-        self.board = ProgressBoard(self.rank(), self.labels(), (host, int(port)))
+        self.board = ProgressBoard(board, self.rank(), self.labels(), (host, int(port)))
 
     def rank(self) -> int:
         return self.process_set.rank()

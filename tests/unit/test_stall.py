@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -49,8 +50,8 @@ def test_the_message_names_the_gradient_its_bucket_and_the_ranks():
 
 
 def test_a_member_whose_beat_does_not_move_is_named():
-    address = host_address(3)
-    members = [ProgressBoard(rank, [10, 11, 12], address, beat_s=0.05) for rank in range(3)]
+    address = host_address("unit", 3)
+    members = [ProgressBoard("unit", rank, [10, 11, 12], address, beat_s=0.05) for rank in range(3)]
     members[1].beat("bucket0")
     before = members[0].read()
     members[1].beat("bucket0")
@@ -66,7 +67,7 @@ def test_a_member_whose_beat_does_not_move_is_named():
 HOST = """
 import sys, time
 from grace_legacy.backends.board import host_address
-print("%s:%d" % host_address(2), flush=True)
+print("%s:%d" % host_address("unit", 2), flush=True)
 time.sleep(60)
 """
 
@@ -77,9 +78,11 @@ def test_a_stopped_host_is_named_within_the_answer_time(monkeypatch):
                             env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     try:
         name, _, port = host.stdout.readline().strip().rpartition(":")
-        member = ProgressBoard(1, [0, 1], (name, int(port)))
+        member = ProgressBoard("unit", 1, [0, 1], (name, int(port)))
         assert member.read() == {0: (0, ""), 1: (0, "")}
         os.kill(host.pid, signal.SIGSTOP)
+        while Path(f"/proc/{host.pid}/stat").read_text().split(")")[-1].split()[0] != "T":  # delivered
+            time.sleep(0.01)
         began = time.monotonic()
         assert member.read() is None
         assert time.monotonic() - began < 5
