@@ -53,6 +53,16 @@ from grace_legacy.grace import Grace
 
 _horovod_distributed_optimizer = _hvd_optimizer.DistributedOptimizer
 
+class _NotGiven:
+    """``compression``'s default. It means Horovod's ``Compression.none``, but is told apart from
+    ``Compression.none`` given explicitly, so that ``grace=`` with any ``compression=`` is refused."""
+
+    def __repr__(self) -> str:
+        return "Compression.none"
+
+
+_NOT_GIVEN: Any = _NotGiven()
+
 
 def is_grace_compression(compression: Any) -> bool:
     return isinstance(compression, (Compressor, Grace))
@@ -180,12 +190,15 @@ def _grace_load_state_dict(self: Any, *args: Any, **kwargs: Any) -> None:
 
 
 def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any = None,
-                         compression: Any = Compression.none, backward_passes_per_step: int = 1,
+                         compression: Any = _NOT_GIVEN, backward_passes_per_step: int = 1,
                          op: Any = Average, gradient_predivide_factor: float = 1.0,
                          num_groups: int = 0, groups: Any = None, sparse_as_dense: bool = False,
-                         process_set: Any = global_process_set) -> torch.optim.Optimizer:
+                         process_set: Any = global_process_set, grace: Any = None) -> torch.optim.Optimizer:
     """Horovod's ``DistributedOptimizer``, with the same signature and behaviour, that also takes
     a grace_legacy ``Compressor`` or ``Grace`` bundle as ``compression``.
+
+    ``grace=`` is the keyword GRACE's patched Horovod took (``grace=grace_from_params(params)``):
+    the same as ``compression=``, so GRACE training scripts run unchanged; giving both is an error.
 
     With grace_legacy compression, ``op`` may be ``hvd.Average`` (the aggregated gradient is
     divided by the process set's size) or ``hvd.Sum``. ``gradient_predivide_factor`` only changes
@@ -208,6 +221,16 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
     dense, see ``_average_again``), ``zero_grad()``'s error while gradients are pending, and
     ``load_state_dict`` in mid-step, which drops the step (``_grace_load_state_dict``).
     """
+    if grace is not None:
+        if compression is not _NOT_GIVEN:
+            raise ValueError(f"DistributedOptimizer: got both grace={grace!r} and compression={compression!r}; "
+                             f"they are the same argument (grace= is GRACE's name for it), pass one")
+        if not is_grace_compression(grace):
+            raise TypeError(f"DistributedOptimizer: grace must be a grace_legacy Grace bundle or Compressor "
+                            f"(e.g. grace_from_params(params)), got {type(grace).__name__}")
+        compression = grace
+    elif compression is _NOT_GIVEN:
+        compression = Compression.none
     if not is_grace_compression(compression):
         return _horovod_distributed_optimizer(
             optimizer, named_parameters=named_parameters, compression=compression,

@@ -35,6 +35,9 @@ PY="$VENV/bin/python"
 "$ROOT/scripts/build_horovod.sh" "$PY"
 
 "$PY" -m pip install --quiet -e ".[horovod,examples,test]"
+# PyPI's torchvision is built for PyPI's CUDA torch; next to the CPU torch its compiled ops cannot
+# load and its import fails unless two of its registrations are guarded (see the script).
+"$PY" "$ROOT/scripts/torchvision_on_cpu_torch.py"
 # Captured first: `grep -q` exits at its first match and would break horovodrun's pipe.
 build_report=$("$VENV/bin/horovodrun" --check-build)
 for framework in PyTorch MPI Gloo; do

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from grace_legacy.compressors.entries import EntrySparsifier
-from grace_legacy.compressors.kernels.selection import positions_at_or_above
+from grace_legacy.compressors.kernels.selection import entries_at_or_above
 from grace_legacy.core.compressor import Payload
 from grace_legacy.core.knob import Knob
 from grace_legacy.core.memory import Memory
@@ -16,21 +16,6 @@ from grace_legacy.core.validation import check_gradient
 from grace_legacy.memories.residual import Residual
 
 THRESHOLD = Knob("threshold", low=0.0, high=None, low_inclusive=False, high_inclusive=False, dense=None)
-
-
-def smallest_at_least(threshold: float, dtype: torch.dtype) -> torch.Tensor:
-    """The smallest value of ``dtype`` that is ``>= threshold`` (a 0-dim tensor, possibly ``inf``).
-
-    Comparing a half-precision tensor with the Python float ``0.1`` rounds ``0.1`` to the nearest
-    fp16, ``0.0999755859375``, which is *below* 0.1, so that value would pass ``x >= 0.1``. Rounding
-    the threshold up instead makes ``|x| >= t_dtype`` hold exactly when ``|x| >= threshold`` does
-    for every ``x`` the dtype can represent, with the comparison done in the gradient's own dtype.
-    """
-    exact = torch.tensor(threshold, dtype=torch.float64)
-    rounded = exact.to(dtype)
-    if rounded.to(torch.float64) < exact:
-        rounded = torch.nextafter(rounded, torch.tensor(float("inf"), dtype=dtype))
-    return rounded
 
 
 class Threshold(EntrySparsifier):
@@ -42,7 +27,8 @@ class Threshold(EntrySparsifier):
     fp32) plus the gather's per-rank size header. ``m`` depends on the gradient's values, so it
     differs between ranks and steps and may be 0: ``uniform_payload`` is False, and an empty
     payload decompresses to zeros. The comparison is exact in every floating dtype (fp32, fp16,
-    bf16, fp64; see :func:`smallest_at_least`). NaN entries are never sent (``NaN >= t`` is false).
+    bf16, fp64; see :func:`~grace_legacy.compressors.kernels.selection.magnitude_bound`). NaN
+    entries are never sent (``NaN >= t`` is false).
 
     Not additive (ranks keep different entries), so it is gathered. Pairs with ``Residual``: an
     entry below the threshold accumulates until it crosses it. ``payload_spec`` cannot predict the
@@ -64,10 +50,9 @@ class Threshold(EntrySparsifier):
         check_gradient(tensor, "Threshold")
         self.check_ready()
         flat = tensor.reshape(-1)
-        bound = smallest_at_least(self.threshold, flat.dtype).to(flat.device)
-        indices = positions_at_or_above(flat, bound)
+        values, indices = entries_at_or_above(flat, self.threshold, index_dtype(flat.numel()))
         ctx = SparseContext(tensor.shape, flat.numel(), tensor.dtype, tensor.device)
-        return [flat.index_select(0, indices), indices.to(index_dtype(flat.numel()))], ctx
+        return [values, indices], ctx
 
     def payload_spec(self, numel: int, dtype: torch.dtype) -> list[tuple[int, torch.dtype]]:
         raise NotImplementedError(

@@ -15,6 +15,14 @@ import torch
 from grace_legacy.core.compressor import Payload
 
 _INT32_LIMIT = 2**31
+#: ``scatter_``/``scatter_add_`` take int32 indices from torch 2.8 on; before, they must be widened
+#: first, which costs a pass over the indices and a buffer twice their size.
+_SCATTER_TAKES_INT32 = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 8)
+
+
+def scatter_indices(indices: torch.Tensor) -> torch.Tensor:
+    """``indices`` as ``scatter_`` accepts them: as they are where it can, widened to int64 where not."""
+    return indices if _SCATTER_TAKES_INT32 or indices.dtype == torch.int64 else indices.long()
 
 
 def index_dtype(numel: int) -> torch.dtype:
@@ -40,7 +48,7 @@ def densify(values: torch.Tensor, indices: torch.Tensor, ctx: SparseContext) -> 
         raise ValueError(f"a sparse payload needs one value per index, got {tuple(values.shape)} values "
                          f"for {tuple(indices.shape)} indices")
     out = torch.zeros(ctx.numel, dtype=ctx.dtype, device=ctx.device)
-    out.scatter_(0, indices.long(), values)  # int32 indices only from torch 2.8 on
+    out.scatter_(0, scatter_indices(indices), values)
     return out.view(ctx.shape)
 
 
@@ -53,7 +61,7 @@ def _add_entries(out: torch.Tensor, indices: torch.Tensor, values: torch.Tensor)
     the result would differ from a sum of decoded tensors: those keep ``index_add_``.
     """
     if out.dtype in (torch.float32, torch.float64):
-        out.scatter_add_(0, indices.long(), values)  # int32 indices only from torch 2.8 on
+        out.scatter_add_(0, scatter_indices(indices), values)
     else:
         out.index_add_(0, indices, values)
 

@@ -19,21 +19,31 @@ class WorkerFailure(AssertionError):
     pass
 
 
-def start(script: str, np: int, controller: str, out_dir: Path, *args: str,
-          extra_env: dict[str, str] | None = None, **popen: object) -> subprocess.Popen:
-    """Start ``workers/<script>`` on ``np`` local processes under horovodrun, in a session of its own."""
+def horovodrun(script: str, np: int, controller: str, out_dir: Path, *args: str,
+               timeout: float = 300, extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Launch ``workers/<script>`` on ``np`` local processes; kill the whole job after ``timeout``."""
+    return run_script(WORKERS / script, np, controller, "--out", str(out_dir), *args, timeout=timeout,
+                      extra_env=extra_env)
+
+
+def start(script: Path, np: int, controller: str, *args: str, extra_env: dict[str, str] | None = None,
+          launcher_flags: tuple[str, ...] = (), **popen: object) -> subprocess.Popen:
+    """Start any script on ``np`` local processes under horovodrun, in a session of its own,
+    without waiting for it."""
     assert controller in CONTROLLERS
-    cmd = [str(HOROVODRUN), "-np", str(np), "-H", f"localhost:{np}", f"--{controller}",
-           sys.executable, str(WORKERS / script), "--out", str(out_dir), *args]
+    cmd = [str(HOROVODRUN), "-np", str(np), "-H", f"localhost:{np}", f"--{controller}", *launcher_flags,
+           sys.executable, str(script), *args]
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{WORKERS}", "OMP_NUM_THREADS": "1",
            "PYTHONUNBUFFERED": "1", **(extra_env or {})}
     return subprocess.Popen(cmd, text=True, env=env, start_new_session=True, cwd=REPO, **popen)
 
 
-def horovodrun(script: str, np: int, controller: str, out_dir: Path, *args: str,
-               timeout: float = 300, extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """Launch ``workers/<script>`` on ``np`` local processes; kill the whole job after ``timeout``."""
-    proc = start(script, np, controller, out_dir, *args, extra_env=extra_env,
+def run_script(script: Path, np: int, controller: str, *args: str, timeout: float = 300,
+               extra_env: dict[str, str] | None = None,
+               launcher_flags: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    """Launch any script on ``np`` local processes (stdout and stderr merged into ``stdout``);
+    kill the whole job after ``timeout``."""
+    proc = start(script, np, controller, *args, extra_env=extra_env, launcher_flags=launcher_flags,
                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     cmd = proc.args
     try:

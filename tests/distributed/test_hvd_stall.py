@@ -11,7 +11,7 @@ import subprocess
 import time
 
 import pytest
-from launcher import WorkerFailure, start
+from launcher import WORKERS, WorkerFailure, start
 
 pytestmark = pytest.mark.distributed
 
@@ -52,7 +52,8 @@ def test_a_stopped_rank_is_named_by_every_other_rank(controller, np, victim, tim
     else:
         env["GRACE_LEGACY_STALL_TIMEOUT"] = str(STALL_TIMEOUT_S)
     log = open(tmp_path / "output.txt", "w")
-    proc = start("stall_worker.py", np, controller, tmp_path, *args, extra_env=env, stdout=log, stderr=log)
+    proc = start(WORKERS / "stall_worker.py", np, controller, "--out", str(tmp_path), *args, extra_env=env,
+                 stdout=log, stderr=log)
     others = [r for r in range(np) if r != victim]
     started = time.monotonic()
     try:

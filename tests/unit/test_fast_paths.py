@@ -24,9 +24,8 @@ from threaded_backend import run_ranks
 
 from grace_legacy import DGC, Grace, Legacy, NoMemory, RandomK, Residual, Threshold, TopK
 from grace_legacy.communicators.flight import Flight, Member
-from grace_legacy.compressors.kernels.selection import positions_at_or_above
+from grace_legacy.compressors.kernels.selection import SMALL, entries_at_or_above, magnitude_bound
 from grace_legacy.compressors.randomk import uniform_subset
-from grace_legacy.compressors.threshold import smallest_at_least
 from grace_legacy.core import wire
 from grace_legacy.core.sparse import SparseContext, scatter_sum, scatter_sum_many
 from grace_legacy.core.validation import nonfinite_flag
@@ -155,22 +154,40 @@ def test_legacy_phase_cache_follows_every_change_of_progress(steps_per_epoch, ep
     assert fresh.current_phase() == schedule.phase_of(schedule.progress)
 
 
-@given(n=st.integers(1, 200_000), dtype=st.sampled_from(DTYPES), threshold=st.floats(0.0, 5.0),
+@given(n=st.one_of(st.integers(1, 1000), st.integers(SMALL, SMALL + 100_000)), dtype=st.sampled_from(DTYPES),
+       threshold=st.floats(0.0, 5.0),
        specials=st.lists(st.tuples(st.integers(0, 10**6), st.sampled_from(SPECIALS + [0.0, -0.0])), max_size=6),
-       seed=st.integers(0, 2**16))
+       seed=st.integers(0, 2**16), index_dtype=st.sampled_from([torch.int32, torch.int64]))
 @settings(max_examples=150, deadline=None)
-def test_threshold_positions_equal_torch_nonzero(n, dtype, threshold, specials, seed):
+def test_threshold_entries_equal_torch_nonzero_and_a_gather(n, dtype, threshold, specials, seed, index_dtype):
+    """Both routes (torch below SMALL entries, the compiled range pass above) keep exactly the
+    entries ``torch.nonzero(|x| >= bound)`` finds, at every fraction kept, with their values bit for
+    bit (signed zeros) and positions in the wire's index dtype."""
     flat = torch.randn(n, generator=torch.Generator().manual_seed(seed)).to(dtype)
     for position, value in specials:
         flat[position % n] = value
-    bound = smallest_at_least(threshold, dtype)
+    bound = magnitude_bound(threshold, dtype)[0]
     expected = torch.nonzero(flat.abs() >= bound).reshape(-1)
-    assert torch.equal(positions_at_or_above(flat, bound), expected)
+    values, indices = entries_at_or_above(flat, threshold, index_dtype)
+    assert indices.dtype == index_dtype and values.dtype == dtype
+    assert torch.equal(indices.long(), expected)
+    assert torch.equal(bits(values), bits(flat[expected]))
 
 
-def test_threshold_positions_with_an_infinite_bound_are_the_infinities():
-    flat = torch.tensor([1.0, float("inf"), float("nan"), -float("inf"), 3e38])
-    assert positions_at_or_above(flat, torch.tensor(float("inf"))).tolist() == [1, 3]
+@pytest.mark.parametrize("numel", [5, SMALL])
+def test_threshold_entries_with_an_infinite_bound_are_the_infinities(numel):
+    flat = torch.zeros(numel)
+    flat[:5] = torch.tensor([1.0, float("inf"), float("nan"), -float("inf"), 3e38])
+    values, indices = entries_at_or_above(flat, float("inf"), torch.int32)
+    assert indices.tolist() == [1, 3] and values.tolist() == [float("inf"), -float("inf")]
+
+
+def test_threshold_entries_when_none_or_all_pass():
+    flat = torch.randn(SMALL, generator=torch.Generator().manual_seed(3))
+    values, indices = entries_at_or_above(flat, 100.0, torch.int32)
+    assert values.numel() == 0 and indices.numel() == 0 and indices.dtype == torch.int32
+    values, indices = entries_at_or_above(flat, 0.0, torch.int32)
+    assert torch.equal(indices, torch.arange(SMALL, dtype=torch.int32)) and torch.equal(values, flat)
 
 
 @given(n=st.integers(1, 10**7), fraction=st.floats(0.0, 1.0), seed=st.integers(0, 2**16))

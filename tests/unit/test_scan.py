@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from grace_legacy.compressors.kernels import scan
-from grace_legacy.compressors.kernels.scan import candidates_at_or_above, largest
+from grace_legacy.compressors.kernels.scan import candidates_at_or_above, entries_in_range, largest
 
 WIDTHS = {np.int16: 0x7FFF, np.int32: 0x7FFF_FFFF, np.int64: 0x7FFF_FFFF_FFFF_FFFF}
 
@@ -85,3 +85,20 @@ def test_largest_over_the_widest_span_and_all_equal():
 def test_largest_refuses_an_impossible_k_or_mismatched_arrays(k, count):
     with pytest.raises(ValueError, match="largest: need 1 <= k <= 3"):
         largest(np.arange(3), np.zeros(count, dtype=np.int32), k)
+
+
+@settings(max_examples=60, deadline=None)
+@given(dtype=st.sampled_from(list(WIDTHS)), n=st.integers(0, 5000), seed=st.integers(0, 2**32 - 1),
+       bounds=st.tuples(st.floats(0, 1), st.floats(0, 1)), index_dtype=st.sampled_from([np.int32, np.int64]))
+def test_range_pass_is_numpys_mask_and_gather(dtype, n, seed, bounds, index_dtype):
+    """The branch-free range pass keeps what a two-sided mask and ``flatnonzero`` keep, the
+    entries unmasked (sign bits kept), whichever index width is asked for."""
+    mask = WIDTHS[dtype]
+    bits = random_bits(dtype, n, seed)
+    lower, upper = sorted(min(int(q * mask), mask) for q in bounds)
+    entries, positions = entries_in_range(bits, mask, lower, upper, index_dtype)
+    magnitudes = np.bitwise_and(bits, mask)
+    expected = np.flatnonzero((magnitudes >= lower) & (magnitudes <= upper))
+    assert positions.dtype == index_dtype and entries.dtype == dtype
+    np.testing.assert_array_equal(positions, expected)
+    np.testing.assert_array_equal(entries, bits[expected])

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from grace_legacy import Grace, Legacy, Residual, Threshold
-from grace_legacy.compressors.threshold import smallest_at_least
+from grace_legacy.compressors.kernels.selection import magnitude_bound
 from grace_legacy.core import wire
 
 FLOATS = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
@@ -61,16 +61,16 @@ def test_threshold_sends_exactly_the_entries_at_or_above_it(n, seed, dtype, pick
 def test_threshold_is_not_fooled_by_rounding_the_threshold_to_the_dtype(dtype, threshold):
     nearest = torch.tensor(threshold, dtype=torch.float64).to(dtype)
     below = nearest if float(nearest) < threshold else torch.nextafter(nearest, torch.tensor(0.0, dtype=dtype))
-    above = smallest_at_least(threshold, dtype)
+    above = magnitude_bound(threshold, dtype)[0]
     assert float(below) < threshold <= float(above)
     x = torch.stack([below, above, -below, -above])
     payload, _ = Threshold(threshold).compress(x, "x")
     assert payload[1].tolist() == [1, 3]
 
 
-def test_smallest_at_least_handles_the_ends_of_the_range():
-    assert smallest_at_least(1e6, torch.float16) == float("inf")
-    tiny = smallest_at_least(1e-30, torch.float16)
+def test_magnitude_bound_handles_the_ends_of_the_range():
+    assert magnitude_bound(1e6, torch.float16)[0] == float("inf")
+    tiny = magnitude_bound(1e-30, torch.float16)[0]
     assert tiny > 0 and torch.nextafter(tiny, torch.tensor(0.0, dtype=torch.float16)) == 0
 
 

@@ -18,7 +18,9 @@ from typing import Any
 
 import torch
 
-TIMEOUT_S = 20.0
+#: A collective a rank waits on longer than this is reported as never completed. Only a hang
+#: detector: generous, because the first call compiles numba kernels and the machine may be loaded.
+TIMEOUT_S = 120.0
 #: How many of its most recent collectives each rank's ``calls`` remembers.
 CALLS_KEPT = 100_000
 

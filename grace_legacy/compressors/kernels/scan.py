@@ -1,6 +1,7 @@
-"""Compiled passes of CPU selection: the candidates at or above a bound, and the k largest of them.
+"""Compiled passes of CPU selection: the candidates at or above a bound, the k largest of them,
+and the entries whose magnitude lies in a range (Threshold's payload).
 
-Both work on a tensor's magnitude bits (see :mod:`~grace_legacy.compressors.kernels.selection`) and are
+All work on a tensor's magnitude bits (see :mod:`~grace_legacy.compressors.kernels.selection`) and are
 compiled by numba, because in numpy each is several calls with a temporary apiece:
 
 * the candidate pass reads each entry once, at about the speed of a vectorized read of the same
@@ -9,7 +10,13 @@ compiled by numba, because in numpy each is several calls with a temporary apiec
   one-sided on purpose: a two-sided range test in the same loop was slower than numpy, so
   callers that must exclude NaN's patterns (which sort above infinity's) filter the candidates;
 * the k largest among the candidates come from a histogram of their magnitudes, which leaves
-  only one bin to partition instead of partitioning all the candidates.
+  only one bin to partition instead of partitioning all the candidates;
+* the range pass serves Threshold, whose kept fraction nobody controls. It has no branch on the
+  test: every entry is written at the next free slot and the slot advances by the test's 0 or 1.
+  A branch that is taken at random (a third of the entries kept, say) is mispredicted half the
+  time, which made the candidate pass slower than ``torch.nonzero`` there; the stores cost the
+  same at every fraction kept. It writes the entry's own bits and its position in the index
+  dtype of the wire, so the payload needs no gather and no conversion afterwards.
 
 Their speed against the alternatives is measured by ``benchmarks/performance/throughput.py``
 (``benchmarks/results/performance.md``).
@@ -91,7 +98,18 @@ def _kernels():
                 out[taken] = positions[i]
                 taken += 1
 
-    return at_or_above, largest
+    @compiled
+    def in_range(bits, mask, lower, upper, positions, kept):  # pragma: no cover - compiled
+        found = 0
+        for i in range(bits.size):
+            entry = bits[i]
+            magnitude = entry & mask
+            positions[found] = i
+            kept[found] = entry
+            found += (magnitude >= lower) & (magnitude <= upper)
+        return found
+
+    return at_or_above, largest, in_range
 
 
 def candidates_at_or_above(bits: np.ndarray, mask: int, lower: int, expected: int,
@@ -104,7 +122,7 @@ def candidates_at_or_above(bits: np.ndarray, mask: int, lower: int, expected: in
     of the exact count. The results are views of arrays at most ``max(expected, MIN_ROOM)`` long;
     they are copied out when they would hold on to more than twice their size.
     """
-    at_or_above, _ = _kernels()
+    at_or_above, _, _ = _kernels()
 
     def room_for(count):
         return np.empty(count, dtype=np.int64), np.empty(count, dtype=bits.dtype)
@@ -128,7 +146,26 @@ def largest(positions: np.ndarray, magnitudes: np.ndarray, k: int) -> np.ndarray
     if not 1 <= k <= positions.size or positions.size != magnitudes.size:
         raise ValueError(f"largest: need 1 <= k <= {positions.size} and as many magnitudes as "
                          f"positions, got k={k} and {magnitudes.size} magnitudes")
-    _, compiled_largest = _kernels()
+    _, compiled_largest, _ = _kernels()
     out = np.empty(k, dtype=np.int64)
     compiled_largest(positions, magnitudes, k, BINS, out)
     return out
+
+
+def entries_in_range(bits: np.ndarray, mask: int, lower: int, upper: int,
+                     index_dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """``(entries, positions)``: the entries ``bits[i]`` (unmasked, so a float's sign survives a
+    view back) with ``lower <= bits[i] & mask <= upper``, and their increasing positions ``i`` as
+    ``index_dtype``, which must hold ``bits.size - 1``.
+
+    The pass writes each entry at the next free slot whatever the test says, so both outputs are
+    made ``bits.size`` long; only the slots written are touched (untouched pages of ``np.empty``
+    cost nothing). A result under half of that is copied out rather than holding on to the rest.
+    """
+    _, _, in_range = _kernels()
+    positions = np.empty(bits.size, dtype=index_dtype)
+    kept = np.empty(bits.size, dtype=bits.dtype)
+    found = in_range(bits, mask, lower, upper, positions, kept)
+    if 2 * found < bits.size:
+        return kept[:found].copy(), positions[:found].copy()
+    return kept[:found], positions[:found]

@@ -35,7 +35,7 @@ import math
 import numpy as np
 import torch
 
-from grace_legacy.compressors.kernels.scan import candidates_at_or_above, largest
+from grace_legacy.compressors.kernels.scan import candidates_at_or_above, entries_in_range, largest
 
 #: Below this many entries a plain ``torch.topk`` is as fast as anything (per-call overheads win).
 SMALL = 1 << 15
@@ -57,6 +57,8 @@ _MAGNITUDE_BITS = {
 #: float dtype -> the bit pattern of +inf (every NaN's magnitude bits are above it)
 _INFINITY_BITS = {dtype: int(torch.tensor([float("inf")], dtype=dtype).view(int_dtype)[0])
                   for dtype, (int_dtype, _) in _MAGNITUDE_BITS.items()}
+#: the index dtypes of a sparse payload, as numpy spells them
+_NUMPY_INDEX = {torch.int32: np.int32, torch.int64: np.int64}
 
 
 def estimate_order(k: int, samples: int, numel: int) -> int:
@@ -158,24 +160,45 @@ def _select_cpu(flat: torch.Tensor, k: int, threshold_bits: int, expected: int) 
     return torch.from_numpy(np.concatenate([candidates, largest(rest, all_magnitudes[rest], k - count)]))
 
 
-def positions_at_or_above(flat: torch.Tensor, bound: torch.Tensor) -> torch.Tensor:
-    """The sorted flat positions (int64) of the entries of the 1-D ``flat`` whose magnitude is
-    ``>= bound`` (a non-negative 0-dim tensor of ``flat``'s dtype, possibly infinite), NaN never
-    among them: ``torch.nonzero(flat.abs() >= bound)``, in one cache-friendly pass on CPU."""
-    if flat.device.type != "cpu":
-        return torch.nonzero(flat.abs() >= bound).reshape(-1)
+@functools.lru_cache(maxsize=256)
+def magnitude_bound(threshold: float, dtype: torch.dtype) -> tuple[torch.Tensor, int]:
+    """The smallest value of ``dtype`` that is ``>= threshold`` (a 0-dim tensor, possibly ``inf``),
+    and its magnitude bits: what ``|x| >= threshold`` compares against, exactly, in ``dtype``.
+
+    Comparing a half-precision tensor with the Python float ``0.1`` rounds ``0.1`` to the nearest
+    fp16, ``0.0999755859375``, which is *below* 0.1, so that value would pass ``x >= 0.1``. Rounding
+    the threshold up instead makes ``|x| >= bound`` hold exactly when ``|x| >= threshold`` does
+    for every ``x`` the dtype can represent. Cached: a threshold is fixed for many steps, and
+    building the bound takes several small tensor operations, more than a small layer's pass.
+    """
+    exact = torch.tensor(threshold, dtype=torch.float64)
+    bound = exact.to(dtype)
+    if bound.to(torch.float64) < exact:
+        bound = torch.nextafter(bound, torch.tensor(float("inf"), dtype=dtype))
+    bits, mask = _magnitude_bits(bound.reshape(1))
+    return bound, int(bits[0]) & mask
+
+
+def entries_at_or_above(flat: torch.Tensor, threshold: float,
+                        index_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(values, indices)``: the entries of the 1-D floating ``flat`` whose magnitude is
+    ``>= threshold`` (exactly, in ``flat``'s dtype: see :func:`magnitude_bound`), NaN never among
+    them, and their flat positions in increasing order as ``index_dtype``: what
+    ``i = torch.nonzero(flat.abs() >= threshold)`` and ``flat[i]`` give, in one pass on CPU.
+
+    Below :data:`SMALL` entries, those torch operations themselves: their per-call cost is lower
+    than a compiled pass's arrays and dispatch."""
+    bound, bound_bits = magnitude_bound(threshold, flat.dtype)
+    if flat.device.type != "cpu" or flat.numel() < SMALL:
+        positions = torch.nonzero(flat.abs() >= bound.to(flat.device)).reshape(-1)
+        return flat.index_select(0, positions), positions.to(index_dtype)
     bits, mask = _magnitude_bits(flat)
-    bits = bits.numpy()
-    bound_bits, _ = _magnitude_bits(bound.reshape(1).to(flat.dtype))
-    # Room for 1 in 32 (a threshold usually keeps less): np.empty's untouched pages cost nothing.
-    positions, magnitudes = candidates_at_or_above(bits, mask, int(bound_bits.numpy()[0]) & mask,
-                                                   expected=bits.size // 32)
-    if positions.size:
-        # NaN's patterns sort above infinity's; |NaN| >= t is false.
-        positions = positions[magnitudes <= _INFINITY_BITS[flat.dtype]]
+    # NaN's patterns sort above infinity's, so the upper end of the range leaves them out.
+    kept, positions = entries_in_range(bits.numpy(), mask, bound_bits, _INFINITY_BITS[flat.dtype],
+                                       _NUMPY_INDEX[index_dtype])
     if not positions.size:  # numpy's empty array can carry a zero stride, which torch cannot view
-        return torch.empty(0, dtype=torch.int64)
-    return torch.from_numpy(positions)
+        return flat.new_empty(0), torch.empty(0, dtype=index_dtype)
+    return torch.from_numpy(kept).view(flat.dtype), torch.from_numpy(positions)
 
 
 def _select_torch(magnitudes: torch.Tensor, k: int, threshold: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,171 @@
+"""GRACE's ``grace_from_params``: the dictionary a GRACE training script already builds, read into
+a :class:`~grace_legacy.Grace` bundle.
+
+The keys and defaults are GRACE's:
+
+* ``compressor`` (``"none"``): one of :data:`COMPRESSORS`;
+* ``memory`` (``"none"``): one of :data:`MEMORIES`;
+* ``communicator`` (``"allreduce"``): one of :data:`COMMUNICATORS`;
+* ``compress_ratio`` (``0.3``): the density of topk, randomk and dgc;
+* ``quantum_num`` (``127``): qsgd's levels;
+* ``threshold`` (``0.01``): threshold's magnitude;
+* ``momentum`` (``0.9``): signum's momentum, and the dgc memory's;
+* ``lr`` (``0.1``): efsignsgd's learning rate (compressor and memory);
+* ``compress_rank`` (``1``): powersgd's rank;
+* ``gradient_clipping`` (``False``): the dgc memory's clipping norm (``False``: none);
+* ``world_size``: ignored (GRACE needed it; the backend knows the number of ranks).
+
+Four more keys, those of the LEGACY reference implementation, turn on a LEGACY schedule of the
+compressor's parameter (:meth:`Legacy.from_strings`): ``legacy_by`` (``"uniform"``, ``"layer"``,
+``"epoch"`` or ``"both"``), ``group_compressions`` (percent for a density), ``group_splits`` and
+``epochs``. The schedule then sets the parameter, so ``compress_ratio`` (or ``quantum_num``,
+``threshold``, ``compress_rank``) is not used.
+
+GRACE accepted combinations that silently corrupt the gradient, such as a sparse payload summed by
+``"allreduce"``; here they raise ``ValueError`` naming the communicator to use instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from grace_legacy.communicators import Allgather, Allreduce, Broadcast
+from grace_legacy.compressors import (
+    DGC,
+    FP16,
+    QSGD,
+    EFSignSGD,
+    Natural,
+    NoCompression,
+    OneBit,
+    PowerSGD,
+    RandomK,
+    SignSGD,
+    Signum,
+    TernGrad,
+    Threshold,
+    TopK,
+)
+from grace_legacy.core.communicator import Communicator
+from grace_legacy.core.compressor import Compressor
+from grace_legacy.core.memory import Memory, NoMemory
+from grace_legacy.grace import Grace
+from grace_legacy.memories import DGCMemory, EFSignSGDMemory, PowerSGDMemory, Residual
+from grace_legacy.schedules.legacy import Legacy
+
+#: GRACE's keys with GRACE's defaults.
+DEFAULTS: dict[str, Any] = {
+    "compressor": "none", "memory": "none", "communicator": "allreduce",
+    "compress_ratio": 0.3, "quantum_num": 127, "threshold": 0.01, "momentum": 0.9, "lr": 0.1,
+    "compress_rank": 1, "gradient_clipping": False, "world_size": None,
+}
+#: The LEGACY reference implementation's flags.
+LEGACY_KEYS = ("legacy_by", "group_compressions", "group_splits", "epochs")
+
+# Each compressor: how to build it from the parameters, with its knob (``knob=True``) or without
+# it, for LEGACY to set.
+_Build = Callable[[Mapping[str, Any], bool], Compressor]
+COMPRESSORS: dict[str, _Build] = {
+    "none": lambda p, knob: NoCompression(),
+    "fp16": lambda p, knob: FP16(),
+    "topk": lambda p, knob: TopK(p["compress_ratio"] if knob else None),
+    "randomk": lambda p, knob: RandomK(p["compress_ratio"] if knob else None),
+    "dgc": lambda p, knob: DGC(p["compress_ratio"] if knob else None),
+    "threshold": lambda p, knob: Threshold(p["threshold"] if knob else None),
+    "qsgd": lambda p, knob: QSGD(p["quantum_num"] if knob else None),
+    "terngrad": lambda p, knob: TernGrad(),
+    "natural": lambda p, knob: Natural(),
+    "signsgd": lambda p, knob: SignSGD(),
+    "signum": lambda p, knob: Signum(p["momentum"]),
+    "efsignsgd": lambda p, knob: EFSignSGD(p["lr"]),
+    "onebit": lambda p, knob: OneBit(),
+    "powersgd": lambda p, knob: PowerSGD(p["compress_rank"] if knob else None),
+}
+#: The key that sets each compressor's knob (the parameter LEGACY schedules).
+KNOB_KEYS = {"topk": "compress_ratio", "randomk": "compress_ratio", "dgc": "compress_ratio",
+             "threshold": "threshold", "qsgd": "quantum_num", "powersgd": "compress_rank"}
+MEMORIES: dict[str, Callable[[Mapping[str, Any]], Memory]] = {
+    "none": lambda p: NoMemory(),
+    "residual": lambda p: Residual(),
+    "dgc": lambda p: DGCMemory(p["momentum"], clip=p["gradient_clipping"] or None),
+    "efsignsgd": lambda p: EFSignSGDMemory(p["lr"]),
+    "powersgd": lambda p: PowerSGDMemory(),
+}
+COMMUNICATORS: dict[str, Callable[[], Communicator]] = {
+    "allreduce": Allreduce, "allgather": Allgather, "broadcast": Broadcast,
+}
+
+
+def _choice(params: Mapping[str, Any], key: str, table: Mapping[str, Any]) -> Any:
+    name = params[key]
+    if name not in table:
+        raise ValueError(f"grace_from_params: {key}={name!r} is not known; accepted: {', '.join(map(repr, table))}")
+    return table[name]
+
+
+def compressor_from_name(name: str, value: Any = None, *, with_knob: bool = True) -> Compressor:
+    """The compressor GRACE calls ``name``, at knob ``value`` (GRACE's default when ``None``), or
+    without its knob (``with_knob=False``) for a schedule to set."""
+    if name not in COMPRESSORS:
+        raise ValueError(f"compressor {name!r} is not known; accepted: {', '.join(map(repr, COMPRESSORS))}")
+    params = dict(DEFAULTS)
+    if value is not None:
+        if name not in KNOB_KEYS:
+            raise ValueError(f"compressor {name!r} has no parameter to set; these have one: {', '.join(KNOB_KEYS)}")
+        params[KNOB_KEYS[name]] = value
+    return COMPRESSORS[name](params, with_knob)
+
+
+def _legacy(base: Compressor, params: Mapping[str, Any]) -> Legacy:
+    given = {key: params[key] for key in LEGACY_KEYS if key in params}
+    for needed in ("legacy_by", "group_compressions"):
+        if needed not in given:
+            raise ValueError(f"grace_from_params: LEGACY keys {sorted(given)} need {needed!r} too; a LEGACY "
+                             f"schedule is given by {', '.join(LEGACY_KEYS)} (legacy_by and group_compressions "
+                             f"required)")
+    by = given["legacy_by"]
+    if by not in ("uniform", *Legacy.MODES):
+        raise ValueError(f"grace_from_params: legacy_by={by!r} is not known; accepted: 'uniform', "
+                         f"{', '.join(map(repr, Legacy.MODES))}")
+    if base.knob is None:
+        raise ValueError(f"grace_from_params: compressor={params['compressor']!r} has no parameter for LEGACY "
+                         f"to schedule; use one of "
+                         f"{', '.join(repr(n) for n, build in COMPRESSORS.items() if build(DEFAULTS, False).knob)}")
+    splits = given.get("group_splits", "")
+    if isinstance(splits, (list, tuple)):
+        splits = ",".join(str(s) for s in splits)
+    epochs = given.get("epochs")
+    return Legacy.from_strings(base, by, group_compressions=str(given["group_compressions"]),
+                               group_splits=str(splits), epochs=None if epochs is None else int(epochs))
+
+
+def grace_from_params(params: Mapping[str, Any]) -> Grace:
+    """A :class:`~grace_legacy.Grace` bundle from GRACE's parameter dictionary (keys, defaults
+    and LEGACY's extra keys in the module docstring).
+
+    Raises ``ValueError`` for an unknown key or name (listing the accepted ones) and for a
+    combination that would compute a wrong gradient (naming what to use instead).
+    """
+    if not isinstance(params, Mapping):
+        raise TypeError(f"grace_from_params: params must be a dict, got {type(params).__name__}")
+    unknown = sorted(set(params) - set(DEFAULTS) - set(LEGACY_KEYS), key=str)
+    if unknown:
+        raise ValueError(f"grace_from_params: unknown key(s) {', '.join(map(repr, unknown))}; accepted: "
+                         f"{', '.join(map(repr, [*DEFAULTS, *LEGACY_KEYS]))}")
+    full = {**DEFAULTS, **params}
+    scheduled = any(key in params for key in LEGACY_KEYS)
+    build = _choice(full, "compressor", COMPRESSORS)
+    make_memory = _choice(full, "memory", MEMORIES)
+    make_communicator = _choice(full, "communicator", COMMUNICATORS)
+    compressor = build(full, not scheduled)
+    if scheduled:
+        compressor = _legacy(compressor, params)
+    communicator = make_communicator()
+    try:
+        return Grace(compressor, make_memory(full), communicator)
+    except ValueError as err:
+        if communicator.carries_non_additive or compressor.additive:
+            raise ValueError(f"grace_from_params: {err}") from None
+        raise ValueError(f"grace_from_params: {err}; in params, set "
+                         f"'communicator': 'allgather' (or 'broadcast')") from None

@@ -1,0 +1,171 @@
+"""``grace_from_params`` reads GRACE's parameter dictionary (GRACE's keys and defaults, plus the
+LEGACY reference flags) into a ``Grace`` bundle, and refuses unknown names and combinations that
+would corrupt the gradient with errors that say what to use."""
+
+import pytest
+import torch
+
+import grace_legacy
+from grace_legacy import (
+    DGC,
+    FP16,
+    QSGD,
+    Allreduce,
+    Broadcast,
+    DGCMemory,
+    EFSignSGD,
+    EFSignSGDMemory,
+    Grace,
+    Legacy,
+    NoCompression,
+    NoMemory,
+    PowerSGD,
+    PowerSGDMemory,
+    RandomK,
+    Residual,
+    Signum,
+    Threshold,
+    TopK,
+    grace_from_params,
+)
+from grace_legacy.helper import COMMUNICATORS, COMPRESSORS, MEMORIES
+
+
+def test_defaults_are_gracess_no_compression_no_memory_allreduce():
+    grc = grace_from_params({})
+    assert isinstance(grc, Grace)
+    assert isinstance(grc.compressor, NoCompression)
+    assert isinstance(grc.memory, NoMemory)
+    assert isinstance(grc.communicator, Allreduce)
+
+
+@pytest.mark.parametrize(("params", "kind", "knob"), [
+    ({"compressor": "topk", "communicator": "allgather"}, TopK, 0.3),
+    ({"compressor": "randomk", "communicator": "allgather"}, RandomK, 0.3),
+    ({"compressor": "dgc", "communicator": "allgather"}, DGC, 0.3),
+    ({"compressor": "threshold", "communicator": "allgather"}, Threshold, 0.01),
+    ({"compressor": "qsgd", "communicator": "allgather"}, QSGD, 127),
+    ({"compressor": "powersgd"}, PowerSGD, 1),
+    ({"compressor": "topk", "communicator": "allgather", "compress_ratio": 0.01}, TopK, 0.01),
+    ({"compressor": "qsgd", "communicator": "allgather", "quantum_num": 64}, QSGD, 64),
+    ({"compressor": "powersgd", "compress_rank": 4}, PowerSGD, 4),
+])
+def test_each_knob_takes_gracess_key_and_default(params, kind, knob):
+    grc = grace_from_params(params)
+    assert type(grc.compressor) is kind
+    assert grc.compressor.knob_value == knob
+
+
+def test_every_name_gracess_helper_knows_builds_a_bundle():
+    assert set(COMPRESSORS) == {"none", "fp16", "topk", "randomk", "dgc", "threshold", "qsgd", "terngrad",
+                                "natural", "signsgd", "signum", "efsignsgd", "onebit", "powersgd"}
+    assert set(MEMORIES) == {"none", "residual", "dgc", "efsignsgd", "powersgd"}
+    assert set(COMMUNICATORS) == {"allreduce", "allgather", "broadcast"}
+    for name in COMPRESSORS:
+        memory = "efsignsgd" if name == "efsignsgd" else "none"
+        communicator = "allreduce" if name in ("none", "fp16", "powersgd") else "allgather"
+        grc = grace_from_params({"compressor": name, "memory": memory, "communicator": communicator,
+                                 "world_size": 4})
+        assert isinstance(grc, Grace)
+    assert isinstance(grace_from_params({"compressor": "fp16"}).compressor, FP16)
+    assert isinstance(grace_from_params({"compressor": "topk", "communicator": "broadcast"}).communicator,
+                      Broadcast)
+
+
+def test_memories_take_gracess_keys():
+    grc = grace_from_params({"compressor": "dgc", "memory": "dgc", "communicator": "allgather",
+                             "momentum": 0.5, "gradient_clipping": 2.0})
+    assert isinstance(grc.memory, DGCMemory) and grc.memory.momentum == 0.5 and grc.memory.clip == 2.0
+    assert grace_from_params({"compressor": "dgc", "memory": "dgc", "communicator": "allgather"}).memory.clip is None
+    grc = grace_from_params({"compressor": "efsignsgd", "memory": "efsignsgd", "communicator": "allgather",
+                             "lr": 0.05})
+    assert isinstance(grc.compressor, EFSignSGD) and isinstance(grc.memory, EFSignSGDMemory)
+    assert grc.compressor.lr == grc.memory.lr == 0.05
+    assert isinstance(grace_from_params({"compressor": "powersgd", "memory": "powersgd"}).memory, PowerSGDMemory)
+    assert isinstance(grace_from_params({"compressor": "topk", "memory": "residual",
+                                         "communicator": "allgather"}).memory, Residual)
+    assert grace_from_params({"compressor": "signum", "communicator": "allgather",
+                              "momentum": 0.8}).compressor.momentum == 0.8
+    assert isinstance(grace_from_params({"compressor": "signum", "communicator": "allgather"}).compressor, Signum)
+
+
+@pytest.mark.parametrize(("params", "named"), [
+    ({"compressor": "topkk"}, "'topk'"),
+    ({"memory": "ef"}, "'residual'"),
+    ({"communicator": "alltoall"}, "'allgather'"),
+    ({"compresion_ratio": 0.1}, "'compress_ratio'"),
+])
+def test_unknown_names_and_keys_list_what_is_accepted(params, named):
+    with pytest.raises(ValueError, match="accepted") as err:
+        grace_from_params(params)
+    assert named in str(err.value)
+
+
+@pytest.mark.parametrize("compressor", ["topk", "dgc", "threshold", "qsgd", "terngrad", "natural",
+                                        "signsgd", "signum", "onebit"])
+def test_gathered_payload_through_allreduce_is_refused_naming_allgather(compressor):
+    with pytest.raises(ValueError, match="'communicator': 'allgather'") as err:
+        grace_from_params({"compressor": compressor})
+    assert "sums payloads" in str(err.value)  # Grace's own explanation comes first
+
+
+def test_legacy_keys_build_the_reference_schedule():
+    grc = grace_from_params({"compressor": "topk", "memory": "residual", "communicator": "allgather",
+                             "legacy_by": "both", "group_compressions": "100,10,1;10,1,0.1",
+                             "group_splits": "1000,100000", "epochs": 90})
+    schedule = grc.compressor
+    assert isinstance(schedule, Legacy)
+    assert schedule.by == "both" and schedule.splits == [1000, 100000] and schedule.epochs == 90
+    assert schedule.table == [[1.0, 0.1, 0.01], [0.1, 0.01, 0.001]]
+    assert schedule.to_strings() == {"by": "both", "group_compressions": "100,10,1;10,1,0.1",
+                                     "group_splits": "1000,100000", "epochs": 90}
+    qsgd = grace_from_params({"compressor": "qsgd", "communicator": "allgather", "legacy_by": "epoch",
+                              "group_compressions": "4,16", "epochs": 10}).compressor
+    assert qsgd.table == [[4], [16]]
+
+
+@pytest.mark.parametrize(("params", "message"), [
+    ({"compressor": "topk", "communicator": "allgather", "group_compressions": "1"}, "'legacy_by'"),
+    ({"compressor": "topk", "communicator": "allgather", "legacy_by": "layer"}, "'group_compressions'"),
+    ({"compressor": "topk", "communicator": "allgather", "legacy_by": "size", "group_compressions": "1"},
+     "'uniform', 'layer', 'epoch', 'both'"),
+    ({"compressor": "signsgd", "communicator": "allgather", "legacy_by": "layer", "group_compressions": "1"},
+     "'topk'"),
+])
+def test_incomplete_or_wrong_legacy_keys_are_refused(params, message):
+    with pytest.raises(ValueError) as err:
+        grace_from_params(params)
+    assert message in str(err.value)
+
+
+def test_design_card_names():
+    assert grace_legacy.LegacyCompressor is Legacy
+    assert grace_legacy.grace_from_params is grace_from_params
+    assert {"LegacyCompressor", "grace_from_params"} <= set(grace_legacy.__all__)
+
+
+def test_distributed_optimizer_takes_grace_as_compression_and_refuses_both():
+    hvd = pytest.importorskip("horovod.torch")
+    assert grace_legacy.DistributedOptimizer is hvd.DistributedOptimizer
+    model = torch.nn.Linear(3, 2)
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    grc = grace_from_params({"compressor": "topk", "communicator": "allgather"})
+    for compression in (hvd.Compression.none, hvd.Compression.fp16, TopK(0.1)):
+        with pytest.raises(ValueError, match="both grace=.* and compression="):
+            hvd.DistributedOptimizer(sgd, grace=grc, compression=compression,
+                                     named_parameters=model.named_parameters())
+    with pytest.raises(TypeError, match="grace must be a grace_legacy Grace bundle or Compressor"):
+        hvd.DistributedOptimizer(sgd, grace={"compressor": "topk"}, named_parameters=model.named_parameters())
+
+
+def test_compressor_from_name_sets_the_knob_or_leaves_it_to_a_schedule():
+    from grace_legacy.helper import compressor_from_name
+
+    assert compressor_from_name("topk").ratio == 0.3
+    assert compressor_from_name("topk", 0.01).ratio == 0.01
+    assert compressor_from_name("qsgd", 16).levels == 16
+    assert compressor_from_name("powersgd", with_knob=False).knob_value is None
+    with pytest.raises(ValueError, match="has no parameter to set"):
+        compressor_from_name("signsgd", 1)
+    with pytest.raises(ValueError, match="accepted: 'none'"):
+        compressor_from_name("top-k")

@@ -1,0 +1,127 @@
+"""``python -m grace_legacy plan``: a table per phase and size group and a last line ``expected
+volume X%`` computed with the library's byte formula; budgets, the dense fallback, models named
+as ``package.module:function``, the plot, and precise errors for flags that do not fit."""
+
+import re
+import sys
+import types
+
+import pytest
+import torch
+from torch import nn
+
+from grace_legacy import Legacy, TopK
+from grace_legacy.__main__ import main
+from grace_legacy.core.cost import bytes_sent
+from grace_legacy.planner import model_shapes, plan
+
+
+def run(capsys, *argv):
+    assert main(["plan", *argv]) == 0
+    return capsys.readouterr().out.strip().splitlines()
+
+
+def volume_of(lines):
+    match = re.fullmatch(r"expected volume ([\d.]+)%", lines[-1])
+    assert match, lines
+    return float(match.group(1)) / 100
+
+
+def test_layer_schedule_table_and_volume(capsys):
+    lines = run(capsys, "--sizes", "600,20,100,5", "--by", "layer", "--group-compressions", "100,10",
+                "--group-splits", "50")
+    # Dense: 20 + 5 elements (100 bytes); Top-k 10%: 60 and 10 entries of 8 bytes (560 of 2800).
+    assert volume_of(lines) == pytest.approx((100 + 560) / 2900, abs=5e-5)
+    rows = [line for line in lines if line.startswith("all ")]
+    assert re.search(r"< 50\s+2\s+25\s+1 \(100%\)\s+100\s+100\s+100\.00%", rows[0]), rows
+    assert re.search(r">= 50\s+2\s+700\s+0\.1 \(10%\)\s+560\s+2,800\s+20\.00%", rows[1]), rows
+
+
+def test_phases_are_weighted_by_their_share_of_the_run(capsys):
+    lines = run(capsys, "--sizes", "100000", "--by", "epoch", "--group-compressions", "10,1,1,1", "--epochs", "8")
+    assert volume_of(lines) == pytest.approx((0.2 + 0.02 * 3) / 4, abs=5e-5)
+    assert sum(line.startswith("epochs 0 - 2 ") for line in lines) == 2
+
+
+def test_plan_is_the_library_byte_formula():
+    schedule = Legacy(TopK(), by="both", values=[[1.0, 0.1], [0.5, 0.01]], splits=[1000], epochs=4)
+    shapes = [torch.Size([64, 3, 3, 3]), torch.Size([64]), torch.Size([1000, 512]), torch.Size([1000])]
+    result = plan(schedule, shapes, world_size=8)
+    for phase in range(2):
+        expected = sum(bytes_sent(schedule.concrete(schedule.table[phase][schedule.group_of(s.numel())]), s,
+                                  torch.float32, 8) for s in shapes)
+        assert result.phase_totals(phase)[0] == expected
+    dense = sum(s.numel() * 4 for s in shapes)
+    assert result.volume == pytest.approx((result.phase_totals(0)[0] + result.phase_totals(1)[0]) / 2 / dense)
+
+
+def test_dense_fallback_is_counted_with_workers_and_marked(capsys):
+    # Top-k 40% of 1,000 elements: 3,200 bytes gathered from each of 4 ranks > 2 x 4,000 / 4.
+    with_workers = run(capsys, "--sizes", "1000", "--by", "uniform", "--group-compressions", "40", "--workers", "4")
+    assert volume_of(with_workers) == 1.0
+    assert any(line.startswith("* sent dense by the dense fallback") for line in with_workers)
+    without = run(capsys, "--sizes", "1000", "--by", "uniform", "--group-compressions", "40")
+    assert volume_of(without) == pytest.approx(0.8)
+
+
+def test_budget_matches_the_uniform_volume(capsys):
+    sizes = "600000,20000,512,64,10"
+    uniform = volume_of(run(capsys, "--sizes", sizes, "--by", "uniform", "--group-compressions", "1"))
+    matched = run(capsys, "--sizes", sizes, "--budget", "1", "--by", "both", "--group-splits", "1000",
+                  "--layer-factors", "10,1", "--phase-factors", "2,1,0.5", "--epochs", "9")
+    assert volume_of(matched) == pytest.approx(uniform, rel=0.01)
+    assert any(line.startswith("reference flags: --by 'both'") for line in matched)
+
+
+def test_no_schedule_uses_gracess_default_knob(capsys):
+    lines = run(capsys, "--sizes", "1000", "--compressor", "qsgd")
+    assert lines[0] == "QSGD(levels=127, seed=0)"
+    lines = run(capsys, "--sizes", "1000", "--compressor", "topk")
+    assert volume_of(lines) == pytest.approx(0.6)  # GRACE's compress_ratio 0.3, 8 bytes per entry
+
+
+def test_model_given_as_module_function(capsys, monkeypatch):
+    module = types.ModuleType("planner_test_models")
+    module.small = lambda: nn.Sequential(nn.Linear(100, 50), nn.Linear(50, 2))
+    monkeypatch.setitem(sys.modules, "planner_test_models", module)
+    assert [shape for _, shape in model_shapes("planner_test_models:small")] == [
+        torch.Size([50, 100]), torch.Size([50]), torch.Size([2, 50]), torch.Size([2])]
+    lines = run(capsys, "--model", "planner_test_models:small", "--by", "layer", "--group-compressions", "100,1",
+                "--group-splits", "1000")
+    assert volume_of(lines) == pytest.approx((152 * 4 + 50 * 8) / (5152 * 4), abs=5e-5)
+
+
+def test_resnet50_from_torchvision():
+    pytest.importorskip("torchvision")
+    shapes = model_shapes("torchvision:resnet50")
+    assert len(shapes) == 161
+    assert sum(s.numel() for _, s in shapes) == 25_557_032
+
+
+def test_plot_is_written(capsys, tmp_path):
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "plan.png"
+    lines = run(capsys, "--sizes", "600000,20,100000,5", "--by", "both", "--group-compressions", "10,1;1,0.1",
+                "--group-splits", "1000", "--epochs", "10", "--plot", str(path))
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert lines[-1].startswith("expected volume")
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--sizes", "10", "--group-compressions", "1", "--budget", "1"], "not both"),
+    (["--sizes", "10", "--by", "layer"], "--by describes a LEGACY schedule"),
+    (["--sizes", "10", "--compressor", "signsgd", "--by", "layer", "--group-compressions", "1"],
+     "no parameter to schedule"),
+    (["--sizes", "10", "--compressor", "threshold"], "cannot be planned"),
+    (["--sizes", "10,x"], "--sizes must be comma-separated numbers"),
+    (["--model", "resnet50"], "'torchvision:NAME' or 'package.module:function'"),
+    (["--model", "torch.nn:NoSuchModel"], "has no function 'NoSuchModel'"),
+    (["--sizes", "10", "--budget", "1", "--by", "uniform"], "--budget needs --by layer, epoch or both"),
+    (["--sizes", "10", "--workers", "0"], "--workers must be >= 1"),
+    (["--sizes", "10", "--by", "layer", "--group-compressions", "1,1"], "values needs len(splits) + 1"),
+])
+def test_flags_that_do_not_fit_are_named(capsys, argv, message):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["plan", *argv])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
