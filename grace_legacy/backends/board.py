@@ -42,8 +42,9 @@ from torch.distributed import TCPStore
 BEAT_AFTER_S = 1.0
 
 #: How long a read of the board, or a member's first connection, may take before the host
-#: counts as not answering.
-ANSWER_S = 5.0
+#: counts as not answering: a round trip of microseconds, given ample room because a host that is
+#: merely slow (a busy machine) must not be named as stopped.
+ANSWER_S = 10.0
 
 
 def host_address(board: str, members: int) -> tuple[str, int]:

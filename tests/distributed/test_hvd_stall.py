@@ -17,7 +17,7 @@ pytestmark = pytest.mark.distributed
 
 STALL_TIMEOUT_S = 3.0
 #: What the error may take beyond the timeout: the board's listening time (2.5 s), a read of a
-#: stopped host (5 s) and a loaded machine's scheduling.
+#: stopped host (10 s) and a loaded machine's scheduling.
 MARGIN_S = 25.0
 #: Start-up, two steps and the stall, on a loaded 2-core machine.
 JOB_BOUND_S = 240.0
