@@ -4,7 +4,7 @@ The public names are the compressors, memories and communicators of the subpacka
 (a compressor + memory + communicator bundle), the schedules ``Legacy``, ``DGCWarmup``,
 ``Accordion`` and ``LGreCo``, and what a user needs to write a compressor, memory, communicator or
 schedule of their own (``Compressor``, ``Memory``, ``Communicator``, ``Knob``, ``KnobSchedule``,
-``Backend``, ``Pending``).
+``Backend``, ``Pending``), and the errors a run can raise (``RanksDisagree``, ``RanksStalled``).
 
 GRACE users keep their scripts: ``grace_from_params(params)`` reads GRACE's parameter dictionary
 (:mod:`grace_legacy.helper`), ``hvd.DistributedOptimizer(opt, grace=...)`` takes its result, and
@@ -28,6 +28,7 @@ from grace_legacy.core import Compressor as Compressor
 from grace_legacy.core import Knob as Knob
 from grace_legacy.core import Memory as Memory
 from grace_legacy.core import Pending as Pending
+from grace_legacy.core.stall import RanksStalled as RanksStalled
 from grace_legacy.grace import Grace as Grace
 from grace_legacy.helper import grace_from_params as grace_from_params
 from grace_legacy.memories import *  # noqa: F403
@@ -52,6 +53,6 @@ __version__ = "0.1.0"
 
 __all__ = sorted([
     "Backend", "Communicator", "Compressor", "Grace", "Knob", "LegacyCompressor", "Memory", "Pending",
-    "RanksDisagree", "grace_from_params", *_HOROVOD_NAMES,
+    "RanksDisagree", "RanksStalled", "grace_from_params", *_HOROVOD_NAMES,
     *communicators.__all__, *compressors.__all__, *memories.__all__, *schedules.__all__,
 ])

@@ -19,6 +19,7 @@ from grace_legacy.core.cost import gather_costs_more
 from grace_legacy.core.memory import Memory
 from grace_legacy.core.saved_state import refuse_other_configuration, saved_configuration
 from grace_legacy.core.seeds import derived_seed
+from grace_legacy.core.stall import RanksStalled, resolve_stall_timeout
 from grace_legacy.core.validation import nonfinite_flag
 
 _DENSE = NoCompression()
@@ -54,11 +55,17 @@ class Grace:
     takes :func:`default_bucket_bytes`: ``HOROVOD_FUSION_THRESHOLD`` as Horovod reads it, at most
     16 MiB; ``0`` sends every tensor on its own. A communicator that cannot be fused
     (``Broadcast``) always sends per tensor.
+
+    ``stall_timeout``: seconds a rank waits for one collective before it raises
+    :class:`~grace_legacy.core.stall.RanksStalled`, naming the gradient and the ranks it waits for
+    (a rank stopped or hung without dying would otherwise keep the others waiting forever).
+    ``None`` takes ``GRACE_LEGACY_STALL_TIMEOUT`` from the environment, else 1800 s
+    (:data:`~grace_legacy.core.stall.DEFAULT_STALL_TIMEOUT_S`).
     """
 
     def __init__(self, compressor: Compressor, memory: Memory | None = None,
                  communicator: Communicator | None = None, *, dense_fallback: bool = True,
-                 bucket_bytes: int | None = None) -> None:
+                 bucket_bytes: int | None = None, stall_timeout: float | None = None) -> None:
         if not isinstance(compressor, Compressor):
             raise TypeError(f"Grace: compressor must be a grace_legacy Compressor, got {type(compressor).__name__}")
         if memory is not None and not isinstance(memory, Memory):
@@ -76,6 +83,7 @@ class Grace:
                                          or bucket_bytes < 0):
             raise ValueError(f"Grace: bucket_bytes must be None or an integer >= 0, got {bucket_bytes!r}")
         self.dense_fallback = bool(dense_fallback)
+        self.stall_timeout = resolve_stall_timeout(stall_timeout)
         self.bucket_bytes = default_bucket_bytes() if bucket_bytes is None else bucket_bytes
         self._fusion: FusedExchange | None = None
         self._gather_cost: dict[tuple, bool] = {}
@@ -87,6 +95,8 @@ class Grace:
         # Per tensor of the current step: did this rank's gradient, what its memory made of it,
         # or the synchronized result hold an inf or NaN?
         self._nonfinite: dict[str, torch.Tensor] = {}
+        # The tensors started in the current step (what abandon_step rolls back).
+        self._started: set[str] = set()
         # (rank, size) of the process set this bundle ran on, and the one a loaded state expects.
         self._placement: tuple[int, int] | None = None
         self._expected_placement: tuple[int, int] | None = None
@@ -148,7 +158,11 @@ class Grace:
             inner = communicator.start(payload, ctx, name, concrete, backend, average, on_final_payload=learn)
 
         def finish() -> torch.Tensor:
-            result = self.memory.aggregated(name, inner())
+            try:
+                arrived = inner()
+            except RanksStalled as err:
+                raise err.carrying(self._carried_with(name)) from None
+            result = self.memory.aggregated(name, arrived)
             # A compressor can overflow finite input (FP16 beyond 65504); the step is skipped then too.
             self._nonfinite[name] = self._nonfinite.get(name, False) | nonfinite_flag(result)
             self.compressor.observe(name, result)
@@ -156,7 +170,14 @@ class Grace:
             self.compressor.record_traffic(name, tensor, inner.bytes_sent, route)
             return result
 
+        self._started.add(name)
         return Pending(finish, inner.bytes_sent)
+
+    def _carried_with(self, name: str) -> list[str]:
+        """``name`` and the tensors fused with it."""
+        if self._fusion is None or name not in self._fusion.plan.bucket_of:
+            return [name]
+        return [name, *(n for n in self._fusion.plan.buckets[self._fusion.plan.bucket_of[name]] if n != name)]
 
     def enter(self, backend: Backend) -> bool:
         """Take this rank's place in ``backend``'s world before sending: ``True`` when the place
@@ -184,13 +205,6 @@ class Grace:
         return True
 
     # -- elastic training (horovod.elastic; see grace_legacy.elastic) ---------------------------
-    def abandon_step(self) -> None:
-        """Forget a step that a failure interrupted: gradients waiting in half-filled buckets
-        and this step's inf/NaN flags. (Per-tensor state is put back by loading a saved state.)"""
-        self._nonfinite.clear()
-        if self._fusion is not None:
-            self._fusion.abandon()
-
     def _leave_world(self) -> None:
         self.abandon_step()
         if not self.memory.survives_world_change:
@@ -247,8 +261,30 @@ class Grace:
         """Enter epoch ``epoch``, like ``DistributedSampler.set_epoch`` (schedules change phase)."""
         self.compressor.set_epoch(epoch)
 
+    def unlaunched(self) -> set[str]:
+        """The tensors started this step whose collectives this rank has not launched (their
+        fused bucket still waits for other members): waiting for those would never end."""
+        return self._fusion.unlaunched() if self._fusion is not None else set()
+
+    def abandon_step(self) -> None:
+        """Forget the step under way as if it had not begun: the distributed optimizer calls this
+        when Horovod drops its pending gradients (``load_state_dict`` in mid-step). Buckets still
+        collecting members are emptied, and every started tensor's memory and compressor state is
+        rolled back to the end of the last step, as for a skipped step (:meth:`discard`: the byte
+        counts and the per-tensor step counters that seed random draws keep the dropped step,
+        whose collectives did run). The caller first waits for the collectives this rank launched
+        (:meth:`unlaunched` tells which it did not), so that none of them is still in flight under
+        a name the next step uses again."""
+        if self._fusion is not None:
+            self._fusion.abandon()
+        for name in self._started:
+            self.discard(name)
+        self._started.clear()
+        self._nonfinite.clear()
+
     def end_step(self, backend: Backend | None = None) -> None:
         """Count one synchronized optimizer step (the distributed optimizer calls this)."""
+        self._started.clear()
         self.memory.commit()
         self.compressor.commit()
         self.compressor.end_step(backend)

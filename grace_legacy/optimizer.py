@@ -28,7 +28,10 @@ A rank that dies (killed, out of memory) ends the job instead of hanging it: ``h
 terminates the other ranks as soon as one exits non-zero (Gloo: "Terminating remaining workers
 after failure of Process N"; MPI: ``mpirun`` aborts the job), and a surviving rank that is
 waiting in a collective gets "Horovod has been shut down" from Horovod, because Gloo sees the
-dead peer's closed connection at once.
+dead peer's closed connection at once. A rank that stays alive but stops taking part (stopped,
+hung) cannot be seen that way: every wait of this integration ends after the bundle's
+``stall_timeout`` with :class:`~grace_legacy.core.stall.RanksStalled`, naming the gradient and the
+ranks it waits for (:mod:`grace_legacy.backends.board`; the construction opens the board).
 
 ``import grace_legacy`` calls :func:`install`, so the stock ``hvd.DistributedOptimizer`` accepts
 grace_legacy compressors and ``Grace`` bundles; any other ``compression`` (Horovod's own
@@ -45,7 +48,7 @@ import horovod.torch as hvd
 import horovod.torch.optimizer as _hvd_optimizer
 import torch
 from horovod.torch.compression import Compression
-from horovod.torch.mpi_ops import Adasum, Average, Sum, global_process_set
+from horovod.torch.mpi_ops import Adasum, Average, HorovodInternalError, Sum, global_process_set
 
 from grace_legacy.backends.horovod import HorovodBackend
 from grace_legacy.consistency import verify_ranks_agree
@@ -106,6 +109,9 @@ def _verify_ranks_agree(self: Any, when: str) -> None:
 
 def _grace_allreduce_grad_async(self: Any, p: torch.Tensor) -> tuple[Any, None]:
     if self._grace.enter(self._grace_backend):
+        if _elastic_worker():
+            # A new world (the first, or one after a reset): its members post to a new board.
+            self._grace_backend.open_board()
         # Again before the first gradient collective: set_epoch or a loaded state_dict may have
         # moved one rank's schedule since construction. And after every elastic reset: the ranks
         # that joined must have been set up alike.
@@ -141,7 +147,26 @@ def _start_the_rest_in_order(self: Any) -> None:
     self._handles = {p: self._handles[p] for p in order}
 
 
+def _average_again(self: Any) -> None:
+    """A second ``synchronize()`` with no backward pass since the first (``step()`` after
+    ``synchronize()`` outside ``skip_synchronize()``, which Horovod warns about): Horovod then
+    reduces every gradient again, which changes nothing when every rank holds the same
+    gradients. Compressing them again would not be so harmless (a second lossy pass, a second
+    error-feedback update, a schedule step counted twice), so they are reduced again dense and
+    nothing of the compression state moves."""
+    backend = self._grace_backend
+    launched = [(p, backend.allreduce_async(p.grad, f"again.{self._parameter_names[p]}", self.op == Average))
+                for p in self._grace_order if p in self._requires_update and p.grad is not None]
+    for p, handle in launched:
+        p.grad.copy_(backend.wait(handle))
+    self._synchronized = True
+
+
 def _grace_synchronize(self: Any) -> None:
+    if self._synchronized and not self._handles:
+        if self.process_set.included():
+            _average_again(self)
+        return
     if self.process_set.included():
         _start_the_rest_in_order(self)
     _hvd_optimizer._DistributedOptimizer.synchronize(self)
@@ -158,6 +183,22 @@ def _grace_synchronize(self: Any) -> None:
             for name in by_name:
                 self._grace.discard(name)
     self._grace.end_step(self._grace_backend)
+
+
+def _grace_load_state_dict(self: Any, *args: Any, **kwargs: Any) -> None:
+    """Horovod's ``load_state_dict``, which drops the gradients of a step under way; the step is
+    abandoned here too (:meth:`Grace.abandon_step`) after waiting for the collectives this rank
+    launched, so that none is still in flight when the next step reuses its name."""
+    if self._handles:
+        unlaunched = self._grace.unlaunched()
+        for p, (handle, _) in self._handles.items():
+            if handle is not None and self._parameter_names[p] not in unlaunched:
+                try:
+                    handle()
+                except HorovodInternalError:
+                    pass  # Horovod has shut down (an elastic reset): nothing is in flight any more
+        self._grace.abandon_step()
+    _hvd_optimizer._DistributedOptimizer.load_state_dict(self, *args, **kwargs)
 
 
 def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any = None,
@@ -186,6 +227,11 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
 
     Raises :class:`~grace_legacy.consistency.RanksDisagree` (on every rank of the process set,
     here or at the first step) when ranks differ in parameters, compression set-up or schedule.
+
+    Horovod's other behaviours hold: ``synchronize()``/``skip_synchronize()``, the warning for
+    ``step()`` after ``synchronize()`` (whose second synchronization re-averages the gradients
+    dense, see ``_average_again``), ``zero_grad()``'s error while gradients are pending, and
+    ``load_state_dict`` in mid-step, which drops the step (``_grace_load_state_dict``).
     """
     if grace is not None:
         if compression is not _NOT_GIVEN:
@@ -224,11 +270,12 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
     members = dict(_hvd_optimizer._DistributedOptimizer.__dict__)
     members["_allreduce_grad_async"] = _grace_allreduce_grad_async
     members["synchronize"] = _grace_synchronize
+    members["load_state_dict"] = _grace_load_state_dict
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), members)
     distributed = cls(optimizer.param_groups, named_parameters, _AlreadyAggregated(), backward_passes_per_step,
                       op, gradient_predivide_factor, None, sparse_as_dense, process_set)
     distributed._grace = bundle
-    distributed._grace_backend = HorovodBackend(process_set)
+    distributed._grace_backend = HorovodBackend(process_set, bundle.stall_timeout)
     # Gradients arrive roughly in reverse registration order during backward, so buckets of
     # consecutive parameters in that order fill (and take off) while backward goes on.
     trainable = [p for group in distributed.param_groups for p in group["params"] if p.requires_grad]
@@ -239,8 +286,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
         _bundles_built_for[compression] = bundle
     # Under elastic horovodrun a worker that joins later builds its optimizer while the others
     # are synchronizing state: a collective here would meet theirs (Horovod forbids collectives
-    # outside hvd.elastic.run). The check before the first gradient runs there instead.
+    # outside hvd.elastic.run). The board and the check before the first gradient run there instead.
     if process_set.included() and not _elastic_worker():
+        distributed._grace_backend.open_board()
         # Here already, before the user's broadcast_parameters: ranks with different models
         # would otherwise hang or fail obscurely inside it.
         _verify_ranks_agree(distributed, "construction")

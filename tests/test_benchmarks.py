@@ -79,6 +79,13 @@ def test_waiting_benchmark_quick(tmp_path):
     assert [run["workers"] for run in runs] == [4, 2]
 
 
+def test_stall_benchmark_quick(tmp_path):
+    run_module("benchmarks.performance.stall", tmp_path, timeout=300)
+    assert "Watching for stalled ranks" in (tmp_path / "performance.md").read_text()
+    summary = json.loads((tmp_path / "stall.json").read_text())["run"]["summary"]
+    assert set(summary["step_s"]) == {"unwatched", "watched", "watched + post each step"}
+
+
 def test_bandwidth_benchmark_quick(tmp_path):
     import json
 

@@ -8,6 +8,9 @@ from typing import Any
 import horovod.torch as hvd
 import torch
 
+from grace_legacy.backends.board import ProgressBoard, host_address
+from grace_legacy.core.stall import RanksStalled, resolve_stall_timeout
+
 #: The first and the longest sleep between two polls of an unfinished collective. The sleeps
 #: double from the first to the longest, so a wait notices its result at most about as late as
 #: it has already waited, and never more than the longest sleep late.
@@ -41,10 +44,38 @@ class HorovodBackend:
     prefix does not depend on the kind of collective: ranks that disagree on how to send a tensor
     then meet under one name, and Horovod reports the mismatched operation instead of waiting
     for a name nobody else sends.
+
+    :meth:`wait` raises :class:`~grace_legacy.core.stall.RanksStalled` once it has waited
+    ``stall_timeout`` seconds (:func:`~grace_legacy.core.stall.resolve_stall_timeout`: the argument, else
+    ``GRACE_LEGACY_STALL_TIMEOUT``, else the default) for one collective, naming the ranks it
+    waits for when :meth:`open_board` has opened a progress board
+    (:mod:`grace_legacy.backends.board`).
     """
 
-    def __init__(self, process_set: Any = None) -> None:
+    def __init__(self, process_set: Any = None, stall_timeout_s: float | None = None) -> None:
         self.process_set = hvd.global_process_set if process_set is None else process_set
+        self.stall_timeout_s = resolve_stall_timeout(stall_timeout_s)
+        self.board: ProgressBoard | None = None
+        self._names: dict[Any, str] = {}
+
+    def labels(self) -> list[int]:
+        """Each member's global rank, by its rank in the process set."""
+        return list(self.process_set.ranks) if self.process_set.ranks else list(range(self.size()))
+
+    def open_board(self) -> None:
+        """Open the process set's progress board: a collective (every member calls it, once the
+        set is in use); the set's first member hosts it and sends the others its address. Every
+        backend of a process shares one store and one connection per host. A set of one rank has
+        nothing to wait for and opens none."""
+        if self.size() == 1:
+            return
+        board = f"set{self.process_set.process_set_id}"
+        mine = "{}:{}".format(*host_address(board, self.size())).encode() if self.rank() == 0 else b""
+        length = int(self.wait(self.broadcast_async(torch.tensor([len(mine)]), 0, "board.length")).item())
+        text = torch.tensor(list(mine), dtype=torch.uint8) if mine else torch.zeros(length, dtype=torch.uint8)
+        address = bytes(self.wait(self.broadcast_async(text, 0, "board.address")).tolist()).decode()
+        host, _, port = address.rpartition(":")
+        self.board = ProgressBoard(board, self.rank(), self.labels(), (host, int(port)))
 
     def rank(self) -> int:
         return self.process_set.rank()
@@ -52,18 +83,68 @@ class HorovodBackend:
     def size(self) -> int:
         return self.process_set.size()
 
+    def _launched(self, handle: Any, name: str) -> Any:
+        self._names[handle] = name
+        return handle
+
     def allreduce_async(self, tensor: torch.Tensor, name: str, average: bool) -> Any:
-        return hvd.allreduce_async(tensor, name=f"grace.{name}", op=hvd.Average if average else hvd.Sum,
-                                   process_set=self.process_set)
+        return self._launched(hvd.allreduce_async(tensor, name=f"grace.{name}", op=hvd.Average if average else hvd.Sum,
+                                                  process_set=self.process_set), name)
 
     def allgather_async(self, tensor: torch.Tensor, name: str) -> Any:
-        return hvd.allgather_async(tensor, name=f"grace.{name}", process_set=self.process_set)
+        return self._launched(hvd.allgather_async(tensor, name=f"grace.{name}", process_set=self.process_set), name)
 
     def broadcast_async(self, tensor: torch.Tensor, root_rank: int, name: str) -> Any:
         """``root_rank`` is a rank *within the process set*; Horovod wants the global rank."""
         members = self.process_set.ranks
         root = members[root_rank] if members else root_rank
-        return hvd.broadcast_async(tensor, root, name=f"grace.bc{root_rank}.{name}", process_set=self.process_set)
+        return self._launched(hvd.broadcast_async(tensor, root, name=f"grace.bc{root_rank}.{name}",
+                                                  process_set=self.process_set), f"bc{root_rank}.{name}")
 
     def wait(self, handle: Any) -> torch.Tensor:
-        return synchronize(handle)
+        """:func:`synchronize`, raising :class:`~grace_legacy.core.stall.RanksStalled` after
+        ``stall_timeout_s`` plus the board's listening time, during which the result may still
+        arrive. While it waits longer than the board's beat interval it posts a beat each interval,
+        so that ranks waiting with it can tell that it is alive."""
+        name = self._names.pop(handle, f"handle {handle}")
+        start = time.monotonic()
+        deadline = start + self.stall_timeout_s
+        board = self.board
+        next_beat = start + board.beat_s if board is not None else float("inf")
+        sleep = FIRST_POLL_SLEEP_S
+        while not hvd.poll(handle):
+            now = time.monotonic()
+            if now >= next_beat:
+                board.beat(name)
+                next_beat = now + board.beat_s
+            if now >= deadline:
+                self._raise_unless_it_arrives(handle, name, start)
+                break
+            time.sleep(sleep)
+            sleep = min(2 * sleep, LONGEST_POLL_SLEEP_S)
+        return hvd.synchronize(handle)
+
+    def _raise_unless_it_arrives(self, handle: Any, name: str, start: float) -> None:
+        """Read the board, keep waiting (and beating) for its listening time, read it again, and
+        raise :class:`RanksStalled` naming the ranks whose beat did not move; return if the result
+        arrives meanwhile."""
+        board, rank = self.board, self.labels()[self.rank()]
+        if board is None:
+            if not hvd.poll(handle):
+                raise RanksStalled(rank, f"grace.{name}", time.monotonic() - start, None,
+                                   "No progress board was opened to find out.")
+            return
+        before = board.read()
+        # Without a first read (the host is silent) there is nothing to compare a second one with.
+        until = time.monotonic() + (board.listen_s if before is not None else 0.0)
+        next_beat = 0.0
+        while time.monotonic() < until:
+            if hvd.poll(handle):
+                return
+            if time.monotonic() >= next_beat:
+                board.beat(name)
+                next_beat = time.monotonic() + board.beat_s / 2
+            time.sleep(LONGEST_POLL_SLEEP_S)
+        stalled, detail = board.stalled(before, board.read(), name)
+        if not hvd.poll(handle):
+            raise RanksStalled(rank, f"grace.{name}", time.monotonic() - start, stalled, detail)

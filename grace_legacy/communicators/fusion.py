@@ -87,8 +87,12 @@ class FusedExchange:
             Flight(f"bucket{index}", [entries[n] for n in names], backend, average)
         return member.pending
 
+    def unlaunched(self) -> set[str]:
+        """The members of buckets that have not taken off yet."""
+        return {name for entries in self._open.values() for name in entries}
+
     def abandon(self) -> None:
-        """Drop the members of buckets not yet launched (their step was interrupted)."""
+        """Drop the members of buckets that have not taken off: the step was abandoned."""
         self._open.clear()
 
     def waiting(self) -> dict[int, list[str]]:

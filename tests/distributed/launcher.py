@@ -28,15 +28,23 @@ def horovodrun(script: str, np: int, controller: str, out_dir: Path, *args: str,
                       extra_env=extra_env)
 
 
+def start(script: Path, np: int, controller: str, *args: str, extra_env: dict[str, str] | None = None,
+          launcher_flags: tuple[str, ...] = (), **popen: object) -> subprocess.Popen:
+    """Start any script on ``np`` local processes under horovodrun, in a session of its own,
+    without waiting for it."""
+    assert controller in CONTROLLERS
+    cmd = [str(HOROVODRUN), "-np", str(np), "-H", f"localhost:{np}", f"--{controller}", *launcher_flags,
+           sys.executable, str(script), *args]
+    return _spawn(cmd, extra_env, **popen)
+
+
 def run_script(script: Path, np: int, controller: str, *args: str, timeout: float = 300,
                extra_env: dict[str, str] | None = None,
                launcher_flags: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
     """Launch any script on ``np`` local processes (stdout and stderr merged into ``stdout``);
     kill the whole job after ``timeout``."""
-    assert controller in CONTROLLERS
-    cmd = [str(HOROVODRUN), "-np", str(np), "-H", f"localhost:{np}", f"--{controller}", *launcher_flags,
-           sys.executable, str(script), *args]
-    return _run(cmd, timeout, extra_env)
+    return _finish(start(script, np, controller, *args, extra_env=extra_env, launcher_flags=launcher_flags,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT), timeout)
 
 
 def free_port() -> int:
@@ -51,21 +59,26 @@ def torchrun(script: str, np: int, out_dir: Path, *args: str, timeout: float = 3
     time, no restarts); kill the whole job after ``timeout``."""
     cmd = [str(TORCHRUN), "--nproc-per-node", str(np), "--master-addr", "127.0.0.1", "--master-port",
            str(free_port()), "--max-restarts", "0", str(WORKERS / script), "--out", str(out_dir), *args]
-    return _run(cmd, timeout, extra_env)
+    return _finish(_spawn(cmd, extra_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT), timeout)
 
 
-def _run(cmd: list[str], timeout: float, extra_env: dict[str, str] | None) -> subprocess.CompletedProcess:
+def _spawn(cmd: list[str], extra_env: dict[str, str] | None, **popen: object) -> subprocess.Popen:
+    """``cmd`` in a session of its own (so the whole job can be killed), the repo and the workers
+    importable."""
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{WORKERS}", "OMP_NUM_THREADS": "1",
            "PYTHONUNBUFFERED": "1", **(extra_env or {})}
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                            start_new_session=True, cwd=REPO)
+    return subprocess.Popen(cmd, text=True, env=env, start_new_session=True, cwd=REPO, **popen)
+
+
+def _finish(proc: subprocess.Popen, timeout: float) -> subprocess.CompletedProcess:
+    """Wait for ``proc``; kill its whole session after ``timeout``."""
     try:
         output, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         output, _ = proc.communicate()
-        raise WorkerFailure(f"{' '.join(cmd)} did not finish in {timeout} s\n{output[-6000:]}") from None
-    return subprocess.CompletedProcess(cmd, proc.returncode, output, None)
+        raise WorkerFailure(f"{' '.join(proc.args)} did not finish in {timeout} s\n{output[-6000:]}") from None
+    return subprocess.CompletedProcess(proc.args, proc.returncode, output, None)
 
 
 def run_checks(script: str, np: int, controller: str, tmp_path: Path, *args: str,

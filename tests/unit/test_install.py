@@ -27,3 +27,16 @@ def test_uninstall_restores_horovods_function_and_install_is_idempotent():
         integration.install()
         integration.install()
     assert hvd.DistributedOptimizer is integration.DistributedOptimizer
+
+
+def test_the_rebound_function_takes_horovods_arguments_with_horovods_defaults():
+    import inspect
+
+    ours = inspect.signature(integration.DistributedOptimizer).parameters
+    theirs = inspect.signature(horovod.torch.optimizer.DistributedOptimizer).parameters
+    assert list(ours)[:len(theirs)] == list(theirs)  # GRACE's grace= comes after them
+    for name, parameter in theirs.items():
+        if name == "compression":  # a sentinel that stands for Compression.none (grace= needs to tell)
+            assert repr(ours[name].default) == "Compression.none"
+        else:
+            assert ours[name].default == parameter.default, name

@@ -1,0 +1,82 @@
+"""How long a rank waits for a collective before it calls the job stalled, and the error it raises.
+
+A rank that dies ends the job (its peers' collectives fail). A rank that stays alive but stops
+taking part (a stopped process, a data loader stuck on a network file system, a deadlock in user
+code) does not: every other rank would wait for it forever. With a stall timeout, a rank that has
+waited that long for one collective raises :class:`RanksStalled` instead, naming the collective
+and, where the backend can find out, the ranks it is waiting for.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+
+#: The environment variable that sets the stall timeout (seconds) of every ``Grace`` bundle built
+#: without an explicit ``stall_timeout``.
+STALL_TIMEOUT_ENV = "GRACE_LEGACY_STALL_TIMEOUT"
+
+#: The default: torch.distributed's default process-group timeout. Long enough for work that
+#: legitimately keeps one rank away from the collectives for minutes (rank 0 writing a checkpoint or
+#: evaluating while the others already wait in the next step), short enough that a stalled job
+#: ends within the hour.
+DEFAULT_STALL_TIMEOUT_S = 1800.0
+
+
+def resolve_stall_timeout(value: float | None = None) -> float:
+    """``value`` checked, or when ``None`` the :data:`STALL_TIMEOUT_ENV` variable's value, or
+    :data:`DEFAULT_STALL_TIMEOUT_S`: a finite number of seconds > 0."""
+    source = "stall_timeout"
+    if value is None:
+        setting = os.environ.get(STALL_TIMEOUT_ENV)
+        if setting is None or not setting.strip():
+            return DEFAULT_STALL_TIMEOUT_S
+        source = STALL_TIMEOUT_ENV
+        try:
+            value = float(setting)
+        except ValueError:
+            raise ValueError(f"{STALL_TIMEOUT_ENV} must be a number of seconds > 0, got {setting!r}") from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{source} must be a finite number of seconds > 0 (default {DEFAULT_STALL_TIMEOUT_S:g}, "
+                         f"or set {STALL_TIMEOUT_ENV}), got {value!r}")
+    return float(value)
+
+
+class RanksStalled(RuntimeError):
+    """A collective did not complete within the stall timeout.
+
+    ``collective``: the backend's name for it; ``waited_s``: how long this rank waited;
+    ``stalled_ranks``: the ranks (of the process set) it waits for, those that showed no sign of
+    waiting in a collective themselves, or ``None`` if the backend could not find out;
+    ``detail``: what the backend found out about each rank; ``tensors``: the gradients the
+    collective carries, when the bundle knows them (the first is the one being waited for).
+    """
+
+    def __init__(self, rank: int, collective: str, waited_s: float, stalled_ranks: Sequence[int] | None,
+                 detail: str, tensors: Sequence[str] = ()) -> None:
+        self.rank, self.collective, self.waited_s = rank, collective, waited_s
+        self.stalled_ranks = None if stalled_ranks is None else list(stalled_ranks)
+        self.detail, self.tensors = detail, list(tensors)
+        super().__init__(self._message())
+
+    def carrying(self, tensors: Sequence[str]) -> RanksStalled:
+        """The same error, naming the gradients the collective carries."""
+        return RanksStalled(self.rank, self.collective, self.waited_s, self.stalled_ranks, self.detail, tensors)
+
+    def _message(self) -> str:
+        what = f"collective {self.collective!r}"
+        if self.tensors:
+            others = self.tensors[1:]
+            what = (f"the gradient of {self.tensors[0]!r} ({what}"
+                    + (f", fused with {', '.join(repr(t) for t in others[:8])}"
+                       + (f" and {len(others) - 8} more" if len(others) > 8 else "") if others else "") + ")")
+        if self.stalled_ranks is None:
+            whom = "could not tell which ranks it waits for"
+        elif not self.stalled_ranks:
+            whom = "every other rank is waiting too"
+        else:
+            whom = f"it waits for rank{'s' if len(self.stalled_ranks) > 1 else ''} " \
+                   f"{', '.join(str(r) for r in self.stalled_ranks)}"
+        return (f"rank {self.rank} waited {self.waited_s:.1f} s for {what}; {whom}. {self.detail} "
+                f"(the stall timeout is set by Grace(stall_timeout=...) or {STALL_TIMEOUT_ENV})")
