@@ -42,7 +42,7 @@ SHAPES = {"fc1.weight": (32, 64), "fc1.bias": (64,), "fc2.weight": (64, 10)}
 TABLE_STEPS = (0, 500, 1000, 2000)
 QUICK_STEPS = (0, 25, 50, 100)
 #: Only allocations made on these files' lines count as "traced" (the library's own memory).
-TRACED_FILES = ("*grace_legacy*", "*threaded_backend.py")
+TRACED_FILES = ("*grace_legacy*", "*tests/helpers.py")
 
 
 # -- measuring --------------------------------------------------------------------------------
@@ -51,7 +51,7 @@ TRACED_FILES = ("*grace_legacy*", "*threaded_backend.py")
 def _own(obj: Any) -> bool:
     """Whether ``obj``'s attributes are the library's (or its test backends') own state."""
     module = type(obj).__module__ or ""
-    return module.startswith("grace_legacy") or module in ("threaded_backend", __name__)
+    return module.startswith("grace_legacy") or module in ("tests.helpers", __name__)
 
 
 def structure_size(*roots: Any) -> tuple[int, int]:

@@ -1,4 +1,4 @@
-"""Issue 7, items 1, 2 and 4, over real horovodrun -np 4 (Gloo and MPI): ranks that disagree
+"""Over real horovodrun -np 4 (Gloo and MPI): ranks that disagree
 all raise the same clear error, unused parameters neither hang nor corrupt the gradient, and a
 killed rank ends the whole job quickly instead of hanging it."""
 
@@ -12,7 +12,7 @@ from launcher import CONTROLLERS, horovodrun
 pytestmark = pytest.mark.distributed
 
 NP = 4
-#: How soon after a rank is killed the whole job must have ended (issue 7 says "say 60 s").
+#: How soon after a rank is killed the whole job must have ended (generous: a hang is what it catches).
 DEATH_BOUND_S = 60
 
 

@@ -1,4 +1,4 @@
-"""Issue 2 over real horovodrun: Top-k, Random-k, FP16 and no compression through the stock
+"""Over real horovodrun: Top-k, Random-k, FP16 and no compression through the stock
 ``hvd.DistributedOptimizer`` equal independent references, under Gloo and MPI, on 2 and 4 ranks."""
 
 import pytest

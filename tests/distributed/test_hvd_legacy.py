@@ -1,4 +1,4 @@
-"""Issue 3 over real horovodrun -np 4: LEGACY's synchronized gradients equal the reference at the
+"""Over real horovodrun -np 4: LEGACY's synchronized gradients equal the reference at the
 density the rule picks, by layer, by epoch across phase changes, and both; dense layers equal a
 plain allreduce bit for bit; a budget-matched schedule spends what uniform Top-k spends."""
 

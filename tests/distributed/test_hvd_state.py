@@ -1,12 +1,12 @@
-"""Issue 7 over real horovodrun: non-finite gradients make GradScaler skip exactly as without
-compression and leave no non-finite state, ranks never diverge (items 3 and 6, every
-compressor/memory pair in one launch), and a run resumed from a checkpoint in fresh processes ends
-bit-identical to an uninterrupted one (item 5, on 2 ranks under Gloo and 4 under MPI)."""
-
-import importlib.util
+"""Over real horovodrun: non-finite gradients make GradScaler skip exactly as without compression
+and leave no non-finite state, ranks never diverge (every compressor/memory pair of the registry,
+the schedules and the communicators, in one launch), and a run resumed from a checkpoint in fresh
+processes ends bit-identical to an uninterrupted one (on 2 ranks under Gloo and 4 under MPI)."""
 
 import pytest
-from launcher import WORKERS, run_checks
+from launcher import run_checks
+
+from tests.registry import RESUME_SETUPS, every_pair
 
 pytestmark = pytest.mark.distributed
 
@@ -14,19 +14,9 @@ pytestmark = pytest.mark.distributed
 YIELD = {"OMPI_MCA_mpi_yield_when_idle": "1"}
 
 
-def setup_labels(attribute: str) -> list[str]:
-    """The labels of ``workers/state_setups.py``'s ``attribute`` (a list of set-ups, or a function
-    returning one), to check that a worker ran every one of them."""
-    spec = importlib.util.spec_from_file_location("state_setups", WORKERS / "state_setups.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    value = getattr(module, attribute)
-    return [label for label, _ in (value() if callable(value) else value)]
-
-
 def test_every_pair_survives_nonfinite_steps_and_ranks_agree(tmp_path):
     reports = run_checks("every_pair_worker.py", 4, "mpi", tmp_path, extra_env=YIELD, timeout=600)
-    expected = setup_labels("every_pair")
+    expected = [label for label, _ in every_pair()]
     assert list(reports[0]["setups"]) == expected
     names = {check["name"] for check in reports[0]["checks"]}
     for label in expected:  # each really ran to the end, through both poisoned steps
@@ -40,5 +30,5 @@ def test_a_resumed_run_ends_bit_identical(np, controller, tmp_path):
     reports = run_checks("resume_worker.py", np, controller, tmp_path, "--phase", "resume", extra_env=YIELD,
                          timeout=600)
     names = {check["name"] for check in reports[0]["checks"]}
-    for label in setup_labels("RESUME_SETUPS"):
+    for label, _ in RESUME_SETUPS:
         assert f"{label}: resumed parameters bit-identical to the uninterrupted run's" in names, label

@@ -9,7 +9,6 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from threaded_backend import run_ranks
 
 from grace_legacy import (
     DGC,
@@ -30,6 +29,7 @@ from grace_legacy import (
     TopK,
 )
 from grace_legacy.schedules.lgreco import choose_layerwise
+from tests.helpers import run_ranks
 
 # -- DGC warm-up -----------------------------------------------------------------------------------
 

@@ -13,7 +13,6 @@ import tracemalloc
 
 import pytest
 import torch
-from threaded_backend import CALLS_KEPT, ThreadBackend, World, run_ranks
 
 from benchmarks.performance.memory import Run, SoloBackend, structure_size, traced_bytes
 from grace_legacy import (
@@ -30,6 +29,7 @@ from grace_legacy import (
     TopK,
 )
 from grace_legacy.schedules.history import DEFAULT_HISTORY
+from tests.helpers import CALLS_KEPT, ThreadBackend, World, run_ranks
 
 SHAPES = {"fc.weight": (16, 24), "fc.bias": (24,)}
 EARLY, LATE = 200, 2000

@@ -2,11 +2,11 @@
 
 import pytest
 import torch
-from threaded_backend import run_ranks
 
 from grace_legacy import DGC, FP16, Broadcast, Grace, NoCompression, RandomK, Residual, Threshold, TopK
 from grace_legacy.communicators import Allgather
 from grace_legacy.core import wire
+from tests.helpers import run_ranks
 
 SHAPES = {"conv": (4, 2, 3), "fc": (40, 24), "bias": (5,), "scale": (), "shift": (1,)}
 

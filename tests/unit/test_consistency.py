@@ -2,10 +2,10 @@
 standing in for ranks (the real ``horovodrun`` runs are in tests/distributed/test_hvd_faults.py)."""
 
 import pytest
-from threaded_backend import run_ranks
 
 from grace_legacy import Grace, Legacy, RanksDisagree, TopK
 from grace_legacy.consistency import describe_differences, description_digest, verify_ranks_agree
+from tests.helpers import run_ranks
 
 BASE = {"compressor": "TopK(0.01)", "parameters": ["fc.bias[5] float32", "fc.weight[5, 4] float32"]}
 

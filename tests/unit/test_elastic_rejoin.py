@@ -1,4 +1,4 @@
-"""Elastic training in one process (ranks are threads, ``threaded_backend``): after the world
+"""Elastic training in one process (ranks are threads, ``tests.helpers.run_ranks``): after the world
 changes, every rank continues from rank 0's shared compression state while survivors keep their
 own error-feedback residuals and newcomers start empty; world-wide memory state (EF21) starts
 afresh; a bundle notices a new rank or size by itself; restoring goes back to the last commit;
@@ -11,9 +11,9 @@ import pytest
 import torch
 from horovod.torch.elastic import state as hvd_state
 from test_resume import NAMES, SETUPS, differences, step
-from threaded_backend import run_ranks
 
 from grace_legacy import EF21, Grace, Residual, TopK, elastic
+from tests.helpers import run_ranks
 
 REJOINING = ["legacy-epoch-topk", "randomk-residual", "powersgd", "signum", "dgc", "topk-ef21", "accordion"]
 

@@ -17,10 +17,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from bit_patterns import bits
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from threaded_backend import run_ranks
 
 from grace_legacy import DGC, Grace, Legacy, NoMemory, RandomK, Residual, Threshold, TopK
 from grace_legacy.communicators.flight import Flight, Member
@@ -29,6 +27,7 @@ from grace_legacy.compressors.randomk import uniform_subset
 from grace_legacy.core import wire
 from grace_legacy.core.sparse import SparseContext, scatter_sum, scatter_sum_many
 from grace_legacy.core.validation import nonfinite_flag
+from tests.helpers import bits, run_ranks
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
 SPECIALS = [float("nan"), float("inf"), float("-inf")]

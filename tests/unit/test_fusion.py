@@ -5,11 +5,11 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from threaded_backend import run_ranks
 
 from grace_legacy import FP16, Grace, Legacy, PowerSGD, PowerSGDMemory, RandomK, Residual, Threshold, TopK
 from grace_legacy.communicators.fusion import BUCKET_BYTES_CAP, BucketPlan, default_bucket_bytes
 from grace_legacy.core.cost import gather_costs_more
+from tests.helpers import run_ranks
 
 SHAPES = {"conv": (8, 4, 3), "fc1": (60, 40), "bias1": (60,), "fc2": (10, 60), "bias2": (10,), "scale": ()}
 # Dense bytes in reverse registration order, as the Horovod integration plans them.

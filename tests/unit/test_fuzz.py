@@ -27,11 +27,9 @@ import pytest
 import torch
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from threaded_backend import ThreadBackend, World
 
 from grace_legacy import (
     DGC,
-    FP16,
     QSGD,
     Accordion,
     DGCWarmup,
@@ -39,14 +37,8 @@ from grace_legacy import (
     Grace,
     Legacy,
     LGreCo,
-    Natural,
-    NoCompression,
-    OneBit,
     PowerSGD,
-    RandomK,
-    SignSGD,
     Signum,
-    TernGrad,
     Threshold,
     TopK,
 )
@@ -58,6 +50,8 @@ from grace_legacy.compressors.threshold import THRESHOLD
 from grace_legacy.core.compressor import Compressor
 from grace_legacy.core.knob import Knob
 from grace_legacy.memories.efsignsgd import LEARNING_RATE
+from tests.helpers import ThreadBackend, World
+from tests.registry import ENTRIES, Entry, knob_values
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
 REFUSED_DTYPES = [torch.int8, torch.int32, torch.int64, torch.uint8, torch.bool, torch.complex64,
@@ -125,66 +119,50 @@ def make_tensor(shape: tuple[int, ...], dtype: torch.dtype, content: str, layout
 gradients = st.builds(make_tensor, shapes(), st.sampled_from(DTYPES), st.sampled_from(CONTENTS),
                       st.sampled_from(["contiguous", "transposed", "strided"]), st.integers(0, 2**32))
 
-seeds = st.integers(-(2**70), 2**70)
-
-
-def knob_values(knob: Knob) -> st.SearchStrategy[Any]:
-    """Valid values of ``knob``, extremes included (``None``, dense, the bounds, subnormals)."""
-    if knob.integer:
-        high = int(knob.high) if knob.high is not None else 10**30
-        return st.integers(int(knob.low), high)
-    low = knob.low if knob.low is not None else -1e308
-    high = knob.high if knob.high is not None else 1e308
-    return st.floats(low, high, exclude_min=not knob.low_inclusive, exclude_max=not knob.high_inclusive)
-
-
 # -- every compressor, built from drawn arguments ------------------------------------------------
 
 
 @dataclass(frozen=True)
 class Spec:
-    """How to build one compressor from drawn arguments."""
+    """How to build one compressor from drawn arguments, and a typical one."""
 
     name: str
     build: Callable[..., Compressor]
     arguments: dict[str, st.SearchStrategy[Any]]
+    typical: Callable[[], Compressor]
 
 
-def _legacy(base: Callable[[], Compressor], knob: Knob) -> Spec:
+def _alone(entry: Entry) -> Spec:
+    return Spec(entry.name, entry.compressor, entry.fuzz, entry.typical)
+
+
+def _legacy(entry: Entry) -> Spec:
     def build(small: Any, large: Any, split: int) -> Compressor:
-        return Legacy(base(), by="layer", values=[small, large], splits=[split])
+        return Legacy(entry.compressor(), by="layer", values=[small, large], splits=[split])
 
-    values = st.one_of(st.none(), knob_values(knob))
-    return Spec(f"Legacy({base.__name__})", build, {"small": values, "large": values,
-                                                     "split": st.integers(1, 10**6)})
+    values = st.one_of(st.none(), knob_values(entry.compressor.knob))
+    return Spec(f"Legacy({entry.name})", build, {"small": values, "large": values, "split": st.integers(1, 10**6)},
+                lambda: build(None, entry.typical().knob_value, 1000))
 
 
-SPECS = [
-    Spec("NoCompression", lambda: NoCompression(), {}),
-    Spec("FP16", lambda: FP16(), {}),
-    Spec("TopK", TopK, {"ratio": knob_values(DENSITY)}),
-    Spec("RandomK", RandomK, {"ratio": knob_values(DENSITY), "seed": seeds}),
-    Spec("DGC", DGC, {"ratio": knob_values(DENSITY), "seed": seeds, "sample_ratio": st.floats(1e-9, 1.0),
-                      "min_samples": st.integers(1, 10**9)}),
-    Spec("Threshold", Threshold, {"threshold": knob_values(THRESHOLD)}),
-    Spec("QSGD", QSGD, {"levels": knob_values(LEVELS), "seed": seeds}),
-    Spec("TernGrad", TernGrad, {"seed": seeds}),
-    Spec("Natural", Natural, {"seed": seeds}),
-    Spec("SignSGD", lambda: SignSGD(), {}),
-    Spec("Signum", Signum, {"momentum": knob_values(MOMENTUM)}),
-    Spec("EFSignSGD", EFSignSGD, {"lr": st.floats(1e-30, 1e30)}),
-    Spec("OneBit", lambda: OneBit(), {}),
-    Spec("PowerSGD", PowerSGD, {"rank": st.integers(1, 64) | st.integers(1, 10**30), "seed": seeds}),
-    _legacy(TopK, DENSITY),
-    _legacy(RandomK, DENSITY),
-    _legacy(DGC, DENSITY),
-    _legacy(Threshold, THRESHOLD),
-    _legacy(QSGD, LEVELS),
-    _legacy(PowerSGD, RANK),
-    Spec("DGCWarmup(TopK)", lambda target, epoch: _at_epoch(DGCWarmup(TopK(), target=target), epoch),
-         {"target": st.floats(1e-9, 1.0, exclude_max=True), "epoch": st.integers(0, 6)}),
-    Spec("Accordion(QSGD)", lambda: Accordion(QSGD(), low=127, high=2, interval=3), {}),
-    Spec("LGreCo(PowerSGD)", lambda: LGreCo(PowerSGD(), [1, 4, None], reference=4, interval=2), {}),
+def _warmup(target: float, epoch: int) -> Compressor:
+    return _at_epoch(DGCWarmup(TopK(), target=target), epoch)
+
+
+def _accordion() -> Compressor:
+    return Accordion(QSGD(), low=127, high=2, interval=3)
+
+
+def _lgreco() -> Compressor:
+    return LGreCo(PowerSGD(), [1, 4, None], reference=4, interval=2)
+
+
+#: Every registered compressor alone, each one with a knob inside Legacy, and the adaptive schedules.
+SPECS = [_alone(entry) for entry in ENTRIES] + [_legacy(entry) for entry in ENTRIES if entry.compressor.knob] + [
+    Spec("DGCWarmup(TopK)", _warmup, {"target": st.floats(1e-9, 1.0, exclude_max=True), "epoch": st.integers(0, 6)},
+         lambda: _warmup(0.01, 1)),
+    Spec("Accordion(QSGD)", _accordion, {}, _accordion),
+    Spec("LGreCo(PowerSGD)", _lgreco, {}, _lgreco),
 ]
 
 
@@ -244,25 +222,11 @@ def test_round_trip_keeps_shape_and_dtype(named, tensor):
 @pytest.mark.parametrize("spec", SPECS, ids=[s.name for s in SPECS])
 def test_large_4d_tensor_in_every_dtype(spec):
     # Every compressor meets a 10^6-element 4-D tensor at least once, whatever hypothesis draws.
-    compressor = _typical(spec)
+    compressor = spec.typical()
     for dtype in DTYPES:
         tensor = make_tensor((10, 10, 100, 100), dtype, "normal", "contiguous", seed=1)
         for decoded in round_trip(compressor, tensor, f"big.{dtype}"):
             assert decoded.shape == tensor.shape and decoded.dtype == dtype
-
-
-TYPICAL = {"TopK": (0.01,), "RandomK": (0.01,), "DGC": (0.01,), "Threshold": (1.0,), "QSGD": (4,),
-           "Signum": (0.9,), "EFSignSGD": (0.1,), "PowerSGD": (2,)}
-
-
-def _typical(spec: Spec) -> Compressor:
-    if spec.name.startswith("Legacy("):
-        base = spec.name[len("Legacy("):-1]
-        value = TYPICAL[base][0]
-        return spec.build(None, value, 1000)
-    if spec.name == "DGCWarmup(TopK)":
-        return spec.build(0.01, 1)
-    return spec.build(*TYPICAL.get(spec.name, ()))
 
 
 # -- dtypes and shapes that are refused -------------------------------------------------------
@@ -270,7 +234,7 @@ def _typical(spec: Spec) -> Compressor:
 
 @pytest.mark.parametrize("spec", SPECS, ids=[s.name for s in SPECS])
 def test_unsupported_dtypes_and_empty_tensors_are_refused(spec):
-    compressor = _typical(spec)
+    compressor = spec.typical()
     for dtype in REFUSED_DTYPES:
         tensor = torch.ones(4, 6).to(dtype)
         refusal = "floating point, got dtype" if not dtype.is_floating_point else "float16 or bfloat16, got"
@@ -332,13 +296,12 @@ wrong_types = st.one_of(
 )
 
 # (label, knob, constructor from the one argument fuzzed)
+# (label, knob, constructor from the one argument fuzzed): every registered compressor's knob,
+# then the other numeric arguments.
 KNOB_ARGUMENTS: list[tuple[str, Knob, Callable[[Any], Any]]] = [
-    ("TopK: ratio", DENSITY, TopK),
-    ("RandomK: ratio", DENSITY, RandomK),
-    ("DGC: ratio", DENSITY, DGC),
-    ("Threshold: threshold", THRESHOLD, Threshold),
-    ("QSGD: levels", LEVELS, QSGD),
-    ("PowerSGD: rank", RANK, PowerSGD),
+    (f"{entry.name}: {entry.compressor.knob.name}", entry.compressor.knob, entry.compressor)
+    for entry in ENTRIES if entry.compressor.knob
+] + [
     ("Signum: momentum", MOMENTUM, Signum),
     ("EFSignSGD: lr", LEARNING_RATE, EFSignSGD),
     ("DGC: sample_ratio", Knob("sample_ratio", low=0.0, high=1.0, low_inclusive=False),
@@ -389,7 +352,8 @@ def test_wrong_types_raise_type_error(argument, value):
     assert knob.name in str(caught.value), (label, str(caught.value))
 
 
-@pytest.mark.parametrize("base", [TopK, RandomK, DGC, Threshold, QSGD, PowerSGD])
+@pytest.mark.parametrize("base", [entry.compressor for entry in ENTRIES if entry.compressor.knob],
+                         ids=lambda base: base.__name__)
 def test_none_is_unset_alone_and_dense_in_a_schedule(base):
     with pytest.raises(ValueError, match=r"was built without its \w+: pass one"):
         base(None).compress(torch.randn(5, 7), "w")

@@ -1,6 +1,6 @@
-"""Issue 7, items 3 and 5 in one process (ranks are threads, ``threaded_backend``): a state saved
-mid-run and loaded into fresh objects continues bit for bit; it is plain data; a state saved by
-another configuration, or by another rank, is refused with an error naming the difference; and a
+"""In one process (ranks are threads, ``tests.helpers.run_ranks``): a state saved mid-run and
+loaded into fresh objects continues bit for bit; it is plain data; a state saved by another
+configuration, or by another rank, is refused with an error naming the difference; and a
 step whose gradient, compensated gradient or synchronized result is not finite is flagged on every
 rank and leaves no non-finite state behind."""
 
@@ -11,7 +11,6 @@ import math
 
 import pytest
 import torch
-from threaded_backend import run_ranks
 
 from grace_legacy import (
     DGC,
@@ -36,6 +35,7 @@ from grace_legacy import (
     Threshold,
     TopK,
 )
+from tests.helpers import run_ranks
 
 SHAPES = {"w": (12, 10), "b": (12,), "v": (30,)}
 NAMES = sorted(SHAPES)

@@ -31,6 +31,7 @@ from grace_legacy.compressors.signs import SignContext
 from grace_legacy.compressors.signsgd import majority_vote
 from grace_legacy.core import wire
 from grace_legacy.core.cost import bytes_sent
+from tests.helpers import synchronize
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
 SHAPES = [(), (1,), (7,), (8,), (3, 5), (2, 3, 4, 5)]
@@ -424,60 +425,6 @@ def test_reprs():
 # -- through Grace, with in-process ranks ------------------------------------------------------------
 # These tensors are tiny, so Grace's dense fallback would send them dense; it is turned off to
 # exercise the compressors themselves (the fallback has its own tests).
-
-
-class InProcessRanks:
-    """``size`` ranks in one process: a collective completes when it is waited on, by which time
-    every rank must have started it (start all ranks' tensors, then call their results)."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self.started: dict[tuple[str, str], dict[int, torch.Tensor]] = {}
-
-    def backend(self, rank: int) -> "RankBackend":
-        return RankBackend(self, rank)
-
-
-class RankBackend:
-    def __init__(self, ranks: InProcessRanks, rank: int) -> None:
-        self.ranks, self._rank = ranks, rank
-
-    def rank(self) -> int:
-        return self._rank
-
-    def size(self) -> int:
-        return self.ranks.size
-
-    def _start(self, kind: str, tensor: torch.Tensor, name: str):
-        self.ranks.started.setdefault((kind, name), {})[self._rank] = tensor.clone()
-        return kind, name
-
-    def allgather_async(self, tensor, name):
-        return self._start("gather", tensor, name)
-
-    def allreduce_async(self, tensor, name, average):
-        return (*self._start("sum", tensor, name), average)
-
-    def wait(self, handle):
-        parts = self.ranks.started[handle[:2]]
-        assert sorted(parts) == list(range(self.ranks.size)), "a rank did not start the collective"
-        ordered = [parts[r] for r in range(self.ranks.size)]
-        if handle[0] == "gather":
-            return torch.cat(ordered)
-        total = sum(ordered[1:], ordered[0].clone())
-        return total / self.ranks.size if handle[2] else total
-
-
-def synchronize(bundles, gradients_per_step, average=True):
-    """Run every rank's bundle for each step; return every step's synchronized gradient per rank."""
-    ranks = InProcessRanks(len(bundles))
-    results = []
-    for gradients in gradients_per_step:
-        pending = [bundle.start(g, "w", ranks.backend(r), average) for r, (bundle, g) in
-                   enumerate(zip(bundles, gradients, strict=True))]
-        results.append([p() for p in pending])
-        ranks.started.clear()
-    return results
 
 
 def dyadic(seed: int, n: int, world: int) -> list[torch.Tensor]:

@@ -1,13 +1,13 @@
 
 import pytest
 import torch
-from bit_patterns import bits
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from grace_legacy import Grace, RandomK, TopK
 from grace_legacy.compressors.entries import kept_count
 from grace_legacy.core.sparse import SparseContext, densify, index_dtype, scatter_sum
+from tests.helpers import bits
 
 
 def distinct_magnitudes(n: int, seed: int = 0) -> torch.Tensor:

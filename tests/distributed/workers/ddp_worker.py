@@ -41,7 +41,6 @@ from every_pair_worker import INIT_SCALE, parameter_digest, poisons, tensors_in
 from faults_worker import Branchy, expect_disagreement, takes_branch
 from harness import STEPS, Net, batch, loss_of
 from resume_worker import differences
-from state_setups import LR, RESUME_AT, RESUME_SETUPS, RESUME_STEPS, every_pair
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.nn.parallel.distributed import _MixedPrecision
@@ -52,6 +51,7 @@ import grace_legacy.ddp
 from benchmarks.performance.memory import structure_size
 from grace_legacy import Grace, Legacy, NoCompression, NoMemory, PowerSGD, TopK
 from grace_legacy.backends.torch_distributed import VARIABLE_GATHERS, TorchDistributedBackend
+from tests.registry import LR, RESUME_AT, RESUME_SETUPS, RESUME_STEPS, every_pair
 
 #: DDP's bucket cap in MB: small, so the test model's 8 parameters span several buckets.
 BUCKET_MB = 0.002

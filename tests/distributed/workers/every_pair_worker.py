@@ -1,4 +1,4 @@
-"""Issue 7, items 3 and 6, for every compressor/memory pair (``state_setups.every_pair``) in one
+"""For every compressor/memory pair of the registry (``tests.registry.every_pair``), in one
 launch: training under ``torch.amp.GradScaler`` (CPU) with an inf injected into one rank's
 gradient at one step and a NaN into another rank's at a later step.
 
@@ -25,7 +25,8 @@ import torch
 from checks import Recorder, parse_args
 from harness import Net, batch, loss_of
 from horovod.torch.compression import Compression
-from state_setups import LR, every_pair
+
+from tests.registry import LR, every_pair
 
 STEPS = 5
 #: Small enough that no compressor (FP16: 65504) overflows a scaled gradient of this model.

@@ -1,4 +1,4 @@
-"""Faults, run on every rank under horovodrun (issue 7, items 1, 2 and 4).
+"""Faults, run on every rank under horovodrun: disagreeing ranks, unused parameters, a killed rank.
 
 ``--scenario agreement`` runs, in order:
 

@@ -1,5 +1,5 @@
-"""Issue 7, item 5: a run checkpointed at step N and resumed in fresh processes ends bit-identical
-to an uninterrupted run, for each set-up of ``state_setups.RESUME_SETUPS``.
+"""A run checkpointed at step N and resumed in fresh processes ends bit-identical
+to an uninterrupted run, for each set-up of ``tests.registry.RESUME_SETUPS``.
 
 Two launches share ``--out``:
 
@@ -21,7 +21,8 @@ import horovod.torch as hvd
 import torch
 from checks import Recorder, parse_args
 from harness import Net, batch, loss_of
-from state_setups import LR, RESUME_AT, RESUME_SETUPS, RESUME_STEPS
+
+from tests.registry import LR, RESUME_AT, RESUME_SETUPS, RESUME_STEPS
 
 #: Wall-clock measurements, which no resume can reproduce.
 UNCOMPARED = {"timing"}

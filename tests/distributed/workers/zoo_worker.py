@@ -1,24 +1,20 @@
-"""Every registered compressor case, trained through the stock ``hvd.DistributedOptimizer`` and
-compared at every step with an independent aggregation of its twin's decompressed payloads.
+"""Every registered compressor case (``tests/registry.py``), trained through the stock
+``hvd.DistributedOptimizer`` and compared at every step with an independent aggregation of its
+twin's decompressed payloads.
 
-Run with ``--cases NAME`` to pick case modules (``zoo_cases_NAME.py``); all of them by default.
+Run with ``--cases FAMILY ...`` to pick families of cases (``zoo.FAMILIES``); all by default.
 """
 
 from __future__ import annotations
-
-import importlib
-from pathlib import Path
 
 import horovod.torch as hvd
 import torch
 from checks import Recorder, gather_from_ranks, gathered_goes_dense, parse_args
 from harness import STEPS, Net, batch, local_gradients, loss_of
-from zoo import Observation, mean_rule
+from zoo import FAMILIES, Observation, cases, mean_rule
 
 from grace_legacy.core import wire
 from grace_legacy.grace import _DENSE
-
-HERE = Path(__file__).resolve().parent
 
 
 def predicted_packed_bytes(concrete, tensor: torch.Tensor) -> int | None:
@@ -103,10 +99,9 @@ def main() -> None:
     hvd.init()
     torch.set_num_threads(1)
     rec = Recorder(args.out)
-    names = args.cases or sorted(p.stem.removeprefix("zoo_cases_") for p in HERE.glob("zoo_cases_*.py"))
     labels = []
-    for module_name in names:
-        for case in importlib.import_module(f"zoo_cases_{module_name}").CASES:
+    for family in args.cases or FAMILIES:
+        for case in cases(family):
             labels.append(case.label)
             rec.guard(case.label, run_case, rec, case)
     rec.extra["cases"] = labels

@@ -1,12 +1,16 @@
-"""An in-process stand-in for Horovod: ``P`` threads, one per rank, and collectives between them.
+"""What many tests share: an in-process stand-in for Horovod, and bit-for-bit float comparison.
 
-It implements the ``Backend`` protocol with the semantics the communicators rely on and the
-checks Horovod makes: a collective completes once every rank has submitted it under the same
+``World``/``ThreadBackend``/``run_ranks``: ``P`` threads, one per rank, and collectives between
+them. They implement the ``Backend`` protocol with the semantics the communicators rely on and
+the checks Horovod makes: a collective completes once every rank has submitted it under the same
 name; an allgather concatenates along dim 0 in rank order; a broadcast returns the root's tensor
-and fails, as Horovod does, when the ranks' tensors differ in shape or dtype.
+and fails, as Horovod does, when the ranks' tensors differ in shape or dtype. Their memory stays
+flat over any number of steps: a collective is forgotten once every rank has fetched its result,
+and each rank keeps only its last ``CALLS_KEPT`` calls. ``ThreadBackend(World(1), 0)`` is a
+one-rank backend.
 
-Its memory stays flat over any number of steps: a collective is forgotten once every rank has
-fetched its result, and each rank keeps only its last ``CALLS_KEPT`` calls.
+``bits``: floats compared bit for bit, where -0.0 differs from 0.0 and each NaN keeps its sign
+and payload.
 """
 
 from __future__ import annotations
@@ -144,3 +148,25 @@ def run_ranks(size: int, body: Callable[[ThreadBackend], Any]) -> list[Any]:
     if any(t.is_alive() for t in threads):
         raise TimeoutError("a rank never finished")
     return results
+
+
+def synchronize(bundles: list[Any], gradients_per_step: list[list[torch.Tensor]], average: bool = True,
+                name: str = "w") -> list[list[torch.Tensor]]:
+    """One ``Grace`` bundle per rank, each handed its rank's gradient of ``name`` step after step;
+    every step's synchronized gradient per rank (``result[step][rank]``)."""
+    def body(backend: ThreadBackend) -> list[torch.Tensor]:
+        bundle = bundles[backend.rank()]
+        return [bundle.start(gradients[backend.rank()], name, backend, average)() for gradients in gradients_per_step]
+
+    per_rank = run_ranks(len(bundles), body)
+    return [[per_rank[rank][step] for rank in range(len(bundles))] for step in range(len(gradients_per_step))]
+
+
+# -- bit for bit --------------------------------------------------------------------------------
+
+_SAME_WIDTH_INT = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s entries, flattened, as same-width integers."""
+    return t.reshape(-1).view(_SAME_WIDTH_INT[t.element_size()])

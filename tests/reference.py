@@ -1,0 +1,106 @@
+"""How a reference case is written: a compression set-up, an identical *twin* driven by hand, and
+the rule, written independently of grace_legacy, that combines every rank's decompressed payload.
+
+A distributed worker trains the case's set-up through the optimizer (``tests/distributed/
+workers/zoo_worker.py`` under horovodrun), runs the twin on the same local gradient, rank and
+seed, exchanges the twin's decompressed payloads with a plain allgather and combines them by the
+rule; the optimizer's synchronized gradient must equal the result. The cases themselves are
+registered in :mod:`tests.registry`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+def mean_rule(decompressed: list[torch.Tensor]) -> torch.Tensor:
+    total = torch.zeros_like(decompressed[0])
+    for d in decompressed:
+        total = total + d
+    return total / len(decompressed)
+
+
+def sum_rule(decompressed: list[torch.Tensor]) -> torch.Tensor:
+    return mean_rule(decompressed) * len(decompressed)
+
+
+def majority_vote_rule(decompressed: list[torch.Tensor]) -> torch.Tensor:
+    """Sign of the sum of the ranks' signs; 0 where the vote ties."""
+    votes = torch.zeros_like(decompressed[0])
+    for d in decompressed:
+        votes = votes + torch.sign(d)
+    return torch.sign(votes)
+
+
+@dataclass
+class Observation:
+    step: int
+    name: str
+    #: every rank's decompressed contribution, in rank order
+    contributions: list[torch.Tensor]
+    route: str
+
+
+@dataclass
+class Case:
+    label: str
+    #: () -> (compression for the optimizer, twin compressor, twin memory)
+    build: Callable[[], tuple[Any, Any, Any]]
+    rule: Callable[[list[torch.Tensor]], torch.Tensor] = mean_rule
+    rtol: float = 1e-6
+    atol: float = 1e-7
+    #: route names the case must have used at least once (e.g. {"allgather"})
+    routes: set[str] = field(default_factory=set)
+    #: after training: check(compression, observations) with one Observation per step and
+    #: parameter; an AssertionError fails the case
+    check: Callable[[Any, list[Observation]], None] | None = None
+
+
+class RuleTwin:
+    """A twin that picks the knob from a rule written out in the test (not from ``Legacy``):
+    ``choose(numel, step) -> value or None`` (None: dense). Copies made with ``with_knob`` share
+    the base's step counters and generators, as ``Legacy``'s do, so the draws line up."""
+
+    def __init__(self, base, choose: Callable[[int, int], Any]) -> None:
+        self.base, self.choose, self.step = base, choose, 0
+        self.configured: dict[Any, Any] = {}
+
+    def set_rank(self, rank: int) -> None:
+        self.base.set_rank(rank)
+        for c in self.configured.values():
+            c.set_rank(rank)
+
+    def resolve(self, tensor: torch.Tensor, name: str):
+        value = self.choose(tensor.numel(), self.step)
+        if value is None:
+            return None
+        if value not in self.configured:
+            self.configured[value] = self.base.with_knob(value)
+        return self.configured[value].resolve(tensor, name)
+
+    def end_step(self) -> None:
+        self.step += 1
+
+
+def first_group(numel: int, splits: list[int]) -> int:
+    """The reference rule: the first i with numel < splits[i], else the last group."""
+    return next((i for i, split in enumerate(splits) if numel < split), len(splits))
+
+
+def equal_phase(epoch: float, epochs: int, phases: int) -> int:
+    """The reference rule: the first i with epoch < (i + 1) * epochs / phases, else the last."""
+    return next((i for i in range(phases) if epoch < (i + 1) * epochs / phases), phases - 1)
+
+
+def some_payloads_empty(compression, observations: list[Observation]) -> None:
+    """A Threshold payload is empty exactly when its decompressed tensor is all zeros (a kept entry
+    has ``|v| >= threshold > 0``): some tensor must have been empty on some ranks only, and some
+    on every rank."""
+    empty = [[int(torch.count_nonzero(c)) == 0 for c in o.contributions] for o in observations]
+    on_some = sum(any(e) and not all(e) for e in empty)
+    on_all = sum(all(e) for e in empty)
+    assert on_some and on_all, f"empty on some ranks only: {on_some} times, on all: {on_all}"

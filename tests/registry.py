@@ -1,0 +1,337 @@
+"""Every public compressor, memory and schedule, once, with what the tests that cover all of them
+need: how to build a typical one, the arguments the fuzzer draws, and the reference cases checked
+over horovodrun.
+
+Adding a compressor: one :class:`Entry` in :data:`ENTRIES` (see docs/IMPLEMENTING.md). From it,
+``tests/unit/test_compressor_contract.py`` checks the contract the library relies on,
+``tests/unit/test_fuzz.py`` fuzzes it alone and (with a knob) inside ``Legacy``,
+``tests/distributed/test_hvd_zoo.py`` compares its synchronized gradients with its cases'
+independent rules, and ``tests/distributed/test_hvd_state.py`` pairs it with every memory it
+accepts. ``tests/unit/test_registry.py`` fails, naming it, when a public compressor, memory or
+schedule of ``grace_legacy`` is missing here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from hypothesis import strategies as st
+
+from grace_legacy import (
+    DGC,
+    EF21,
+    FP16,
+    QSGD,
+    Accordion,
+    Broadcast,
+    Compressor,
+    DGCMemory,
+    DGCWarmup,
+    EFSignSGD,
+    EFSignSGDMemory,
+    Grace,
+    Knob,
+    Legacy,
+    LGreCo,
+    Natural,
+    NoCompression,
+    NoMemory,
+    OneBit,
+    PowerSGD,
+    PowerSGDMemory,
+    RandomK,
+    Residual,
+    SignSGD,
+    Signum,
+    TernGrad,
+    Threshold,
+    TopK,
+)
+from grace_legacy.compressors.entries import DENSITY
+from grace_legacy.compressors.qsgd import LEVELS
+from grace_legacy.compressors.signsgd import MOMENTUM
+from grace_legacy.compressors.threshold import THRESHOLD
+from tests.example_compressor import LEVELS as INT8_LEVELS
+from tests.example_compressor import Int8Linear
+from tests.reference import (
+    Case,
+    RuleTwin,
+    equal_phase,
+    first_group,
+    majority_vote_rule,
+    some_payloads_empty,
+)
+
+#: The distributed workers' SGD learning rate, which EF-signSGD's memory must share.
+LR = 0.05
+
+# -- what the fuzzer draws ----------------------------------------------------------------------
+
+seeds = st.integers(-(2**70), 2**70)
+
+
+def knob_values(knob: Knob) -> st.SearchStrategy[Any]:
+    """Valid values of ``knob``, extremes included (the bounds, subnormals)."""
+    if knob.integer:
+        high = int(knob.high) if knob.high is not None else 10**30
+        return st.integers(int(knob.low), high)
+    low = knob.low if knob.low is not None else -1e308
+    high = knob.high if knob.high is not None else 1e308
+    return st.floats(low, high, exclude_min=not knob.low_inclusive, exclude_max=not knob.high_inclusive)
+
+
+# -- reference cases ----------------------------------------------------------------------------
+
+
+def pair(make_compressor: Callable[[], Any], make_memory: Callable[[], Any]) -> Callable[[], tuple]:
+    """A case's set-up: the optimizer's Grace bundle and an identical, separate twin."""
+    return lambda: (Grace(make_compressor(), memory=make_memory()), make_compressor(), make_memory())
+
+
+def pair_without_memory(make_compressor: Callable[[], Any], dense_fallback: bool = False) -> Callable[[], tuple]:
+    """As :func:`pair` with no memory. The dense fallback is off by default: it would send the
+    smallest tensors through Horovod's allreduce, whose summation order is not the reference's,
+    and the quantizers' cases check every quantized value bit for bit."""
+    return lambda: (Grace(make_compressor(), memory=NoMemory(), dense_fallback=dense_fallback), make_compressor(),
+                    NoMemory())
+
+
+def through(communicator: Any, make_compressor: Callable[[], Any], make_memory: Callable[[], Any]):
+    return lambda: (Grace(make_compressor(), memory=make_memory(), communicator=communicator),
+                    make_compressor(), make_memory())
+
+
+#: Quantized tensors are gathered (each rank has its own scale) and the twin draws the same numbers
+#: (same seed, rank, tensor name and step); the optimizer sums the decoded payloads in rank order, as
+#: the rule does, so the synchronized gradient must equal it bit for bit.
+EXACT = {"rtol": 0.0, "atol": 0.0}
+
+
+# -- the compressors ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One compressor, as every test that covers all of them builds it."""
+
+    compressor: type[Compressor]
+    #: how set-ups built from ``typical`` are labelled (e.g. ``"TopK(0.1)+Residual"``)
+    label: str
+    #: a typical, seeded instance, for the checks that need one
+    typical: Callable[[], Compressor]
+    #: the constructor's arguments as the fuzzer draws them (``compressor(**drawn)``)
+    fuzz: dict[str, st.SearchStrategy[Any]]
+    #: which launch of ``test_hvd_zoo.py`` runs ``cases`` (one horovodrun job per family)
+    family: str
+    #: reference cases: the synchronized gradient equals an independent rule's
+    cases: tuple[Case, ...]
+
+    @property
+    def name(self) -> str:
+        return self.compressor.__name__
+
+
+ENTRIES: list[Entry] = [
+    Entry(NoCompression, "NoCompression", NoCompression, {}, "core", (
+        Case("NoCompression", pair(NoCompression, NoMemory), routes={"allreduce"}),)),
+    Entry(FP16, "FP16", FP16, {}, "core", (
+        Case("FP16", pair(FP16, NoMemory), rtol=2e-3, atol=1e-4, routes={"allreduce"}),)),
+    Entry(TopK, "TopK(0.1)", lambda: TopK(0.1), {"ratio": knob_values(DENSITY)}, "core", (
+        Case("TopK+Residual", pair(lambda: TopK(0.1), Residual), routes={"allgather"}),
+        # EF21 applies its running estimate g <- g + mean_r D(sent_r): the twin's memory.aggregated does it.
+        Case("TopK(0.1)+EF21", pair(lambda: TopK(0.1), EF21), routes={"allgather"}),)),
+    Entry(RandomK, "RandomK(0.1)", lambda: RandomK(0.1, seed=1), {"ratio": knob_values(DENSITY), "seed": seeds},
+          "core", (Case("RandomK+Residual", pair(lambda: RandomK(0.1, seed=11), Residual), routes={"allreduce"}),)),
+    Entry(DGC, "DGC(0.1)", lambda: DGC(0.1, seed=2, min_samples=16),
+          {"ratio": knob_values(DENSITY), "seed": seeds, "sample_ratio": st.floats(1e-9, 1.0),
+           "min_samples": st.integers(1, 10**9)}, "sparse", (
+        Case("DGC(0.1)+DGCMemory(0.9)", pair(lambda: DGC(0.1, seed=5, min_samples=16), DGCMemory),
+             routes={"allgather"}),
+        Case("DGC(0.1)+DGCMemory(0.5, clip=0.1)",
+             pair(lambda: DGC(0.1, seed=5, min_samples=16), lambda: DGCMemory(momentum=0.5, clip=0.1)),
+             routes={"allgather"}),)),
+    # At step 0 (see workers/harness.Net): |grad| peaks near 0.03 for scale, ~1e-9 for shift (the
+    # softmax sums to 1, so shifting every logit has no gradient), 0.04-0.11 for fc1.weight by rank,
+    # 0.13-0.34 for fc2.bias. A threshold of 0.1 therefore leaves shift empty everywhere and
+    # fc1.weight empty on some ranks only; some_payloads_empty checks that this really happened.
+    Entry(Threshold, "Threshold(0.02)", lambda: Threshold(0.02), {"threshold": knob_values(THRESHOLD)}, "sparse", (
+        Case("Threshold(0.02)+Residual", pair(lambda: Threshold(0.02), Residual), routes={"allgather"}),
+        Case("Threshold(0.1)+Residual with empty payloads", pair(lambda: Threshold(0.1), Residual),
+             routes={"allgather"}, check=some_payloads_empty),)),
+    Entry(QSGD, "QSGD(4)", lambda: QSGD(4, seed=3), {"levels": knob_values(LEVELS), "seed": seeds}, "quantize", (
+        Case("QSGD(levels=4)", pair_without_memory(lambda: QSGD(4, seed=7)), routes={"allgather"}, **EXACT),
+        Case("QSGD(levels=300)", pair_without_memory(lambda: QSGD(300, seed=8)), routes={"allgather"}, **EXACT),
+        # Dense tensors go through Horovod's allreduce, whose summation order (a ring under Gloo)
+        # differs from the rule's in the last bit: default tolerances, still far below one
+        # quantization step (norm / levels / 4), so a wrong draw fails the case too.
+        Case("QSGD(levels=4) with the dense fallback", pair_without_memory(lambda: QSGD(4, seed=14), True),
+             routes={"allgather", "dense-fallback"}),)),
+    Entry(TernGrad, "TernGrad", lambda: TernGrad(seed=4), {"seed": seeds}, "quantize", (
+        Case("TernGrad", pair_without_memory(lambda: TernGrad(seed=9)), routes={"allgather"}, **EXACT),)),
+    Entry(Natural, "Natural", lambda: Natural(seed=5), {"seed": seeds}, "quantize", (
+        Case("Natural", pair_without_memory(lambda: Natural(seed=10)), routes={"allgather"}, **EXACT),)),
+    Entry(SignSGD, "SignSGD", SignSGD, {}, "sign", (
+        Case("SignSGD", pair(SignSGD, NoMemory), rule=majority_vote_rule, routes={"allgather"}),)),
+    Entry(Signum, "Signum(0.9)", lambda: Signum(0.9), {"momentum": knob_values(MOMENTUM)}, "sign", (
+        Case("Signum(0.9)", pair(lambda: Signum(0.9), NoMemory), rule=majority_vote_rule, routes={"allgather"}),)),
+    Entry(EFSignSGD, "EFSignSGD", lambda: EFSignSGD(LR), {"lr": st.floats(1e-30, 1e30)}, "sign", (
+        # The twin memory's aggregated() divides by lr.
+        Case("EFSignSGD+EFSignSGDMemory", pair(lambda: EFSignSGD(LR), lambda: EFSignSGDMemory(LR)),
+             routes={"allgather"}),)),
+    Entry(OneBit, "OneBit", OneBit, {}, "sign", (
+        Case("OneBit+Residual", pair(OneBit, Residual), routes={"allgather"}),)),
+    # PowerSGD's two rounds are checked by their own worker (test_hvd_powersgd.py) against a
+    # reference of the two allreduces; the state tests pair it with every memory.
+    Entry(PowerSGD, "PowerSGD(2)", lambda: PowerSGD(2, seed=6),
+          {"rank": st.integers(1, 64) | st.integers(1, 10**30), "seed": seeds}, "core", ()),
+    # The worked example of docs/IMPLEMENTING.md, registered as a new compressor would be.
+    Entry(Int8Linear, "Int8Linear(8)", lambda: Int8Linear(8), {"levels": knob_values(INT8_LEVELS)}, "core", (
+        Case("Int8Linear(8)+Residual", pair(lambda: Int8Linear(8), Residual), routes={"allgather"}),)),
+]
+
+ENTRY_OF: dict[type, Entry] = {entry.compressor: entry for entry in ENTRIES}
+
+#: Cases of schedules and communicators over the compressors above.
+SCHEDULE_AND_COMMUNICATOR_CASES: dict[str, list[Case]] = {
+    "core": [
+        Case("Legacy(TopK) by both", pair(
+            lambda: Legacy(TopK(), by="both", values=[[1.0, 0.2], [0.5, 0.05]], splits=[100], epochs=2,
+                           steps_per_epoch=2), Residual), routes={"allgather", "dense"}),
+    ],
+    # The test model's parameters have 24, 4, 960, 40, 200, 5, 1 and 1 elements. The first case's
+    # splits put the 1- and 4-element ones in the dense group, 5, 24 and 40 in the 4-level group,
+    # 200 in the 16-level group and 960 in the 300-level group (int16 levels). The recommended
+    # memory (NoMemory) is taken when Grace is given none; the twins choose the levels by rules
+    # written out here, not by Legacy. The dense fallback is off so that every level the rule
+    # picks is really sent (on 4 ranks s=256, two bytes an element, would otherwise go dense).
+    "quantize": [
+        Case("Legacy(QSGD) by layer", lambda: (
+            Grace(Legacy(QSGD(seed=11), by="layer", values=[None, 4, 16, 300], splits=[5, 100, 500]),
+                  dense_fallback=False),
+            RuleTwin(QSGD(seed=11), lambda n, step: [None, 4, 16, 300][first_group(n, [5, 100, 500])]), NoMemory()),
+            routes={"allgather", "dense"}),
+        # The rebuttal's QSGD groups (<600 dense, <100k s=256, <1M s=64, else s=16) on this model:
+        # only the first two groups occur, so the 960-element fc1.weight is compressed at s=256.
+        Case("Legacy(QSGD) rebuttal groups", lambda: (
+            Grace(Legacy(QSGD(seed=12), by="layer", values=[None, 256, 64, 16], splits=[600, 100_000, 1_000_000]),
+                  dense_fallback=False),
+            RuleTwin(QSGD(seed=12), lambda n, step: [None, 256, 64, 16][first_group(n, [600, 100_000, 1_000_000])]),
+            NoMemory()), routes={"allgather", "dense"}),
+        # By epoch, counting steps (one epoch per step): levels 256, 64, 16 over the 4 steps run.
+        Case("Legacy(QSGD) by epoch", lambda: (
+            Grace(Legacy(QSGD(seed=13), by="epoch", values=[256, 64, 16], epochs=4, steps_per_epoch=1),
+                  dense_fallback=False),
+            RuleTwin(QSGD(seed=13), lambda n, step: [256, 64, 16][equal_phase(step, 4, 3)]), NoMemory()),
+            routes={"allgather"}, **EXACT),
+    ],
+    "sparse": [
+        Case("TopK(0.1)+Residual via Broadcast", through(Broadcast(), lambda: TopK(0.1), Residual),
+             routes={"broadcast"}),
+        Case("Threshold(0.1)+Residual via Broadcast with empty payloads",
+             through(Broadcast(), lambda: Threshold(0.1), Residual), routes={"broadcast"}, check=some_payloads_empty),
+    ],
+}
+
+FAMILIES: list[str] = sorted({entry.family for entry in ENTRIES} | set(SCHEDULE_AND_COMMUNICATOR_CASES))
+
+
+def zoo_cases(family: str | None = None) -> list[Case]:
+    """The reference cases of one family (``FAMILIES``), or of all of them."""
+    if family is not None and family not in FAMILIES:
+        raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
+    return [case for f in FAMILIES if family in (None, f)
+            for case in [c for entry in ENTRIES if entry.family == f for c in entry.cases]
+            + SCHEDULE_AND_COMMUNICATOR_CASES.get(f, [])]
+
+
+# -- memories, schedules, communicators: the set-ups of the state tests ------------------------------
+
+Setup = tuple[str, Callable[[], Grace]]
+
+MEMORIES: dict[str, Callable[[], Any]] = {
+    "NoMemory": NoMemory,
+    "Residual": Residual,
+    "EF21": EF21,
+    "DGCMemory": lambda: DGCMemory(0.9),
+    "PowerSGDMemory": PowerSGDMemory,
+    "EFSignSGDMemory": lambda: EFSignSGDMemory(LR),
+}
+
+#: Memories paired with one compressor only: with any other they are Residual again.
+OWN_MEMORY = {"PowerSGDMemory": PowerSGD, "EFSignSGDMemory": EFSignSGD}
+
+
+def _accepts(make_compressor: Callable, make_memory: Callable) -> bool:
+    try:
+        Grace(make_compressor(), memory=make_memory())
+    except ValueError:
+        return False
+    return True
+
+
+def compressor_memory_pairs() -> list[Setup]:
+    """Each compressor with every memory it accepts (EF-signSGD only takes its own memory, DGC's
+    memory only sparsifiers); PowerSGDMemory with PowerSGD and EFSignSGDMemory with EF-signSGD
+    only (elsewhere they are Residual again)."""
+    setups: list[Setup] = []
+    for entry in ENTRIES:
+        for m_label, make_m in MEMORIES.items():
+            owner = OWN_MEMORY.get(m_label)
+            if owner is not None and entry.compressor is not owner:
+                continue
+            if _accepts(entry.typical, make_m):
+                setups.append((f"{entry.label}+{m_label}", lambda c=entry.typical, m=make_m: Grace(c(), memory=m())))
+    return setups
+
+
+def every_pair() -> list[Setup]:
+    """Every compressor/memory pair, then the schedules and the non-default communicators."""
+    return compressor_memory_pairs() + SCHEDULES + COMMUNICATORS
+
+
+SCHEDULES: list[Setup] = [
+    ("Legacy(TopK) by both+Residual", lambda: Grace(Legacy(
+        TopK(), by="both", values=[[1.0, 0.2], [0.5, 0.05]], splits=[100], epochs=2, steps_per_epoch=2),
+        memory=Residual())),
+    ("Legacy(QSGD) by layer", lambda: Grace(Legacy(QSGD(seed=7), by="layer", values=[None, 4, 16],
+                                                   splits=[5, 500]))),
+    ("Legacy(PowerSGD) by epoch+PowerSGDMemory", lambda: Grace(Legacy(
+        PowerSGD(seed=8), by="epoch", values=[3, 1], epochs=2, steps_per_epoch=2), memory=PowerSGDMemory())),
+    ("DGCWarmup(DGC)+DGCMemory", lambda: Grace(DGCWarmup(
+        DGC(seed=9, min_samples=16), target=0.05, warmup_epochs=2, steps_per_epoch=1), memory=DGCMemory(0.9))),
+    ("Accordion(TopK)+Residual", lambda: Grace(Accordion(TopK(), low=0.5, high=0.05, interval=2),
+                                               memory=Residual())),
+    ("LGreCo(TopK)+Residual", lambda: Grace(LGreCo(TopK(), [1.0, 0.2, 0.05], reference=0.2, interval=2),
+                                            memory=Residual())),
+]
+
+COMMUNICATORS: list[Setup] = [
+    ("TopK(0.1)+Residual via Broadcast", lambda: Grace(TopK(0.1), memory=Residual(), communicator=Broadcast())),
+    ("Threshold(0.02)+Residual via Broadcast", lambda: Grace(Threshold(0.02), memory=Residual(),
+                                                             communicator=Broadcast())),
+    ("RandomK(0.1)+EF21, one collective per tensor", lambda: Grace(RandomK(0.1, seed=10), memory=EF21(),
+                                                                   bucket_bytes=0)),
+]
+
+#: What exact resume is tested on: each kind of state a run carries (residuals, step counters of
+#: stochastic compressors, warm starts, momenta, EF21's estimates, a schedule's position and its
+#: adaptive decisions). Checkpoints are taken after RESUME_AT of RESUME_STEPS steps.
+RESUME_SETUPS: list[Setup] = [
+    ("Legacy(TopK) by epoch+Residual", lambda: Grace(Legacy(
+        TopK(), by="epoch", values=[0.3, 0.1, 0.02], epochs=3, steps_per_epoch=2), memory=Residual())),
+    ("QSGD(4)", lambda: Grace(QSGD(4, seed=3))),
+    ("RandomK(0.1)+Residual", lambda: Grace(RandomK(0.1, seed=1), memory=Residual())),
+    ("PowerSGD(2)+PowerSGDMemory", lambda: Grace(PowerSGD(2, seed=6), memory=PowerSGDMemory())),
+    ("DGC(0.1)+DGCMemory", lambda: Grace(DGC(0.1, seed=2, min_samples=16), memory=DGCMemory(0.9))),
+    ("TopK(0.1)+EF21", lambda: Grace(TopK(0.1), memory=EF21())),
+    ("Signum(0.9)", lambda: Grace(Signum(0.9))),
+    ("EFSignSGD", lambda: Grace(EFSignSGD(LR))),
+    ("Accordion(TopK)+Residual", lambda: Grace(Accordion(TopK(), low=0.5, high=0.05, interval=2),
+                                               memory=Residual())),
+    ("LGreCo(TopK)+Residual", lambda: Grace(LGreCo(TopK(), [1.0, 0.2, 0.05], reference=0.2, interval=2),
+                                            memory=Residual())),
+]
+RESUME_AT, RESUME_STEPS = 3, 6
+
