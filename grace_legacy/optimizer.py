@@ -196,7 +196,12 @@ def _grace_load_state_dict(self: Any, *args: Any, **kwargs: Any) -> None:
                 try:
                     handle()
                 except HorovodInternalError:
-                    pass  # Horovod has shut down (an elastic reset): nothing is in flight any more
+                    break  # Horovod has shut down (an elastic reset): nothing is in flight any more
+                except ValueError as err:
+                    # The shutdown also clears the handles of the same step: nothing to wait for.
+                    if "was not created or has been cleared" not in str(err):
+                        raise
+                    break
         self._grace.abandon_step()
     _hvd_optimizer._DistributedOptimizer.load_state_dict(self, *args, **kwargs)
 
