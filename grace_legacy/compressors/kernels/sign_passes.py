@@ -87,14 +87,23 @@ def _kernels():
     def momentum_step(previous, gradient, keep, take, out, packed):  # pragma: no cover - compiled
         # out = previous * keep + gradient * take in out's dtype, as the tensor expression rounds
         # it (each product, then the sum; no fused multiply-add), and its signs packed.
+        # Whole bytes first, with a fixed inner trip count (as in `pack`), which numba unrolls;
+        # a bound that depends on n in the inner loop kept it a slow scalar loop.
         n = out.size
-        for b in range((n + 7) // 8):
+        for b in range(n // 8):
             byte = 0
-            for i in range(8 * b, min(8 * b + 8, n)):
+            for k in range(8):
+                value = previous[8 * b + k] * keep + out.dtype.type(gradient[8 * b + k]) * take
+                out[8 * b + k] = value
+                byte |= (1 if value >= 0 else 0) << k
+            packed[b] = byte
+        if n % 8:
+            byte = 0
+            for i in range(n - n % 8, n):
                 value = previous[i] * keep + out.dtype.type(gradient[i]) * take
                 out[i] = value
                 byte |= (1 if value >= 0 else 0) << (i % 8)
-            packed[b] = byte
+            packed[n // 8] = byte
 
     @compiled
     def choose(packed, if_set, if_clear, out):  # pragma: no cover - compiled
