@@ -1,8 +1,8 @@
 """A rank that stops taking part without dying: after two steps, rank ``--victim`` sends itself
 ``SIGSTOP`` just before its third backward pass. Every other rank must raise ``RanksStalled``
 from its third ``step()`` once its wait reaches the stall timeout; each writes what it caught to
-``rank<r>.json`` and ends its process at once with ``os._exit`` (Horovod's own shutdown at exit
-would wait for the stopped rank). Every rank first writes its process id to ``pid<r>``, and the
+``rank<r>.json``, waits for the others' reports, and ends its process with ``os._exit`` (Horovod's
+own shutdown at exit would wait for the stopped rank). Every rank first writes its process id to ``pid<r>``, and the
 victim the time it stopped to ``stopped.json``, so that the test can time the errors and clean up.
 """
 
@@ -47,6 +47,13 @@ def main() -> None:
                       "tensors": err.tensors, "waited_s": err.waited_s, "timeout_s": compression.stall_timeout,
                       "parameters": [name for name, _ in model.named_parameters()]}
             (args.out / f"rank{rank}.json").write_text(json.dumps(report))
+            # Stay until every other running rank has caught its own error: a rank that exits
+            # first shuts Horovod down under the ones still waiting, which then see Horovod's
+            # shutdown error instead of reaching their own stall timeout.
+            others = [r for r in range(hvd.size()) if r not in (rank, args.victim)]
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline and not all((args.out / f"rank{r}.json").exists() for r in others):
+                time.sleep(0.1)
             os._exit(3)
     (args.out / f"rank{rank}.json").write_text(json.dumps({"raised_at": None, "step": 3}))
 
