@@ -1,6 +1,6 @@
 """The LEGACY rebuttal's two tables (QSGD on ResNet-9, PowerSGD on ResNet-18), reproduced small.
 
-    python -m benchmarks.accuracy.paper_tables            # both tables, 5 seeds (about 35 minutes)
+    python -m benchmarks.accuracy.paper_tables            # both tables, 5 seeds
     python -m benchmarks.accuracy.paper_tables --quick    # a smoke run
 
 Each table is one ``horovodrun -np 4`` launch whose workers train every arm for every seed (see
