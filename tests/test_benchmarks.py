@@ -28,6 +28,27 @@ def test_accuracy_study_quick(tmp_path):
     assert (tmp_path / "accuracy.json").exists()
 
 
+def test_paper_tables_quick(tmp_path):
+    run_module("benchmarks.accuracy.paper_tables", tmp_path, timeout=600)
+    text = (tmp_path / "paper_tables.md").read_text()
+    for arm in ("uniform s=32", "LEGACY epoch s=64,32,16", "LEGACY layer s=-,256,64,16", "uniform r=3",
+                "L-GreCo", "Accordion", "LEGACY epoch r=6,4,3,2", "LEGACY layer r=-,8,3,2"):
+        assert f"| {arm}" in text
+    assert text.count("| H | 1,000,000 -") == 2 and "within noise" in text
+    assert (tmp_path / "paper_tables.png").stat().st_size > 1000
+    runs = json.loads((tmp_path / "paper_tables.json").read_text())
+    assert {run["seed"] for result in runs.values() for run in result["runs"]} == {0, 1}
+
+
+def test_long_run_quick(tmp_path):
+    run_module("benchmarks.accuracy.long_run", tmp_path, timeout=600)
+    text = (tmp_path / "long_run.md").read_text()
+    for arm in ("uniform Top-k", "LEGACY epoch thirds", "LEGACY epoch early", "LEGACY layer", "LEGACY both"):
+        assert f"| {arm} |" in text and f"| {arm} + EF |" in text
+    assert "**The by-epoch claim" in text
+    assert (tmp_path / "long_run.png").stat().st_size > 1000
+
+
 def test_fusion_benchmark_quick(tmp_path):
     run_module("benchmarks.performance.fusion", tmp_path, timeout=300)
     text = (tmp_path / "performance.md").read_text()

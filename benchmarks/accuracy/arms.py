@@ -8,7 +8,7 @@ is reported next to its accuracy, so the match can be checked rather than assume
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +35,7 @@ class Run:
     epochs: int
     steps_per_epoch: int
     world_size: int
+    seed: int = 0
 
 
 @dataclass
@@ -49,13 +50,19 @@ def _memory(error_feedback: bool):
     return Residual() if error_feedback else NoMemory()
 
 
-def _legacy(by: str, error_feedback: bool) -> Callable[[Run], Any]:
+def legacy_topk(by: str, error_feedback: bool, phase_factors: Sequence[float] = tuple(PHASE_FACTORS),
+                first_phase: float | None = None) -> Callable[[Run], Any]:
+    """A LEGACY Top-k arm budget-matched to the uniform density: small tensors (under the task's
+    split) get ``LAYER_FACTORS``, phases ``phase_factors``; equal phases, or with ``first_phase``
+    two phases, the first that fraction of the run (at least one epoch)."""
     def build(run: Run) -> Grace:
         shape: dict[str, Any] = {}
         if by in ("layer", "both"):
             shape.update(splits=[run.task.split], layer_factors=LAYER_FACTORS)
         if by in ("epoch", "both"):
-            shape.update(phase_factors=PHASE_FACTORS, epochs=run.epochs)
+            shape.update(phase_factors=list(phase_factors), epochs=run.epochs)
+            if first_phase is not None:
+                shape.update(boundaries=[max(1, round(first_phase * run.epochs))])
         schedule = Legacy.budget_matched(TopK(), DENSITY, by=by, sizes=run.model.named_parameters(),
                                          steps_per_epoch=run.steps_per_epoch, world_size=run.world_size, **shape)
         return Grace(schedule, memory=_memory(error_feedback))
@@ -108,12 +115,12 @@ ARMS = [
     Arm("dense", "dense", False, lambda run: hvd.Compression.none),
     Arm("uniform Top-k", "uniform", False, lambda run: Grace(TopK(DENSITY), memory=NoMemory())),
     Arm("uniform Top-k + EF", "uniform", True, lambda run: Grace(TopK(DENSITY), memory=Residual())),
-    Arm("LEGACY epoch", "legacy", False, _legacy("epoch", False)),
-    Arm("LEGACY epoch + EF", "legacy", True, _legacy("epoch", True)),
-    Arm("LEGACY layer", "legacy", False, _legacy("layer", False)),
-    Arm("LEGACY layer + EF", "legacy", True, _legacy("layer", True)),
-    Arm("LEGACY both", "legacy", False, _legacy("both", False)),
-    Arm("LEGACY both + EF", "legacy", True, _legacy("both", True)),
+    Arm("LEGACY epoch", "legacy", False, legacy_topk("epoch", False)),
+    Arm("LEGACY epoch + EF", "legacy", True, legacy_topk("epoch", True)),
+    Arm("LEGACY layer", "legacy", False, legacy_topk("layer", False)),
+    Arm("LEGACY layer + EF", "legacy", True, legacy_topk("layer", True)),
+    Arm("LEGACY both", "legacy", False, legacy_topk("both", False)),
+    Arm("LEGACY both + EF", "legacy", True, legacy_topk("both", True)),
     Arm("uniform QSGD s=2", "qsgd", False, lambda run: Grace(QSGD(2, seed=1))),
     Arm("LEGACY QSGD layer", "qsgd", False, _qsgd_legacy),
     Arm("DGC warm-up + EF", "adaptive", True, _dgc_warmup),

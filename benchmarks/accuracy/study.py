@@ -15,57 +15,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "benchmarks" / "results"
-
-
-def train_one(task, arm, seed: int, build, train, test, quick: bool) -> dict:
-    import horovod.torch as hvd
-    import torch
-
-    from grace_legacy import Grace
-
-    from .arms import Run
-    from .tasks import evaluate, loss_of
-
-    torch.manual_seed(seed)
-    model = build()
-    x_all, y_all = train
-    shard = slice(hvd.rank(), None, hvd.size())
-    x_train, y_train = x_all[shard], y_all[shard]
-    epochs = task.quick_epochs if quick else task.epochs
-    # Every rank must take the same number of steps: Horovod waits for all of them.
-    steps = len(x_all) // hvd.size() // task.batch_size
-    compression = arm.build(Run(model, task, epochs, steps, hvd.size()))
-    if task.optimizer == "sgd":
-        optimizer = torch.optim.SGD(model.parameters(), lr=task.lr * hvd.size(), momentum=0.9)
-    else:
-        optimizer = torch.optim.Adam(model.parameters(), lr=task.lr)
-    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
-                                         compression=compression)
-    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    generator = torch.Generator().manual_seed(1000 * seed + hvd.rank())
-    curve = []
-    start = time.perf_counter()
-    for epoch in range(epochs):
-        if hasattr(compression, "set_epoch"):
-            compression.set_epoch(epoch)
-        order = torch.randperm(len(y_train), generator=generator)
-        for step in range(steps):
-            batch = order[step * task.batch_size:(step + 1) * task.batch_size]
-            optimizer.zero_grad()
-            loss_of(task, model, x_train[batch], y_train[batch]).backward()
-            optimizer.step()
-        curve.append(evaluate(task, model, test))
-    wall = time.perf_counter() - start
-    stats = compression.stats if isinstance(compression, Grace) else {"volume": 1.0, "tensors_by_route": {}}
-    return {"task": task.name, "arm": arm.name, "family": arm.family, "error_feedback": arm.error_feedback,
-            "seed": seed, "metric": task.metric, "final": curve[-1], "curve": curve, "volume": stats["volume"],
-            "routes": stats.get("tensors_by_route", {}), "wall_s": wall, "epochs": epochs, "steps_per_epoch": steps}
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -76,20 +30,14 @@ def worker(args: argparse.Namespace) -> None:
 
     from .arms import ARMS, QUICK_ARMS
     from .tasks import TASKS, load
+    from .training import run_arms
 
     hvd.init()
     torch.set_num_threads(1)
     task = TASKS[args.task]
     build, train, test = load(task, args.quick)
     arms = [a for a in ARMS if not args.quick or a.name in QUICK_ARMS]
-    runs = []
-    for seed in range(args.seeds):
-        for arm in arms:
-            record = train_one(task, arm, seed, build, train, test, args.quick)
-            runs.append(record)
-            if hvd.rank() == 0:
-                print(f"[{task.name}] seed {seed} {arm.name}: {task.metric} {record['final']:.4f}, "
-                      f"volume {record['volume']:.4f}, {record['wall_s']:.1f} s", flush=True)
+    runs = run_arms(task, arms, args.seeds, build, train, test, task.quick_epochs if args.quick else task.epochs)
     if hvd.rank() == 0:
         Path(args.json).write_text(json.dumps(runs))
 
@@ -103,23 +51,6 @@ def launch(task: str, args: argparse.Namespace) -> list[dict]:
     return run_workers("benchmarks.accuracy.study", 4, *options)
 
 
-def summarize(runs: list[dict]) -> dict[tuple[str, str], dict]:
-    groups: dict[tuple[str, str], list[dict]] = {}
-    for run in runs:
-        groups.setdefault((run["task"], run["arm"]), []).append(run)
-    summary = {}
-    for key, group in groups.items():
-        finals = [r["final"] for r in group]
-        summary[key] = {
-            "family": group[0]["family"], "metric": group[0]["metric"], "seeds": len(group),
-            "mean": statistics.fmean(finals), "std": statistics.stdev(finals) if len(finals) > 1 else 0.0,
-            "volume": statistics.fmean(r["volume"] for r in group),
-            "wall_s": statistics.fmean(r["wall_s"] for r in group),
-            "curve": [statistics.fmean(values) for values in zip(*(r["curve"] for r in group), strict=True)],
-        }
-    return summary
-
-
 def report(runs: list[dict], results: Path, command: str, elapsed: float) -> None:
     import matplotlib
 
@@ -127,6 +58,8 @@ def report(runs: list[dict], results: Path, command: str, elapsed: float) -> Non
     import matplotlib.pyplot as plt
 
     from benchmarks.report import machine
+
+    from .analysis import summarize
 
     summary = summarize(runs)
     tasks = sorted({task for task, _ in summary})

@@ -34,6 +34,10 @@ class Task:
     optimizer: str              # "sgd" or "adam"
     split: int                  # tensors with fewer elements than this are "small" for LEGACY
     quick_epochs: int = 1
+    milestones: tuple[float, ...] = ()  # fractions of the run at which the learning rate drops
+    decay: float = 10.0         # ... by this factor each
+    weight_decay: float = 0.0
+    data: str = ""              # the data set ("digits", "mnist1d", "charlm"); the name if empty
 
 
 TASKS = {
@@ -129,10 +133,11 @@ def _charlm():
 
 def load(task: Task, quick: bool):
     """(model builder, train set, test set), the train set not yet split by rank."""
-    if task.name == "digits":
+    data = task.data or task.name
+    if data == "digits":
         train, test = _digits()
         build = DigitsCNN
-    elif task.name == "mnist1d":
+    elif data == "mnist1d":
         train, test = _mnist1d()
         build = SignalMLP
     else:
