@@ -45,6 +45,9 @@ BEAT_AFTER_S = 1.0
 #: counts as not answering: a round trip of microseconds, given ample room because a host that is
 #: merely slow (a busy machine) must not be named as stopped.
 ANSWER_S = 10.0
+#: Extra time a first connection's thread is waited for beyond the store's own timeout: the store
+#: tries twice, with a random delay between the tries of up to about its timeout.
+CONNECT_GRACE_S = 2 * ANSWER_S
 
 
 def host_address(board: str, members: int) -> tuple[str, int]:
@@ -107,7 +110,11 @@ class ProgressBoard:
         target = "127.0.0.1" if host == socket.gethostname() else host
         self._store: TCPStore | None = _clients.get(address)
         if self._store is None:
-            outcome = _within(ANSWER_S, TCPStore, target, port, None, False, datetime.timedelta(seconds=ANSWER_S))
+            # The thread is given longer than the store's own timeout, so that an unreachable host
+            # (another network namespace, a firewall) ends the attempt inside the thread: a thread
+            # left in the store's C++ code aborts the process when it exits.
+            outcome = _within(ANSWER_S + CONNECT_GRACE_S, TCPStore, target, port, None, False,
+                              datetime.timedelta(seconds=ANSWER_S))
             if isinstance(outcome, TCPStore):
                 self._store = _clients[address] = outcome
             else:
