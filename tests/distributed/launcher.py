@@ -59,6 +59,12 @@ def torchrun(script: str, np: int, out_dir: Path, *args: str, timeout: float = 3
     time, no restarts); kill the whole job after ``timeout``."""
     cmd = [str(TORCHRUN), "--nproc-per-node", str(np), "--master-addr", "127.0.0.1", "--master-port",
            str(free_port()), "--max-restarts", "0", str(WORKERS / script), "--out", str(out_dir), *args]
+    return run_command(cmd, timeout, extra_env)
+
+
+def run_command(cmd: list[str], timeout: float, extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run any launcher command line (stdout and stderr merged into ``stdout``), the repo and the
+    workers importable; kill its whole session after ``timeout``."""
     return _finish(_spawn(cmd, extra_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT), timeout)
 
 

@@ -3,14 +3,11 @@
 
 from __future__ import annotations
 
-import os
 import re
-import signal
-import subprocess
 import sys
 
 import pytest
-from launcher import HOROVODRUN, REPO, WorkerFailure
+from launcher import HOROVODRUN, run_command
 
 pytestmark = pytest.mark.distributed
 
@@ -25,16 +22,9 @@ def test_the_elastic_example_trains_with_compression(tmp_path):
     script.chmod(0o755)
     cmd = [str(HOROVODRUN), "-np", "2", "--min-np", "1", "--max-np", "2", "--host-discovery-script", str(script),
            "--network-interface", "lo", sys.executable, "examples/train_digits_elastic.py", "--epochs", "4"]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                            start_new_session=True, cwd=REPO)
-    try:
-        output, _ = proc.communicate(timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        output, _ = proc.communicate()
-        raise WorkerFailure(f"the elastic example did not finish in {TIMEOUT_S} s\n{output[-6000:]}") from None
-    assert proc.returncode == 0, output[-6000:]
+    result = run_command(cmd, TIMEOUT_S)
+    output = result.stdout
+    assert result.returncode == 0, output[-6000:]
     summary = SUMMARY.search(output)
     assert summary, output[-6000:]
     print(summary.group(0))

@@ -14,14 +14,12 @@ the job ends with every rank at the last step with the same parameters.
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from launcher import HOROVODRUN, REPO, WORKERS, WorkerFailure
+from launcher import HOROVODRUN, WORKERS, run_command
 
 pytestmark = pytest.mark.distributed
 
@@ -44,17 +42,7 @@ def elastic_run(tmp_path: Path, hosts: str, *args: str) -> tuple[subprocess.Comp
            "--network-interface", "lo", "--gloo", sys.executable, str(WORKERS / "elastic_worker.py"),
            "--out", str(tmp_path), "--hosts-file", str(hosts_file), "--steps", str(STEPS),
            "--commit-every", str(COMMIT_EVERY), "--fail-at", str(FAIL_AT), *args]
-    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{WORKERS}", "OMP_NUM_THREADS": "1",
-           "PYTHONUNBUFFERED": "1", "HOROVOD_ELASTIC_TIMEOUT": "180"}
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                            start_new_session=True, cwd=REPO)
-    try:
-        output, _ = proc.communicate(timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        output, _ = proc.communicate()
-        raise WorkerFailure(f"the elastic job did not finish in {TIMEOUT_S} s\n{output[-6000:]}") from None
-    result = subprocess.CompletedProcess(cmd, proc.returncode, output, None)
+    result = run_command(cmd, TIMEOUT_S, extra_env={"HOROVOD_ELASTIC_TIMEOUT": "180"})
     records = [json.loads(line) for path in sorted(tmp_path.glob("records-*.jsonl"))
                for line in path.read_text().splitlines()]
     return result, records
