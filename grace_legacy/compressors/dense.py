@@ -40,10 +40,16 @@ class FP16(Compressor):
 
     def compress(self, tensor: torch.Tensor, name: str) -> tuple[Payload, Any]:
         check_gradient(tensor, "FP16")
-        return [tensor.to(torch.float16)], tensor.dtype
+        return [tensor.half()], tensor.dtype
 
     def decompress(self, payload: Payload, ctx: Any) -> torch.Tensor:
-        return payload[0].to(ctx)
+        return _CAST_TO[ctx](payload[0])
 
     def payload_spec(self, numel: int, dtype: torch.dtype) -> list[tuple[int, torch.dtype]]:
         return [(numel, torch.float16)]
+
+
+# The casts by name: the cast is the whole work for a small tensor, and ``Tensor.to(dtype)``
+# spends longer choosing among its overloads than these take to run.
+_CAST_TO = {torch.float32: torch.Tensor.float, torch.float64: torch.Tensor.double,
+            torch.float16: torch.Tensor.half, torch.bfloat16: torch.Tensor.bfloat16}

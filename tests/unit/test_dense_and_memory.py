@@ -6,12 +6,21 @@ from hypothesis import strategies as st
 from grace_legacy import FP16, Allgather, Allreduce, Grace, NoCompression, NoMemory, RandomK, Residual, TopK
 
 
-def test_fp16_round_trip_keeps_dtype_and_shape():
-    x = torch.randn(3, 5, dtype=torch.float64)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+def test_fp16_round_trip_keeps_dtype_and_shape_and_equals_plain_casts(dtype):
+    x = torch.randn(3, 5, dtype=torch.float64).to(dtype)
     payload, ctx = FP16().compress(x, "x")
     assert payload[0].dtype == torch.float16
+    assert torch.equal(payload[0], x.to(torch.float16))
     out = FP16().decompress(payload, ctx)
-    assert out.dtype == torch.float64 and torch.allclose(out, x, rtol=1e-3, atol=1e-4)
+    assert out.dtype == dtype and out.shape == x.shape
+    assert torch.equal(out, x.to(torch.float16).to(dtype))
+
+
+@pytest.mark.parametrize("bad", [torch.eye(3).to_sparse(), torch.eye(3).to_sparse_csr()], ids=["coo", "csr"])
+def test_fp16_rejects_every_sparse_layout(bad):
+    with pytest.raises(TypeError, match="sparse"):
+        FP16().compress(bad, "x")
 
 
 def test_no_compression_is_lossless_and_additive():
