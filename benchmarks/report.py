@@ -11,6 +11,8 @@ import platform
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +45,70 @@ def benchmark_parser(doc: str | None) -> argparse.ArgumentParser:
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--json", help=argparse.SUPPRESS)
     return parser
+
+
+@dataclass(frozen=True)
+class Repeats:
+    """How many timed repetitions (``option``, e.g. ``--steps``) and warm-up ones a benchmark runs:
+    ``full`` and ``warmup`` by default, ``quick`` and at most ``quick_warmup`` under ``--quick``."""
+
+    option: str
+    full: int
+    quick: int
+    warmup: int
+    quick_warmup: int | None = 1
+
+
+def benchmark_main(module: str, doc: str | None, repeats: Repeats, *, worker: Callable[[argparse.Namespace], None],
+                   launch: Callable[[argparse.Namespace], dict], write: Callable[[dict, Path, str], None],
+                   shown: Callable[[dict], Any], options: Callable[[argparse.ArgumentParser], None] | None = None,
+                   ) -> None:
+    """The ``main()`` of a benchmark that launches its own workers: parse the options (the shared
+    ones, ``repeats``' and those ``options`` adds), run as a worker when launched as one, else
+    launch the workers, write the report under the command that reproduces it and print
+    ``shown(result)``."""
+    parser = benchmark_parser(doc)
+    parser.add_argument(repeats.option, type=int, default=None, help="timed repetitions per way")
+    parser.add_argument("--warmup", type=int, default=repeats.warmup)
+    if options is not None:
+        options(parser)
+    args = parser.parse_args()
+    attribute = repeats.option.lstrip("-").replace("-", "_")
+    if getattr(args, attribute) is None:
+        setattr(args, attribute, repeats.quick if args.quick else repeats.full)
+    if args.quick and repeats.quick_warmup is not None:
+        args.warmup = min(args.warmup, repeats.quick_warmup)
+    if args.worker:
+        worker(args)
+        return
+    result = launch(args)
+    write(result, args.results, f"python -m {module}" + (" --quick" if args.quick else ""))
+    print(json.dumps(shown(result), indent=1))
+
+
+def parse_study_arguments(doc: str | None, seeds: int, quick_seeds: int, partial: str,
+                          options: Callable[[argparse.ArgumentParser], None] | None = None) -> argparse.Namespace:
+    """The options of a long accuracy study that saves its runs as they finish: the shared ones,
+    ``--seeds`` (``seeds``, ``quick_seeds`` with ``--quick``), ``--from-partial`` (write the report
+    from what a stopped launch saved under ``RESULTS/PARTIAL``) and those ``options`` adds."""
+    parser = benchmark_parser(doc)
+    parser.add_argument("--seeds", type=int, default=None, help=f"default {seeds} ({quick_seeds} with --quick)")
+    parser.add_argument("--from-partial", action="store_true",
+                        help=f"only write the report, from the runs saved in RESULTS/{partial} by a stopped launch")
+    parser.add_argument("--partial", help=argparse.SUPPRESS)
+    if options is not None:
+        options(parser)
+    args = parser.parse_args()
+    if args.seeds is None:
+        args.seeds = quick_seeds if args.quick else seeds
+    return args
+
+
+def write_report(results_dir: Path, name: str, result: dict, section: str) -> None:
+    """Write ``result`` to ``NAME.json`` and ``section`` to the section ``NAME`` of ``performance.md``."""
+    results_dir.mkdir(parents=True, exist_ok=True)
+    (results_dir / f"{name}.json").write_text(json.dumps(result, indent=1))
+    update_section(results_dir / "performance.md", name, section, title="Performance results")
 
 
 def machine() -> str:

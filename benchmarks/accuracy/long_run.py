@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.report import benchmark_parser, machine, run_workers
+from benchmarks.report import machine, parse_study_arguments, run_workers
 
 from .tasks import Task
 
@@ -180,14 +180,7 @@ def _plot(runs: list[dict[str, Any]], epochs: int, path: Path) -> None:
 
 
 def main() -> None:
-    parser = benchmark_parser(__doc__)
-    parser.add_argument("--seeds", type=int, default=None, help=f"default {SEEDS} ({QUICK_SEEDS} with --quick)")
-    parser.add_argument("--from-partial", action="store_true",
-                        help=f"only write the report, from the runs saved in RESULTS/{PARTIAL} by a stopped launch")
-    parser.add_argument("--partial", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.seeds is None:
-        args.seeds = QUICK_SEEDS if args.quick else SEEDS
+    args = parse_study_arguments(__doc__, SEEDS, QUICK_SEEDS, PARTIAL)
     if args.worker:
         worker(args)
         return

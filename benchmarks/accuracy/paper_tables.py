@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.report import benchmark_parser, machine, run_workers
+from benchmarks.report import machine, parse_study_arguments, run_workers
 
 QUICK_SEEDS, SEEDS = 2, 5
 PARTIAL = "paper_tables.partial"   # where workers save the runs so far, under --results
@@ -214,16 +214,11 @@ def write_report(results: dict[str, dict], args: argparse.Namespace, timing: str
 
 
 def main() -> None:
-    parser = benchmark_parser(__doc__)
-    parser.add_argument("--seeds", type=int, default=None, help=f"default {SEEDS} ({QUICK_SEEDS} with --quick)")
-    parser.add_argument("--tables", nargs="*", default=["qsgd", "powersgd"], choices=["qsgd", "powersgd"])
-    parser.add_argument("--from-partial", action="store_true",
-                        help=f"only write the report, from the runs saved in RESULTS/{PARTIAL}/ by a stopped launch")
-    parser.add_argument("--table", help=argparse.SUPPRESS)
-    parser.add_argument("--partial", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.seeds is None:
-        args.seeds = QUICK_SEEDS if args.quick else SEEDS
+    def options(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--tables", nargs="*", default=["qsgd", "powersgd"], choices=["qsgd", "powersgd"])
+        parser.add_argument("--table", help=argparse.SUPPRESS)
+
+    args = parse_study_arguments(__doc__, SEEDS, QUICK_SEEDS, f"{PARTIAL}/", options)
     if args.worker:
         worker(args)
         return

@@ -321,22 +321,13 @@ collectives (`HOROVOD_FUSION_THRESHOLD` default vs `0`).
 
 
 def main() -> None:
-    from benchmarks.report import benchmark_parser
+    from benchmarks.report import Repeats, benchmark_main
 
-    parser = benchmark_parser(__doc__)
-    parser.add_argument("--density", type=float, default=0.01)
-    parser.add_argument("--iterations", type=int, default=None)
-    parser.add_argument("--warmup", type=int, default=3)
-    args = parser.parse_args()
-    if args.iterations is None:
-        args.iterations = 3 if args.quick else 30
-    if args.worker:
-        worker(args)
-        return
-    result = launch(args)
-    command = "python -m benchmarks.performance.fusion" + (" --quick" if args.quick else "")
-    write(result, args.results, command)
-    print(json.dumps({setting: run["median_ms"] for setting, run in result["runs"].items()}, indent=1))
+    benchmark_main("benchmarks.performance.fusion", __doc__,
+                   Repeats("--iterations", full=30, quick=3, warmup=3, quick_warmup=None),
+                   worker=worker, launch=launch, write=write,
+                   shown=lambda result: {setting: run["median_ms"] for setting, run in result["runs"].items()},
+                   options=lambda parser: parser.add_argument("--density", type=float, default=0.01))
 
 
 if __name__ == "__main__":

@@ -164,10 +164,8 @@ def launch(args: argparse.Namespace) -> dict:
 
 
 def write(result: dict, results_dir: Path, command: str) -> None:
-    from benchmarks.report import load_note, update_section
+    from benchmarks.report import load_note, write_report
 
-    results_dir.mkdir(parents=True, exist_ok=True)
-    (results_dir / "legacy_overhead.json").write_text(json.dumps(result, indent=1))
     run, summary = result["run"], result["summary"]
     sent = run["bytes_sent"]
     same = len(set(sent.values())) == 1
@@ -207,28 +205,16 @@ parameters), batch {run['batch_size']} of synthetic 32x32 images per worker, thr
   LEGACY adds is
   {100 * summary['lookup_share']:.3f}% of the step, {'under' if summary['lookup_share'] < TARGET else 'NOT under'} 1%.
 """
-    update_section(results_dir / "performance.md", "legacy_overhead", text, title="Performance results")
+    write_report(results_dir, "legacy_overhead", result, text)
 
 
 def main() -> None:
-    from benchmarks.report import benchmark_parser
+    from benchmarks.report import Repeats, benchmark_main
 
-    parser = benchmark_parser(__doc__)
-    parser.add_argument("--steps", type=int, default=None, help="measured steps per arm")
-    parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--batch-size", type=int, default=8)
-    args = parser.parse_args()
-    if args.steps is None:
-        args.steps = 8 if args.quick else 1000
-    if args.quick:
-        args.warmup = min(args.warmup, 2)
-    if args.worker:
-        worker(args)
-        return
-    result = launch(args)
-    command = "python -m benchmarks.performance.legacy_overhead" + (" --quick" if args.quick else "")
-    write(result, args.results, command)
-    print(json.dumps(result["summary"], indent=1))
+    benchmark_main("benchmarks.performance.legacy_overhead", __doc__,
+                   Repeats("--steps", full=1000, quick=8, warmup=5, quick_warmup=2),
+                   worker=worker, launch=launch, write=write, shown=lambda result: result["summary"],
+                   options=lambda parser: parser.add_argument("--batch-size", type=int, default=8))
 
 
 if __name__ == "__main__":

@@ -107,10 +107,8 @@ def launch(args: argparse.Namespace) -> dict:
 
 
 def write(result: dict, results_dir: Path, command: str) -> None:
-    from benchmarks.report import load_note, update_section
+    from benchmarks.report import load_note, write_report
 
-    results_dir.mkdir(parents=True, exist_ok=True)
-    (results_dir / "stall.json").write_text(json.dumps(result, indent=1))
     summary = result["run"]["summary"]
     rows = [f"| {way} | **{summary['step_s'][way]:.3f}** | "
             + ("1 (reference)" if way == "unwatched" else
@@ -140,27 +138,14 @@ interval). The ways take turns in a rotating order.
 
 {chr(10).join(verdicts)}
 """
-    update_section(results_dir / "performance.md", "stall", text, title="Performance results")
+    write_report(results_dir, "stall", result, text)
 
 
 def main() -> None:
-    from benchmarks.report import benchmark_parser
+    from benchmarks.report import Repeats, benchmark_main
 
-    parser = benchmark_parser(__doc__)
-    parser.add_argument("--steps", type=int, default=None, help="timed steps per way")
-    parser.add_argument("--warmup", type=int, default=2)
-    args = parser.parse_args()
-    if args.steps is None:
-        args.steps = 3 if args.quick else 30
-    if args.quick:
-        args.warmup = min(args.warmup, 1)
-    if args.worker:
-        worker(args)
-        return
-    result = launch(args)
-    command = "python -m benchmarks.performance.stall" + (" --quick" if args.quick else "")
-    write(result, args.results, command)
-    print(json.dumps(result["run"]["summary"], indent=1))
+    benchmark_main("benchmarks.performance.stall", __doc__, Repeats("--steps", full=30, quick=3, warmup=2),
+                   worker=worker, launch=launch, write=write, shown=lambda result: result["run"]["summary"])
 
 
 if __name__ == "__main__":

@@ -108,10 +108,8 @@ def launch(args: argparse.Namespace) -> dict:
 
 
 def write(result: dict, results_dir: Path, command: str) -> None:
-    from benchmarks.report import load_note, update_section
+    from benchmarks.report import load_note, write_report
 
-    results_dir.mkdir(parents=True, exist_ok=True)
-    (results_dir / "waiting.json").write_text(json.dumps(result, indent=1))
     rows, verdicts = [], []
     for run in result["runs"]:
         summary = run["summary"]
@@ -141,27 +139,15 @@ process CPU time per step (all threads).
 
 {chr(10).join(verdicts)}
 """
-    update_section(results_dir / "performance.md", "waiting", text, title="Performance results")
+    write_report(results_dir, "waiting", result, text)
 
 
 def main() -> None:
-    from benchmarks.report import benchmark_parser
+    from benchmarks.report import Repeats, benchmark_main
 
-    parser = benchmark_parser(__doc__)
-    parser.add_argument("--steps", type=int, default=None, help="timed steps per way")
-    parser.add_argument("--warmup", type=int, default=3)
-    args = parser.parse_args()
-    if args.steps is None:
-        args.steps = 3 if args.quick else 30
-    if args.quick:
-        args.warmup = min(args.warmup, 1)
-    if args.worker:
-        worker(args)
-        return
-    result = launch(args)
-    command = "python -m benchmarks.performance.waiting" + (" --quick" if args.quick else "")
-    write(result, args.results, command)
-    print(json.dumps([run["summary"] for run in result["runs"]], indent=1))
+    benchmark_main("benchmarks.performance.waiting", __doc__, Repeats("--steps", full=30, quick=3, warmup=3),
+                   worker=worker, launch=launch, write=write,
+                   shown=lambda result: [run["summary"] for run in result["runs"]])
 
 
 if __name__ == "__main__":
