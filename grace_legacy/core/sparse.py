@@ -66,6 +66,18 @@ def _add_entries(out: torch.Tensor, indices: torch.Tensor, values: torch.Tensor)
         out.index_add_(0, indices, values)
 
 
+def divide_written(out: torch.Tensor, indices: torch.Tensor, divisor: int) -> None:
+    """``out /= divisor`` for an ``out`` that is zero except at ``indices`` (repeats allowed): where
+    those are few, only those entries are divided (a zero divided stays the same zero), the same
+    division of the same numbers, so the same tensor, without a pass over all of ``out``."""
+    if 4 * indices.numel() >= out.numel():
+        out /= divisor
+        return
+    # Gathered before any is written, so an index given twice gets the same quotient twice.
+    indices = scatter_indices(indices)
+    out.scatter_(0, indices, out.gather(0, indices) / divisor)
+
+
 def scatter_sum(payloads: Sequence[Payload], ctx: SparseContext, average: bool) -> torch.Tensor:
     """``sum_r scatter(values_r at indices_r)`` as one scatter-add over all ranks' entries.
 
@@ -77,7 +89,7 @@ def scatter_sum(payloads: Sequence[Payload], ctx: SparseContext, average: bool) 
     out = torch.zeros(ctx.numel, dtype=ctx.dtype, device=ctx.device)
     _add_entries(out, indices, values)
     if average:
-        out /= len(payloads)
+        divide_written(out, indices, len(payloads))
     return out.view(ctx.shape)
 
 
@@ -104,7 +116,8 @@ def scatter_sum_many(members: Sequence[tuple[torch.Tensor, torch.Tensor, SparseC
 
 
 def scatter_sum_columns(values: torch.Tensor, indices: torch.Tensor, counts: Sequence[int],
-                        contexts: Sequence[SparseContext], average: bool) -> list[torch.Tensor]:
+                        contexts: Sequence[SparseContext], average: bool,
+                        out: torch.Tensor | None = None) -> list[torch.Tensor]:
     """:func:`scatter_sum` of consecutive members whose entries lie side by side: ``values`` and
     flat ``indices`` are ``[ranks, sum(counts)]``, member ``j`` owning the next ``counts[j]``
     columns (as a bucket packed part by part arrives, see :func:`grace_legacy.core.wire.pack_columns`).
@@ -114,7 +127,10 @@ def scatter_sum_columns(values: torch.Tensor, indices: torch.Tensor, counts: Seq
     The entries go in rank by rank (row-major over ``[ranks, sum k]``), and members' slices are
     disjoint, so each output element receives the same additions in the same order as from its own
     :func:`scatter_sum`: the results are identical to it, bit for bit (a NaN's sign and payload
-    aside, which torch's kernels do not keep alike)."""
+    aside, which torch's kernels do not keep alike).
+
+    ``out``: the buffer to fill (1-D, ``sum(ctx.numel)`` zeros of ``values``' dtype and device),
+    e.g. one kept from an earlier step (:mod:`grace_legacy.core.recycle`); ``None`` makes one."""
     starts = [0]
     for ctx in contexts:
         starts.append(starts[-1] + ctx.numel)
@@ -122,8 +138,13 @@ def scatter_sum_columns(values: torch.Tensor, indices: torch.Tensor, counts: Seq
         shift = torch.repeat_interleave(torch.tensor(starts[:-1], device=values.device),
                                         torch.tensor(counts, device=values.device))
         indices = indices.to(torch.int64) + shift
-    out = torch.zeros(starts[-1], dtype=values.dtype, device=values.device)
-    _add_entries(out, indices.reshape(-1), values.reshape(-1))
+    if out is None:
+        out = torch.zeros(starts[-1], dtype=values.dtype, device=values.device)
+    elif out.shape != (starts[-1],) or out.dtype != values.dtype or out.device != values.device:
+        raise ValueError(f"scatter_sum_columns: out must be a 1-D {values.dtype} tensor of {starts[-1]} elements "
+                         f"on {values.device}, got {tuple(out.shape)} {out.dtype} on {out.device}")
+    flat_indices = indices.reshape(-1)
+    _add_entries(out, flat_indices, values.reshape(-1))
     if average:
-        out /= values.shape[0]
+        divide_written(out, flat_indices, values.shape[0])
     return [out[start: start + ctx.numel].view(ctx.shape) for ctx, start in zip(contexts, starts[:-1], strict=True)]
