@@ -37,17 +37,29 @@ class SparseContext(NamedTuple):
     device: torch.device
 
 
-def densify(values: torch.Tensor, indices: torch.Tensor, ctx: SparseContext) -> torch.Tensor:
+def zeros_for(ctx: SparseContext, out: torch.Tensor | None) -> torch.Tensor:
+    """``out``, checked to be a 1-D tensor that can hold ``ctx``'s entries (the caller promises it
+    is all zeros: e.g. from :class:`grace_legacy.core.recycle.Recycler`), or new zeros."""
+    if out is None:
+        return torch.zeros(ctx.numel, dtype=ctx.dtype, device=ctx.device)
+    if out.shape != (ctx.numel,) or out.dtype != ctx.dtype or out.device != ctx.device:
+        raise ValueError(f"out must be a 1-D {ctx.dtype} tensor of {ctx.numel} elements on {ctx.device}, "
+                         f"got {tuple(out.shape)} {out.dtype} on {out.device}")
+    return out
+
+
+def densify(values: torch.Tensor, indices: torch.Tensor, ctx: SparseContext,
+            out: torch.Tensor | None = None) -> torch.Tensor:
     """A zero tensor shaped by ``ctx`` holding ``values`` at the distinct flat ``indices``.
 
     ``scatter_`` rather than ``index_put_``: on CPU it writes the entries faster, from large
     convolutions down to biases. Unlike ``index_put_``, it would ignore extra values, so their
-    counts are checked.
+    counts are checked. ``out``: the zeros to fill (see :func:`zeros_for`); ``None`` makes them.
     """
     if values.shape != indices.shape:
         raise ValueError(f"a sparse payload needs one value per index, got {tuple(values.shape)} values "
                          f"for {tuple(indices.shape)} indices")
-    out = torch.zeros(ctx.numel, dtype=ctx.dtype, device=ctx.device)
+    out = zeros_for(ctx, out)
     out.scatter_(0, scatter_indices(indices), values)
     return out.view(ctx.shape)
 
@@ -78,15 +90,17 @@ def divide_written(out: torch.Tensor, indices: torch.Tensor, divisor: int) -> No
     out.scatter_(0, indices, out.gather(0, indices) / divisor)
 
 
-def scatter_sum(payloads: Sequence[Payload], ctx: SparseContext, average: bool) -> torch.Tensor:
+def scatter_sum(payloads: Sequence[Payload], ctx: SparseContext, average: bool,
+                out: torch.Tensor | None = None) -> torch.Tensor:
     """``sum_r scatter(values_r at indices_r)`` as one scatter-add over all ranks' entries.
 
     Entries are added in rank order into zeros, the same additions a rank-by-rank sum of the
-    decompressed tensors performs, so the result is identical to that reference.
+    decompressed tensors performs, so the result is identical to that reference. ``out``: as for
+    :func:`densify`.
     """
     values = torch.cat([payload[0] for payload in payloads])
     indices = torch.cat([payload[1] for payload in payloads])
-    out = torch.zeros(ctx.numel, dtype=ctx.dtype, device=ctx.device)
+    out = zeros_for(ctx, out)
     _add_entries(out, indices, values)
     if average:
         divide_written(out, indices, len(payloads))

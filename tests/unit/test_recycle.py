@@ -122,3 +122,23 @@ def test_results_kept_by_the_caller_stay_as_they_were_and_dropped_ones_make_room
         for step in range(len(clones)):  # and the same results either way, bit for bit
             for name in SHAPES:
                 assert torch.equal(dropped_clones[step][name], clones[step][name]), (rank, step, name)
+
+
+def test_a_decompressed_tensor_the_caller_keeps_is_not_overwritten_by_the_next():
+    compressor = TopK(0.1)
+    generator = torch.Generator().manual_seed(3)
+    tensors = [torch.randn(50, 40, generator=generator) for _ in range(3)]
+    kept = []
+    for tensor in tensors:
+        payload, ctx = compressor.compress(tensor, "w")
+        kept.append(compressor.decompress(payload, ctx))
+    for tensor, decoded in zip(tensors, kept, strict=True):  # each still the sparse part of its own tensor
+        assert torch.equal(decoded, torch.where(decoded != 0, tensor, torch.zeros(())))
+        assert int((decoded != 0).sum()) == 200
+    assert len({decoded.data_ptr() for decoded in kept}) == 3
+    del kept, decoded
+    pointers = set()
+    for tensor in tensors:  # let go at once: one buffer serves them all
+        payload, ctx = compressor.compress(tensor, "w")
+        pointers.add(compressor.decompress(payload, ctx).data_ptr())
+    assert len(pointers) == 1
