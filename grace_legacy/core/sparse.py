@@ -129,6 +129,25 @@ def scatter_sum_many(members: Sequence[tuple[torch.Tensor, torch.Tensor, SparseC
     return results  # type: ignore[return-value]
 
 
+def _starts(contexts: Sequence[SparseContext]) -> list[int]:
+    starts = [0]
+    for ctx in contexts:
+        starts.append(starts[-1] + ctx.numel)
+    return starts
+
+
+def bucket_positions(indices: torch.Tensor, counts: Sequence[int], contexts: Sequence[SparseContext]) -> torch.Tensor:
+    """Where :func:`scatter_sum_columns` adds each entry of ``indices`` (``[ranks, sum(counts)]``
+    flat indices, member ``j`` owning the next ``counts[j]`` columns): its index shifted by its
+    member's offset in the one buffer of all members."""
+    if len(contexts) == 1:
+        return indices
+    starts = _starts(contexts)
+    shift = torch.repeat_interleave(torch.tensor(starts[:-1], device=indices.device),
+                                    torch.tensor(counts, device=indices.device))
+    return indices.to(torch.int64) + shift
+
+
 def scatter_sum_columns(values: torch.Tensor, indices: torch.Tensor, counts: Sequence[int],
                         contexts: Sequence[SparseContext], average: bool,
                         out: torch.Tensor | None = None) -> list[torch.Tensor]:
@@ -145,13 +164,8 @@ def scatter_sum_columns(values: torch.Tensor, indices: torch.Tensor, counts: Seq
 
     ``out``: the buffer to fill (1-D, ``sum(ctx.numel)`` zeros of ``values``' dtype and device),
     e.g. one kept from an earlier step (:mod:`grace_legacy.core.recycle`); ``None`` makes one."""
-    starts = [0]
-    for ctx in contexts:
-        starts.append(starts[-1] + ctx.numel)
-    if len(contexts) > 1:
-        shift = torch.repeat_interleave(torch.tensor(starts[:-1], device=values.device),
-                                        torch.tensor(counts, device=values.device))
-        indices = indices.to(torch.int64) + shift
+    starts = _starts(contexts)
+    indices = bucket_positions(indices, counts, contexts)
     if out is None:
         out = torch.zeros(starts[-1], dtype=values.dtype, device=values.device)
     elif out.shape != (starts[-1],) or out.dtype != values.dtype or out.device != values.device:
