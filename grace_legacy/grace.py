@@ -91,6 +91,14 @@ class Grace:
         compressor.check_memory(self.memory)
         self.memory.check_compressor(compressor)
         self.communicator = communicator
+        # Whether each rank can tell on its own which tensors held an inf or NaN on some rank: when
+        # the compressor sends every one it is given (its dense routes do too), and the memory
+        # neither hides one nor changes the result, any rank's inf or NaN is in every rank's
+        # result, and the results are identical on every rank. Fixed by the configuration, which
+        # every rank shares (the consistency check sees to it), so all ranks skip the flags'
+        # allreduce alike.
+        self._flags_from_results = (compressor.delivers_nonfinite and self.memory.keeps_nonfinite
+                                    and type(self.memory).aggregated is Memory.aggregated)
         # Per tensor of the current step: the extremes (0-dim tensors) of this rank's gradient,
         # what its memory made of it and the synchronized result; any of them inf or NaN means
         # the tensor held one. Only looked at, all at once, in nonfinite_names: a check per tensor
@@ -130,9 +138,10 @@ class Grace:
         # Finite state can still overflow (momentum, an fp16 sum), so the compensated gradient is
         # always looked at; the raw one too unless the memory keeps its infs and NaNs.
         self._extremes[name] = []
-        self._watch(name, compensated)
-        if compensated is not tensor and not self.memory.keeps_nonfinite:
-            self._watch(name, tensor)
+        if not self._flags_from_results:  # else the result will show it
+            self._watch(name, compensated)
+            if compensated is not tensor and not self.memory.keeps_nonfinite:
+                self._watch(name, tensor)
         concrete = self.compressor.resolve(compensated, name) if tensor.numel() else None
         route = "dense"
         if concrete is not None:
@@ -246,7 +255,9 @@ class Grace:
     # -- the end of a step ------------------------------------------------------------------
     def nonfinite_names(self, names: Sequence[str], backend: Backend) -> set[str]:
         """Which of ``names`` held an inf or NaN on *any* rank this step: one small allreduce of
-        one flag per name. Every rank must pass the same ``names`` in the same order."""
+        one flag per name, or none where each rank's results show it (see ``delivers_nonfinite``
+        in :class:`~grace_legacy.core.compressor.Compressor`). Every rank must pass the same
+        ``names`` in the same order."""
         extremes: list[torch.Tensor] = []
         owners: list[int] = []
         for index, name in enumerate(names):
@@ -259,7 +270,8 @@ class Grace:
             nonfinite = ~torch.isfinite(torch.stack(extremes))  # stack promotes mixed dtypes exactly
             flags = flags.to(nonfinite.device).index_add_(0, torch.tensor(owners, device=nonfinite.device),
                                                           nonfinite.to(torch.float32))
-        summed = backend.wait(backend.allreduce_async(flags, "nonfinite-flags", average=False))
+        summed = flags if self._flags_from_results else \
+            backend.wait(backend.allreduce_async(flags, "nonfinite-flags", average=False))
         return {n for n, flagged in zip(names, summed.tolist(), strict=True) if flagged > 0}
 
     def discard(self, name: str) -> None:
