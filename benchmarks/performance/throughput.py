@@ -25,11 +25,13 @@ multithreaded kernels there measure the scheduler more than the code. Median and
 repetitions go to ``benchmarks/results/performance.md`` (section "throughput"),
 ``throughput.json`` and ``throughput.png``.
 
-Each timing also counts the minor page faults it took (``getrusage``). Outputs are fresh buffers;
+Each timing also counts the minor page faults it took (``getrusage``). Outputs are fresh buffers
+unless the compressor keeps its own;
 glibc's malloc serves a buffer above its mmap threshold (at most 32 MiB) with a new mapping, whose
 pages fault on first touch, so a tensor that large (the Transformer's 65.5 MB embedding) pays its
-faults at every decompress and every clone, while smaller ones reuse the heap. The counts show
-which regime each row ran in.
+faults at every clone and every decompress into a fresh buffer, while smaller ones reuse the heap
+(Top-k's and Threshold's decompress reuse their own output once the caller has let go of it). The
+counts show which regime each row ran in.
 """
 
 from __future__ import annotations
@@ -295,8 +297,9 @@ DGC's reference keeps about k entries (within 30%) where grace-legacy's keeps ex
 compressors' references send unpacked bytes where grace-legacy packs 8 signs a byte.
 The last column is the median count of minor page faults per repetition: glibc maps every buffer
 above its mmap threshold (at most 32 MiB) anew, so a tensor that large (the Transformer's 65.5 MB
-embedding, 16,000 pages of 4 KiB) pays its faults at every decompress and every clone, while
-smaller ones reuse the heap.
+embedding, 16,000 pages of 4 KiB) pays its faults at every clone and every decompress into a
+fresh buffer, while smaller ones reuse the heap (Top-k's and Threshold's decompress reuse their
+own output once the caller has let go of it).
 
 {chr(10).join(verdicts(result))}
 
