@@ -12,7 +12,7 @@ import torch
 
 from grace_legacy.core.compressor import Compressor, Payload
 from grace_legacy.core.knob import Knob
-from grace_legacy.core.recycle import Recycler
+from grace_legacy.core.recycle import LARGE, Recycler
 from grace_legacy.core.sparse import SparseContext, densify, scatter_sum
 
 DENSITY = Knob("ratio", low=0.0, high=1.0, low_inclusive=False, high_inclusive=True, dense=1.0)
@@ -36,10 +36,10 @@ class EntrySparsifier(Compressor):
 
     def __init__(self) -> None:
         super().__init__()
-        # The dense outputs of decompress and aggregate, one per size, used again once the
-        # caller has let go of them (see grace_legacy.core.recycle): a fresh one would fault in
-        # its pages every step where glibc has given them back to the kernel.
-        self._outputs = Recycler()
+        # The large dense outputs of decompress and aggregate, one per size, used again once the
+        # caller has let go of them (see grace_legacy.core.recycle): fresh ones would fault in
+        # their pages wherever glibc maps them anew.
+        self._outputs = Recycler(min_bytes=LARGE)
 
     def _zeros(self, purpose: str, ctx: SparseContext) -> torch.Tensor:
         return self._outputs.zeros((purpose, ctx.numel, ctx.dtype, ctx.device), ctx.numel, ctx.dtype, ctx.device)

@@ -29,6 +29,13 @@ import torch
 
 _storage_use_count = getattr(torch._C, "_storage_Use_Count", None)
 
+#: Buffers at least this large are worth keeping per size: a fresh one is often a new mapping
+#: (glibc maps anything above its mmap threshold, which moves between 128 KiB and 32 MiB with what
+#: the process frees) or heap pages just handed back to the kernel, faulted in page by page.
+#: Smaller ones mostly come from the heap warm in cache, just freed; kept ones go cold (measured
+#: on ResNet-50's and a Transformer's shapes by ``benchmarks/performance/throughput.py``).
+LARGE = 4 * 1024 * 1024
+
 
 def _references(buffer: torch.Tensor) -> tuple[int, int] | None:
     """(Python references to ``buffer``'s storage object, tensors and exports sharing the storage),
@@ -40,15 +47,21 @@ def _references(buffer: torch.Tensor) -> tuple[int, int] | None:
 
 
 class Recycler:
-    """One kept CPU buffer per key (a bucket), handed out again zeroed when nobody else holds it."""
+    """One kept CPU buffer per key (a bucket), handed out again zeroed when nobody else holds it.
 
-    def __init__(self) -> None:
+    ``min_bytes``: smaller buffers are always made afresh (see :data:`LARGE`).
+    """
+
+    def __init__(self, min_bytes: int = 0) -> None:
+        self.min_bytes = min_bytes
         # key -> (buffer, its references when only this recycler held it)
         self._kept: dict[Hashable, tuple[torch.Tensor, tuple[int, int] | None]] = {}
 
     def zeros(self, key: Hashable, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         """A 1-D zero tensor of ``numel`` elements: the one kept under ``key`` if nothing outside
         this recycler refers to it any more (see the module doc), else a new one, kept from now on."""
+        if numel * dtype.itemsize < self.min_bytes:
+            return torch.zeros(numel, dtype=dtype, device=device)
         kept = self._kept.get(key)
         if kept is not None:
             buffer, alone = kept

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from grace_legacy import Grace, Residual, TopK
+from grace_legacy.compressors import entries
 from grace_legacy.core.recycle import Recycler
 from grace_legacy.core.sparse import divide_written
 from tests.helpers import run_ranks
@@ -25,6 +26,9 @@ def hold_set(buffer):
     return torch.empty(0).set_(buffer[2:6])
 
 
+N = 4096
+CPU = torch.device("cpu")
+
 HOLDERS = {
     "view": hold_view,
     "grad": hold_grad,
@@ -38,38 +42,51 @@ HOLDERS = {
 
 def test_a_buffer_nobody_else_holds_is_zeroed_and_handed_out_again():
     recycler = Recycler()
-    first = recycler.zeros("b", 64, torch.float32, torch.device("cpu"))
+    first = recycler.zeros("b", N, torch.float32, CPU)
     pointer = first.data_ptr()
     first.fill_(3.0)
     del first
-    again = recycler.zeros("b", 64, torch.float32, torch.device("cpu"))
+    again = recycler.zeros("b", N, torch.float32, CPU)
     assert again.data_ptr() == pointer
-    assert torch.equal(again, torch.zeros(64))
+    assert torch.equal(again, torch.zeros(N))
 
 
 @pytest.mark.parametrize("holder", sorted(HOLDERS))
 def test_a_buffer_the_caller_still_refers_to_is_never_overwritten(holder):
     recycler = Recycler()
-    buffer = recycler.zeros("b", 64, torch.float32, torch.device("cpu"))
-    buffer.copy_(torch.arange(64.0))
+    buffer = recycler.zeros("b", N, torch.float32, CPU)
+    buffer.copy_(torch.arange(float(N)))
     kept = HOLDERS[holder](buffer)
     pointer = buffer.data_ptr()
     del buffer
-    fresh = recycler.zeros("b", 64, torch.float32, torch.device("cpu"))
+    fresh = recycler.zeros("b", N, torch.float32, CPU)
     assert fresh.data_ptr() != pointer
-    assert torch.equal(fresh, torch.zeros(64))
+    assert torch.equal(fresh, torch.zeros(N))
     del kept  # its memory held arange all along; now the fresh buffer is the one kept
     fresh.fill_(1.0)
     pointer = fresh.data_ptr()
     del fresh
-    assert recycler.zeros("b", 64, torch.float32, torch.device("cpu")).data_ptr() == pointer
+    assert recycler.zeros("b", N, torch.float32, CPU).data_ptr() == pointer
 
 
 def test_another_size_or_dtype_gets_a_new_buffer():
     recycler = Recycler()
-    recycler.zeros("b", 64, torch.float32, torch.device("cpu"))
-    assert recycler.zeros("b", 65, torch.float32, torch.device("cpu")).shape == (65,)
-    assert recycler.zeros("b", 65, torch.float64, torch.device("cpu")).dtype == torch.float64
+    recycler.zeros("b", N, torch.float32, CPU)
+    assert recycler.zeros("b", N + 1, torch.float32, CPU).shape == (N + 1,)
+    assert recycler.zeros("b", N + 1, torch.float64, CPU).dtype == torch.float64
+
+
+def test_buffers_below_the_minimum_are_always_new():
+    recycler = Recycler(min_bytes=4 * N)
+    first = recycler.zeros("b", N - 1, torch.float32, CPU)
+    first.fill_(1.0)
+    pointer = first.data_ptr()
+    del first
+    assert torch.equal(recycler.zeros("b", N - 1, torch.float32, CPU), torch.zeros(N - 1))
+    second = recycler.zeros("b", N, torch.float32, CPU)  # at the minimum: kept
+    pointer = second.data_ptr()
+    del second
+    assert recycler.zeros("b", N, torch.float32, CPU).data_ptr() == pointer
 
 
 @pytest.mark.parametrize("divisor", [2, 3, 7])
@@ -124,7 +141,8 @@ def test_results_kept_by_the_caller_stay_as_they_were_and_dropped_ones_make_room
                 assert torch.equal(dropped_clones[step][name], clones[step][name]), (rank, step, name)
 
 
-def test_a_decompressed_tensor_the_caller_keeps_is_not_overwritten_by_the_next():
+def test_a_decompressed_tensor_the_caller_keeps_is_not_overwritten_by_the_next(monkeypatch):
+    monkeypatch.setattr(entries, "LARGE", 0)  # keep outputs of any size, as for large tensors
     compressor = TopK(0.1)
     generator = torch.Generator().manual_seed(3)
     tensors = [torch.randn(50, 40, generator=generator) for _ in range(3)]
