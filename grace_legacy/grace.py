@@ -20,7 +20,6 @@ from grace_legacy.core.memory import Memory
 from grace_legacy.core.saved_state import refuse_other_configuration, saved_configuration
 from grace_legacy.core.seeds import derived_seed
 from grace_legacy.core.stall import RanksStalled, resolve_stall_timeout
-from grace_legacy.core.validation import nonfinite_flag
 
 _DENSE = NoCompression()
 
@@ -92,9 +91,19 @@ class Grace:
         compressor.check_memory(self.memory)
         self.memory.check_compressor(compressor)
         self.communicator = communicator
-        # Per tensor of the current step: did this rank's gradient, what its memory made of it,
-        # or the synchronized result hold an inf or NaN?
-        self._nonfinite: dict[str, torch.Tensor] = {}
+        # Whether each rank can tell on its own which tensors held an inf or NaN on some rank: when
+        # the compressor sends every one it is given (its dense routes do too), and the memory
+        # neither hides one nor changes the result, any rank's inf or NaN is in every rank's
+        # result, and the results are identical on every rank. Fixed by the configuration, which
+        # every rank shares (the consistency check sees to it), so all ranks skip the flags'
+        # allreduce alike.
+        self._flags_from_results = (compressor.delivers_nonfinite and self.memory.keeps_nonfinite
+                                    and type(self.memory).aggregated is Memory.aggregated)
+        # Per tensor of the current step: the extremes (0-dim tensors) of this rank's gradient,
+        # what its memory made of it and the synchronized result; any of them inf or NaN means
+        # the tensor held one. Only looked at, all at once, in nonfinite_names: a check per tensor
+        # would cost several small tensor operations each.
+        self._extremes: dict[str, list[torch.Tensor]] = {}
         # The tensors started in the current step (what abandon_step rolls back).
         self._started: set[str] = set()
         # (rank, size) of the process set this bundle ran on, and the one a loaded state expects.
@@ -128,10 +137,11 @@ class Grace:
         compensated = self.memory.compensate(tensor, name)
         # Finite state can still overflow (momentum, an fp16 sum), so the compensated gradient is
         # always looked at; the raw one too unless the memory keeps its infs and NaNs.
-        nonfinite = nonfinite_flag(compensated)
-        if compensated is not tensor and not self.memory.keeps_nonfinite:
-            nonfinite = nonfinite | nonfinite_flag(tensor)
-        self._nonfinite[name] = nonfinite
+        self._extremes[name] = []
+        if not self._flags_from_results:  # else the result will show it
+            self._watch(name, compensated)
+            if compensated is not tensor and not self.memory.keeps_nonfinite:
+                self._watch(name, tensor)
         concrete = self.compressor.resolve(compensated, name) if tensor.numel() else None
         route = "dense"
         if concrete is not None:
@@ -164,7 +174,8 @@ class Grace:
                 raise err.carrying(self._carried_with(name)) from None
             result = self.memory.aggregated(name, arrived)
             # A compressor can overflow finite input (FP16 beyond 65504); the step is skipped then too.
-            self._nonfinite[name] = self._nonfinite.get(name, False) | nonfinite_flag(result)
+            if not inner.finite:
+                self._watch(name, result)
             self.compressor.observe(name, result)
             # Recorded on arrival: a multi-round payload's later rounds are only sent in inner().
             self.compressor.record_traffic(name, tensor, inner.bytes_sent, route)
@@ -172,6 +183,13 @@ class Grace:
 
         self._started.add(name)
         return Pending(finish, inner.bytes_sent)
+
+    def _watch(self, name: str, tensor: torch.Tensor) -> None:
+        """Remember ``tensor``'s extremes for :meth:`nonfinite_names`: the minimum and maximum are
+        NaN if any entry is (both propagate NaN) and infinite if an infinity is the extreme, and
+        they cannot overflow; one pass, no temporary of the tensor's size."""
+        if tensor.numel():
+            self._extremes.setdefault(name, []).extend(torch.aminmax(tensor.detach()))
 
     def _carried_with(self, name: str) -> list[str]:
         """``name`` and the tensors fused with it."""
@@ -237,10 +255,23 @@ class Grace:
     # -- the end of a step ------------------------------------------------------------------
     def nonfinite_names(self, names: Sequence[str], backend: Backend) -> set[str]:
         """Which of ``names`` held an inf or NaN on *any* rank this step: one small allreduce of
-        one flag per name. Every rank must pass the same ``names`` in the same order."""
-        flags = torch.stack([self._nonfinite.get(n, torch.tensor(False)) for n in names]).to(torch.float32)
-        self._nonfinite.clear()
-        summed = backend.wait(backend.allreduce_async(flags, "nonfinite-flags", average=False))
+        one flag per name, or none where each rank's results show it (see ``delivers_nonfinite``
+        in :class:`~grace_legacy.core.compressor.Compressor`). Every rank must pass the same
+        ``names`` in the same order."""
+        extremes: list[torch.Tensor] = []
+        owners: list[int] = []
+        for index, name in enumerate(names):
+            found = self._extremes.get(name, ())
+            extremes.extend(found)
+            owners.extend([index] * len(found))
+        self._extremes.clear()
+        flags = torch.zeros(len(names))
+        if extremes:
+            nonfinite = ~torch.isfinite(torch.stack(extremes))  # stack promotes mixed dtypes exactly
+            flags = flags.to(nonfinite.device).index_add_(0, torch.tensor(owners, device=nonfinite.device),
+                                                          nonfinite.to(torch.float32))
+        summed = flags if self._flags_from_results else \
+            backend.wait(backend.allreduce_async(flags, "nonfinite-flags", average=False))
         return {n for n, flagged in zip(names, summed.tolist(), strict=True) if flagged > 0}
 
     def discard(self, name: str) -> None:
@@ -280,7 +311,7 @@ class Grace:
         for name in self._started:
             self.discard(name)
         self._started.clear()
-        self._nonfinite.clear()
+        self._extremes.clear()
 
     def end_step(self, backend: Backend | None = None) -> None:
         """Count one synchronized optimizer step (the distributed optimizer calls this)."""

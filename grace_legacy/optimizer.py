@@ -18,7 +18,8 @@ gradient collective (``set_epoch`` or a loaded state may have moved a schedule s
 first after every elastic reset (:mod:`grace_legacy.elastic`); on a mismatch every rank raises
 the same :class:`~grace_legacy.consistency.RanksDisagree`. After every synchronization one
 small allreduce tells every rank which gradients held an inf or NaN on any rank (in the gradient
-itself, in its error-compensated form, or in the synchronized result); those are made NaN
+itself, in its error-compensated form, or in the synchronized result; no allreduce is needed
+where the results themselves show it on every rank: ``Compressor.delivers_nonfinite``); those are made NaN
 everywhere (so ``torch.amp.GradScaler`` skips the step on every rank, as it would without
 compression) and, since the whole step is then skipped, every
 tensor's memory and compressor state (schedules' observations included) is rolled back to before

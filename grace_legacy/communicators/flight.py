@@ -27,7 +27,8 @@ from grace_legacy.core import wire
 from grace_legacy.core.backend import Backend, Pending
 from grace_legacy.core.communicator import Communicator
 from grace_legacy.core.compressor import Compressor, Payload
-from grace_legacy.core.sparse import scatter_sum_columns, scatter_sum_many
+from grace_legacy.core.recycle import Recycler
+from grace_legacy.core.sparse import bucket_positions, scatter_sum_columns, scatter_sum_many
 
 Learn = Callable[[Payload, Any], None]
 
@@ -61,8 +62,11 @@ class Member:
 class Flight:
     """The collectives of one set of members, launched at construction and finished once."""
 
-    def __init__(self, label: str, members: Sequence[Member], backend: Backend, average: bool) -> None:
+    def __init__(self, label: str, members: Sequence[Member], backend: Backend, average: bool,
+                 recycler: Recycler | None = None) -> None:
         self.label, self.members, self.backend, self.average = label, list(members), backend, average
+        #: keeps the buffer a by-part bucket aggregates into, for the next flight of the same label
+        self.recycler = recycler
         self.results: dict[str, torch.Tensor] | None = None
         self._collectives = 0
         for member in self.members:
@@ -169,7 +173,16 @@ class Flight:
         if isinstance(layout, wire.Columns):
             values, indices = wire.unpack_columns(gathered, layout, self.backend.size(), self.label)
             contexts = [m.compressor.scatter_context(m.ctx) for m in members]
-            sums = scatter_sum_columns(values, indices, layout.counts[0], contexts, self.average)
+            out = None if self.recycler is None else self.recycler.zeros(
+                self.label, sum(ctx.numel for ctx in contexts), values.dtype, values.device)
+            sums = scatter_sum_columns(values, indices, layout.counts[0], contexts, self.average, out=out)
+            if out is not None:
+                # Only the entries written can be inf or NaN: when none is, nobody needs to look
+                # at the members' results again (Pending.finite).
+                positions = bucket_positions(indices, layout.counts[0], contexts).reshape(-1)
+                if bool(torch.isfinite(out.index_select(0, positions)).all()):
+                    for member in members:
+                        member.pending.finite = True
             return {m.name: total for m, total in zip(members, sums, strict=True)}
         if any(with_header for _, with_header in layout):
             received = wire.unpack_gathered_many(gathered, layout, self.backend.size(), self.label)

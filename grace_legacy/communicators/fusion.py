@@ -13,14 +13,16 @@ from collections.abc import Sequence
 
 from grace_legacy.communicators.flight import Flight, Member
 from grace_legacy.core.backend import Backend, Pending
+from grace_legacy.core.recycle import Recycler
 
 #: Horovod's own default fusion threshold, used when the environment sets none.
 _HOROVOD_FUSION_DEFAULT = 64 * 1024 * 1024
 
-#: The largest default bucket. A bucket's aggregate is a fresh buffer of its dense size every
-#: step, and glibc maps any buffer above its largest mmap threshold (32 MiB) anew, faulting in
-#: every page each step; buckets of 16 MiB mostly reuse heap pages instead (measured by the
-#: bandwidth benchmark, ``benchmarks/results/performance.md``).
+#: The largest default bucket. A bucket's aggregate is a buffer of its dense size, made afresh in
+#: any step where the caller still holds the last one (:mod:`grace_legacy.core.recycle`), and glibc
+#: maps any buffer above its largest mmap threshold (32 MiB) anew, faulting in every page; buckets
+#: of 16 MiB mostly reuse heap pages instead (measured by the bandwidth benchmark,
+#: ``benchmarks/results/performance.md``).
 BUCKET_BYTES_CAP = 16 * 1024 * 1024
 
 
@@ -74,6 +76,8 @@ class FusedExchange:
     def __init__(self, plan: BucketPlan) -> None:
         self.plan = plan
         self._open: dict[int, dict[str, Member]] = {}
+        # Each bucket's aggregate buffer, used again by its next flight once the caller has let go.
+        self._recycler = Recycler()
 
     def add(self, member: Member, backend: Backend, average: bool) -> Pending:
         index = self.plan.bucket_of[member.name]
@@ -84,7 +88,7 @@ class FusedExchange:
         names = self.plan.buckets[index]
         if len(entries) == len(names):
             del self._open[index]
-            Flight(f"bucket{index}", [entries[n] for n in names], backend, average)
+            Flight(f"bucket{index}", [entries[n] for n in names], backend, average, self._recycler)
         return member.pending
 
     def unlaunched(self) -> set[str]:

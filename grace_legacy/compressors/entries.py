@@ -12,6 +12,7 @@ import torch
 
 from grace_legacy.core.compressor import Compressor, Payload
 from grace_legacy.core.knob import Knob
+from grace_legacy.core.recycle import LARGE, Recycler
 from grace_legacy.core.sparse import SparseContext, densify, scatter_sum
 
 DENSITY = Knob("ratio", low=0.0, high=1.0, low_inclusive=False, high_inclusive=True, dense=1.0)
@@ -33,16 +34,26 @@ class EntrySparsifier(Compressor):
 
     sends_entries = True
 
+    def __init__(self) -> None:
+        super().__init__()
+        # The large dense outputs of decompress and aggregate, one per size, used again once the
+        # caller has let go of them (see grace_legacy.core.recycle): fresh ones would fault in
+        # their pages wherever glibc maps them anew.
+        self._outputs = Recycler(min_bytes=LARGE)
+
+    def _zeros(self, purpose: str, ctx: SparseContext) -> torch.Tensor:
+        return self._outputs.zeros((purpose, ctx.numel, ctx.dtype, ctx.device), ctx.numel, ctx.dtype, ctx.device)
+
     def decompress(self, payload: Payload, ctx: SparseContext) -> torch.Tensor:
         values, indices = payload
-        return densify(values, indices, ctx)
+        return densify(values, indices, ctx, out=self._zeros("decompress", ctx))
 
     def support(self, payload: Payload, ctx: SparseContext) -> torch.Tensor:
         """The flat indices whose values ``payload`` carries (what DGC's factor masking zeroes)."""
         return payload[1].long()
 
     def aggregate(self, payloads: Sequence[Payload], ctx: SparseContext, average: bool) -> torch.Tensor:
-        return scatter_sum(payloads, ctx, average)
+        return scatter_sum(payloads, ctx, average, out=self._zeros("aggregate", ctx))
 
     def scatter_context(self, ctx: SparseContext) -> SparseContext:
         return ctx

@@ -27,6 +27,7 @@ class TopK(EntrySparsifier):
     """
 
     knob = DENSITY
+    delivers_nonfinite = True  # NaN and infinity are the largest magnitudes: always kept
 
     def __init__(self, ratio: float | None = None) -> None:
         super().__init__()

@@ -22,15 +22,18 @@ class Backend(Protocol):
 class Pending:
     """A gradient on its way: ``pending()`` waits for the collectives and returns the result.
 
-    ``bytes_sent`` is the size of what this rank handed to the backend.
+    ``bytes_sent`` is the size of what this rank handed to the backend. ``finite`` is set by a
+    communicator that has seen, once the result arrived, that it holds no inf or NaN, so that
+    nobody needs to look again.
     """
 
-    __slots__ = ("bytes_sent", "_finish", "_result")
+    __slots__ = ("bytes_sent", "finite", "_finish", "_result")
 
     def __init__(self, finish: Callable[[], torch.Tensor], bytes_sent: int) -> None:
         self._finish: Callable[[], torch.Tensor] | None = finish
         self._result: torch.Tensor | None = None
         self.bytes_sent = bytes_sent
+        self.finite = False
 
     def __call__(self) -> torch.Tensor:
         if self._finish is not None:

@@ -41,6 +41,12 @@ class Compressor(ABC):
     :meth:`support`, copied unscaled, so ``x - D(C(x))`` is ``x`` with those entries set to zero
     (``Residual`` then keeps ``x`` and zeroes them instead of decompressing and subtracting).
 
+    ``delivers_nonfinite``: an inf or NaN in a tensor given to :meth:`compress` is always among what
+    is sent, and makes the aggregate non-finite there on every rank (a sum keeps it). Top-k sends
+    the largest magnitudes, which NaN and infinity are; a sparsifier that may leave one out (random
+    or thresholded entries), or a sign, does not. With a memory that hides none either, every rank
+    sees any rank's inf or NaN in the result itself, so the bundle exchanges no flags for it.
+
     ``aggregates_by_mean``: :meth:`aggregate` is the sum (or mean) of the decompressed payloads,
     so sending the tensor dense is this compressor's exact limit and the bundle may do so when it
     costs fewer bytes. False for majority votes (SignSGD, Signum), whose update a dense mean
@@ -61,6 +67,7 @@ class Compressor(ABC):
     uniform_payload: ClassVar[bool] = True
     lossless: ClassVar[bool] = False
     sends_entries: ClassVar[bool] = False
+    delivers_nonfinite: ClassVar[bool] = False
     aggregates_by_mean: ClassVar[bool] = True
     rounds: ClassVar[int] = 1
 

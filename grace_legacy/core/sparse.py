@@ -37,17 +37,29 @@ class SparseContext(NamedTuple):
     device: torch.device
 
 
-def densify(values: torch.Tensor, indices: torch.Tensor, ctx: SparseContext) -> torch.Tensor:
+def zeros_for(ctx: SparseContext, out: torch.Tensor | None) -> torch.Tensor:
+    """``out``, checked to be a 1-D tensor that can hold ``ctx``'s entries (the caller promises it
+    is all zeros: e.g. from :class:`grace_legacy.core.recycle.Recycler`), or new zeros."""
+    if out is None:
+        return torch.zeros(ctx.numel, dtype=ctx.dtype, device=ctx.device)
+    if out.shape != (ctx.numel,) or out.dtype != ctx.dtype or out.device != ctx.device:
+        raise ValueError(f"out must be a 1-D {ctx.dtype} tensor of {ctx.numel} elements on {ctx.device}, "
+                         f"got {tuple(out.shape)} {out.dtype} on {out.device}")
+    return out
+
+
+def densify(values: torch.Tensor, indices: torch.Tensor, ctx: SparseContext,
+            out: torch.Tensor | None = None) -> torch.Tensor:
     """A zero tensor shaped by ``ctx`` holding ``values`` at the distinct flat ``indices``.
 
     ``scatter_`` rather than ``index_put_``: on CPU it writes the entries faster, from large
     convolutions down to biases. Unlike ``index_put_``, it would ignore extra values, so their
-    counts are checked.
+    counts are checked. ``out``: the zeros to fill (see :func:`zeros_for`); ``None`` makes them.
     """
     if values.shape != indices.shape:
         raise ValueError(f"a sparse payload needs one value per index, got {tuple(values.shape)} values "
                          f"for {tuple(indices.shape)} indices")
-    out = torch.zeros(ctx.numel, dtype=ctx.dtype, device=ctx.device)
+    out = zeros_for(ctx, out)
     out.scatter_(0, scatter_indices(indices), values)
     return out.view(ctx.shape)
 
@@ -66,18 +78,32 @@ def _add_entries(out: torch.Tensor, indices: torch.Tensor, values: torch.Tensor)
         out.index_add_(0, indices, values)
 
 
-def scatter_sum(payloads: Sequence[Payload], ctx: SparseContext, average: bool) -> torch.Tensor:
+def divide_written(out: torch.Tensor, indices: torch.Tensor, divisor: int) -> None:
+    """``out /= divisor`` for an ``out`` that is zero except at ``indices`` (repeats allowed): where
+    those are few, only those entries are divided (a zero divided stays the same zero), the same
+    division of the same numbers, so the same tensor, without a pass over all of ``out``."""
+    if 4 * indices.numel() >= out.numel():
+        out /= divisor
+        return
+    # Gathered before any is written, so an index given twice gets the same quotient twice.
+    indices = scatter_indices(indices)
+    out.scatter_(0, indices, out.gather(0, indices) / divisor)
+
+
+def scatter_sum(payloads: Sequence[Payload], ctx: SparseContext, average: bool,
+                out: torch.Tensor | None = None) -> torch.Tensor:
     """``sum_r scatter(values_r at indices_r)`` as one scatter-add over all ranks' entries.
 
     Entries are added in rank order into zeros, the same additions a rank-by-rank sum of the
-    decompressed tensors performs, so the result is identical to that reference.
+    decompressed tensors performs, so the result is identical to that reference. ``out``: as for
+    :func:`densify`.
     """
     values = torch.cat([payload[0] for payload in payloads])
     indices = torch.cat([payload[1] for payload in payloads])
-    out = torch.zeros(ctx.numel, dtype=ctx.dtype, device=ctx.device)
+    out = zeros_for(ctx, out)
     _add_entries(out, indices, values)
     if average:
-        out /= len(payloads)
+        divide_written(out, indices, len(payloads))
     return out.view(ctx.shape)
 
 
@@ -103,8 +129,28 @@ def scatter_sum_many(members: Sequence[tuple[torch.Tensor, torch.Tensor, SparseC
     return results  # type: ignore[return-value]
 
 
+def _starts(contexts: Sequence[SparseContext]) -> list[int]:
+    starts = [0]
+    for ctx in contexts:
+        starts.append(starts[-1] + ctx.numel)
+    return starts
+
+
+def bucket_positions(indices: torch.Tensor, counts: Sequence[int], contexts: Sequence[SparseContext]) -> torch.Tensor:
+    """Where :func:`scatter_sum_columns` adds each entry of ``indices`` (``[ranks, sum(counts)]``
+    flat indices, member ``j`` owning the next ``counts[j]`` columns): its index shifted by its
+    member's offset in the one buffer of all members."""
+    if len(contexts) == 1:
+        return indices
+    starts = _starts(contexts)
+    shift = torch.repeat_interleave(torch.tensor(starts[:-1], device=indices.device),
+                                    torch.tensor(counts, device=indices.device))
+    return indices.to(torch.int64) + shift
+
+
 def scatter_sum_columns(values: torch.Tensor, indices: torch.Tensor, counts: Sequence[int],
-                        contexts: Sequence[SparseContext], average: bool) -> list[torch.Tensor]:
+                        contexts: Sequence[SparseContext], average: bool,
+                        out: torch.Tensor | None = None) -> list[torch.Tensor]:
     """:func:`scatter_sum` of consecutive members whose entries lie side by side: ``values`` and
     flat ``indices`` are ``[ranks, sum(counts)]``, member ``j`` owning the next ``counts[j]``
     columns (as a bucket packed part by part arrives, see :func:`grace_legacy.core.wire.pack_columns`).
@@ -114,16 +160,19 @@ def scatter_sum_columns(values: torch.Tensor, indices: torch.Tensor, counts: Seq
     The entries go in rank by rank (row-major over ``[ranks, sum k]``), and members' slices are
     disjoint, so each output element receives the same additions in the same order as from its own
     :func:`scatter_sum`: the results are identical to it, bit for bit (a NaN's sign and payload
-    aside, which torch's kernels do not keep alike)."""
-    starts = [0]
-    for ctx in contexts:
-        starts.append(starts[-1] + ctx.numel)
-    if len(contexts) > 1:
-        shift = torch.repeat_interleave(torch.tensor(starts[:-1], device=values.device),
-                                        torch.tensor(counts, device=values.device))
-        indices = indices.to(torch.int64) + shift
-    out = torch.zeros(starts[-1], dtype=values.dtype, device=values.device)
-    _add_entries(out, indices.reshape(-1), values.reshape(-1))
+    aside, which torch's kernels do not keep alike).
+
+    ``out``: the buffer to fill (1-D, ``sum(ctx.numel)`` zeros of ``values``' dtype and device),
+    e.g. one kept from an earlier step (:mod:`grace_legacy.core.recycle`); ``None`` makes one."""
+    starts = _starts(contexts)
+    indices = bucket_positions(indices, counts, contexts)
+    if out is None:
+        out = torch.zeros(starts[-1], dtype=values.dtype, device=values.device)
+    elif out.shape != (starts[-1],) or out.dtype != values.dtype or out.device != values.device:
+        raise ValueError(f"scatter_sum_columns: out must be a 1-D {values.dtype} tensor of {starts[-1]} elements "
+                         f"on {values.device}, got {tuple(out.shape)} {out.dtype} on {out.device}")
+    flat_indices = indices.reshape(-1)
+    _add_entries(out, flat_indices, values.reshape(-1))
     if average:
-        out /= values.shape[0]
+        divide_written(out, flat_indices, values.shape[0])
     return [out[start: start + ctx.numel].view(ctx.shape) for ctx, start in zip(contexts, starts[:-1], strict=True)]

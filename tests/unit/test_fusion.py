@@ -148,3 +148,39 @@ def test_fallback_is_recorded_and_can_be_turned_off():
 
     assert run_ranks(4, lambda b: body(b, True))[0] == {"dense-fallback": 1}
     assert run_ranks(4, lambda b: body(b, False))[0] == {"allgather": 1}
+
+
+@pytest.mark.parametrize("bucket_bytes", [0, 1 << 20])
+@pytest.mark.parametrize("kind", ["topk", "threshold"])
+def test_exactly_the_tensors_whose_gradient_or_sum_is_not_finite_are_named(kind, bucket_bytes):
+    """fc1's entries are finite on every rank but their sum overflows; bias1 holds a NaN on rank 1
+    only; the other tensors stay finite. Buckets name the same tensors as per-tensor sends. Top-k
+    sends every NaN and infinity it is given, so each rank sees them in its results and no flags
+    are exchanged; Threshold may drop a NaN, so its ranks exchange flags."""
+    def body(backend):
+        compressor = TopK(0.1) if kind == "topk" else Threshold(2.0)
+        bundle = Grace(compressor, memory=Residual(), bucket_bytes=bucket_bytes)
+        bundle.plan_buckets(SIZES)
+        named = []
+        for step in range(2):
+            pending = {}
+            for name in SHAPES:
+                grad = gradient(backend.rank(), step, name)
+                if step == 0 and name == "fc1":
+                    grad[0, 0] = 3e38
+                if step == 0 and name == "bias1" and backend.rank() == 1:
+                    grad[5] = float("nan")
+                pending[name] = bundle.start(grad, name, backend, True)
+            results = {name: p() for name, p in pending.items()}
+            before = len(backend.calls)
+            flagged = bundle.nonfinite_names(list(SHAPES), backend)
+            assert len(backend.calls) - before == (0 if kind == "topk" else 1)
+            if kind == "topk":  # seen in the results themselves
+                assert flagged == {name for name, r in results.items() if not bool(torch.isfinite(r).all())}
+            named.append(flagged)
+            for name in flagged:
+                bundle.discard(name)
+            bundle.end_step()
+        return named
+
+    assert run_ranks(2, body) == [[{"fc1", "bias1"}, set()]] * 2

@@ -102,3 +102,14 @@ def test_range_pass_is_numpys_mask_and_gather(dtype, n, seed, bounds, index_dtyp
     assert positions.dtype == index_dtype and entries.dtype == dtype
     np.testing.assert_array_equal(positions, expected)
     np.testing.assert_array_equal(entries, bits[expected])
+
+
+@pytest.mark.parametrize("n", [64 * 500, 64 * 500 + 37, 50])
+@pytest.mark.parametrize("expected", [1, 10_000])  # the blocked pass, and the plain one
+def test_the_blocked_pass_finds_what_the_plain_pass_finds(n, expected):
+    bits = random_bits(np.int32, n, n)
+    lower = int(np.quantile(np.bitwise_and(bits, 0x7FFF_FFFF), 0.995))
+    bits[-1] = lower  # a candidate in the last, partial block
+    positions, magnitudes = candidates_at_or_above(bits, 0x7FFF_FFFF, lower, expected)
+    np.testing.assert_array_equal(positions, np.flatnonzero(np.bitwise_and(bits, 0x7FFF_FFFF) >= lower))
+    np.testing.assert_array_equal(magnitudes, np.bitwise_and(bits[positions], 0x7FFF_FFFF))

@@ -9,6 +9,9 @@ compiled by numba, because in numpy each is several calls with a temporary apiec
   candidate's magnitude beside its position, which spares a gather afterwards. Its test is
   one-sided on purpose: a two-sided range test in the same loop was slower than numpy, so
   callers that must exclude NaN's patterns (which sort above infinity's) filter the candidates;
+* where few candidates are expected (Top-k at low densities), the pass goes by blocks of 64
+  entries: a count of the block's candidates without a branch (vectorized) first, and the
+  branching loop only over the few blocks that hold any;
 * the k largest among the candidates come from a histogram of their magnitudes, which leaves
   only one bin to partition instead of partitioning all the candidates;
 * the range pass serves Threshold, whose kept fraction nobody controls. It has no branch on the
@@ -36,6 +39,13 @@ from grace_legacy.compressors.kernels import compiled as _compiled
 #: Candidates room is made for before the count is known, at least (a second pass is needed only
 #: when more than the caller's estimate, and more than this, are found).
 MIN_ROOM = 1024
+#: Entries per block of the blocked candidate pass: a block is first tested without a branch (a
+#: vectorized count), and scanned for its candidates only when it holds any.
+BLOCK = 64
+#: The blocked pass is taken when the caller expects fewer than one candidate in this many entries
+#: (callers pass about twice their estimate, so fewer than one block in five then holds any); with
+#: more, most blocks would be read twice.
+SPARSE_BLOCKS = 128
 #: Histogram bins of :func:`largest`: few enough to stay in L1, enough that the bin holding the
 #: k-th largest magnitude is a small part of the candidates.
 BINS = 2048
@@ -50,6 +60,33 @@ def _kernels():
         found = 0
         room = positions.size
         for i in range(bits.size):
+            magnitude = bits[i] & mask
+            if magnitude >= lower:
+                if found < room:
+                    positions[found] = i
+                    magnitudes[found] = magnitude
+                found += 1
+        return found
+
+    @compiled
+    def at_or_above_in_blocks(bits, mask, lower, positions, magnitudes):  # pragma: no cover - compiled
+        found = 0
+        room = positions.size
+        n = bits.size
+        whole = n - n % BLOCK
+        for start in range(0, whole, BLOCK):
+            hits = 0
+            for i in range(start, start + BLOCK):  # a fixed trip count, no branch: vectorized
+                hits += (bits[i] & mask) >= lower
+            if hits:
+                for i in range(start, start + BLOCK):
+                    magnitude = bits[i] & mask
+                    if magnitude >= lower:
+                        if found < room:
+                            positions[found] = i
+                            magnitudes[found] = magnitude
+                        found += 1
+        for i in range(whole, n):
             magnitude = bits[i] & mask
             if magnitude >= lower:
                 if found < room:
@@ -109,7 +146,7 @@ def _kernels():
             found += (magnitude >= lower) & (magnitude <= upper)
         return found
 
-    return at_or_above, largest, in_range
+    return at_or_above, at_or_above_in_blocks, largest, in_range
 
 
 def candidates_at_or_above(bits: np.ndarray, mask: int, lower: int, expected: int,
@@ -122,7 +159,9 @@ def candidates_at_or_above(bits: np.ndarray, mask: int, lower: int, expected: in
     of the exact count. The results are views of arrays at most ``max(expected, MIN_ROOM)`` long;
     they are copied out when they would hold on to more than twice their size.
     """
-    at_or_above, _, _ = _kernels()
+    at_or_above, at_or_above_in_blocks, _, _ = _kernels()
+    if expected * SPARSE_BLOCKS < bits.size:
+        at_or_above = at_or_above_in_blocks
 
     def room_for(count):
         return np.empty(count, dtype=np.int64), np.empty(count, dtype=bits.dtype)
@@ -146,7 +185,7 @@ def largest(positions: np.ndarray, magnitudes: np.ndarray, k: int) -> np.ndarray
     if not 1 <= k <= positions.size or positions.size != magnitudes.size:
         raise ValueError(f"largest: need 1 <= k <= {positions.size} and as many magnitudes as "
                          f"positions, got k={k} and {magnitudes.size} magnitudes")
-    _, compiled_largest, _ = _kernels()
+    _, _, compiled_largest, _ = _kernels()
     out = np.empty(k, dtype=np.int64)
     compiled_largest(positions, magnitudes, k, BINS, out)
     return out
@@ -162,7 +201,7 @@ def entries_in_range(bits: np.ndarray, mask: int, lower: int, upper: int,
     made ``bits.size`` long; only the slots written are touched (untouched pages of ``np.empty``
     cost nothing). A result under half of that is copied out rather than holding on to the rest.
     """
-    _, _, in_range = _kernels()
+    _, _, _, in_range = _kernels()
     positions = np.empty(bits.size, dtype=index_dtype)
     kept = np.empty(bits.size, dtype=bits.dtype)
     found = in_range(bits, mask, lower, upper, positions, kept)

@@ -1,0 +1,162 @@
+"""A fused bucket's aggregate buffer is used again in a later step only once nothing outside
+grace_legacy refers to its memory, and reusing it changes no result."""
+
+import numpy as np
+import pytest
+import torch
+
+from grace_legacy import Grace, Residual, TopK
+from grace_legacy.compressors import entries
+from grace_legacy.core.recycle import Recycler
+from grace_legacy.core.sparse import divide_written
+from tests.helpers import run_ranks
+
+
+def hold_view(buffer):
+    return buffer[3:7]
+
+
+def hold_grad(buffer):
+    parameter = torch.nn.Parameter(torch.zeros(4))
+    parameter.grad = buffer[:4]
+    return parameter
+
+
+def hold_set(buffer):
+    return torch.empty(0).set_(buffer[2:6])
+
+
+N = 4096
+CPU = torch.device("cpu")
+
+HOLDERS = {
+    "view": hold_view,
+    "grad": hold_grad,
+    "set_": hold_set,
+    "numpy": lambda buffer: buffer[1:].numpy(),
+    "memoryview": lambda buffer: memoryview(buffer.numpy()),
+    "np.asarray": lambda buffer: np.asarray(buffer),
+    "storage": lambda buffer: buffer[5:].untyped_storage(),
+}
+
+
+def test_a_buffer_nobody_else_holds_is_zeroed_and_handed_out_again():
+    recycler = Recycler()
+    first = recycler.zeros("b", N, torch.float32, CPU)
+    pointer = first.data_ptr()
+    first.fill_(3.0)
+    del first
+    again = recycler.zeros("b", N, torch.float32, CPU)
+    assert again.data_ptr() == pointer
+    assert torch.equal(again, torch.zeros(N))
+
+
+@pytest.mark.parametrize("holder", sorted(HOLDERS))
+def test_a_buffer_the_caller_still_refers_to_is_never_overwritten(holder):
+    recycler = Recycler()
+    buffer = recycler.zeros("b", N, torch.float32, CPU)
+    buffer.copy_(torch.arange(float(N)))
+    kept = HOLDERS[holder](buffer)
+    pointer = buffer.data_ptr()
+    del buffer
+    fresh = recycler.zeros("b", N, torch.float32, CPU)
+    assert fresh.data_ptr() != pointer
+    assert torch.equal(fresh, torch.zeros(N))
+    del kept  # its memory held arange all along; now the fresh buffer is the one kept
+    fresh.fill_(1.0)
+    pointer = fresh.data_ptr()
+    del fresh
+    assert recycler.zeros("b", N, torch.float32, CPU).data_ptr() == pointer
+
+
+def test_another_size_or_dtype_gets_a_new_buffer():
+    recycler = Recycler()
+    recycler.zeros("b", N, torch.float32, CPU)
+    assert recycler.zeros("b", N + 1, torch.float32, CPU).shape == (N + 1,)
+    assert recycler.zeros("b", N + 1, torch.float64, CPU).dtype == torch.float64
+
+
+def test_buffers_below_the_minimum_are_always_new():
+    recycler = Recycler(min_bytes=4 * N)
+    first = recycler.zeros("b", N - 1, torch.float32, CPU)
+    first.fill_(1.0)
+    pointer = first.data_ptr()
+    del first
+    assert torch.equal(recycler.zeros("b", N - 1, torch.float32, CPU), torch.zeros(N - 1))
+    second = recycler.zeros("b", N, torch.float32, CPU)  # at the minimum: kept
+    pointer = second.data_ptr()
+    del second
+    assert recycler.zeros("b", N, torch.float32, CPU).data_ptr() == pointer
+
+
+@pytest.mark.parametrize("divisor", [2, 3, 7])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16], ids=str)
+def test_dividing_the_written_entries_equals_dividing_everything(divisor, dtype):
+    generator = torch.Generator().manual_seed(divisor)
+    for count in (5, 300):  # few entries (only those divided) and many (a plain division)
+        indices = torch.randint(0, 1000, (count,), generator=generator, dtype=torch.int32)  # with repeats
+        out = torch.zeros(1000, dtype=dtype)
+        out.scatter_add_(0, indices.long(), torch.randn(count, generator=generator).to(dtype))
+        out[indices[0]] = -0.0
+        want = out / divisor
+        divide_written(out, indices, divisor)
+        assert torch.equal(out.view(torch.uint8), want.view(torch.uint8)), (dtype, count)
+
+
+SHAPES = {"w1": (300, 200), "b1": (300,), "w2": (100, 300)}
+
+
+def steps(backend, keep_results: bool, count: int = 4):
+    """Top-k + EF over one fused bucket; returns every step's results (clones, and the tensors
+    themselves when kept) and where each step's results lived."""
+    bundle = Grace(TopK(0.01), memory=Residual(), bucket_bytes=1 << 20)
+    bundle.plan_buckets([(n, 4 * torch.Size(s).numel()) for n, s in SHAPES.items()])
+    clones, kept, pointers = [], [], []
+    for step in range(count):
+        generator = torch.Generator().manual_seed(100 * step + backend.rank())
+        pending = {n: bundle.start(torch.randn(s, generator=generator), n, backend, True) for n, s in SHAPES.items()}
+        results = {n: p() for n, p in pending.items()}
+        bundle.end_step()
+        clones.append({n: r.clone() for n, r in results.items()})
+        pointers.append(results["w1"].data_ptr())
+        if keep_results:
+            kept.append(results)
+        del results, pending
+    return clones, kept, pointers
+
+
+def test_results_kept_by_the_caller_stay_as_they_were_and_dropped_ones_make_room():
+    held = run_ranks(2, lambda backend: steps(backend, keep_results=True))
+    dropped = run_ranks(2, lambda backend: steps(backend, keep_results=False))
+    for rank in range(2):
+        clones, kept, pointers = held[rank]
+        for step, results in enumerate(kept):  # never overwritten by a later step
+            for name, result in results.items():
+                assert torch.equal(result, clones[step][name]), (rank, step, name)
+        assert len(set(pointers)) == len(pointers)
+        dropped_clones, _, dropped_pointers = dropped[rank]
+        assert len(set(dropped_pointers[1:])) == 1  # one buffer, used again every step once let go
+        for step in range(len(clones)):  # and the same results either way, bit for bit
+            for name in SHAPES:
+                assert torch.equal(dropped_clones[step][name], clones[step][name]), (rank, step, name)
+
+
+def test_a_decompressed_tensor_the_caller_keeps_is_not_overwritten_by_the_next(monkeypatch):
+    monkeypatch.setattr(entries, "LARGE", 0)  # keep outputs of any size, as for large tensors
+    compressor = TopK(0.1)
+    generator = torch.Generator().manual_seed(3)
+    tensors = [torch.randn(50, 40, generator=generator) for _ in range(3)]
+    kept = []
+    for tensor in tensors:
+        payload, ctx = compressor.compress(tensor, "w")
+        kept.append(compressor.decompress(payload, ctx))
+    for tensor, decoded in zip(tensors, kept, strict=True):  # each still the sparse part of its own tensor
+        assert torch.equal(decoded, torch.where(decoded != 0, tensor, torch.zeros(())))
+        assert int((decoded != 0).sum()) == 200
+    assert len({decoded.data_ptr() for decoded in kept}) == 3
+    del kept, decoded
+    pointers = set()
+    for tensor in tensors:  # let go at once: one buffer serves them all
+        payload, ctx = compressor.compress(tensor, "w")
+        pointers.add(compressor.decompress(payload, ctx).data_ptr())
+    assert len(pointers) == 1
