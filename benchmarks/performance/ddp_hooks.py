@@ -1,6 +1,6 @@
 """DDP communication hooks side by side, bandwidth-limited: PyTorch's own vs grace_legacy's.
 
-    python -m benchmarks.performance.ddp_hooks            # the full run (about 17 minutes on 2 cores)
+    python -m benchmarks.performance.ddp_hooks            # the full run (about 20 minutes on 2 cores)
     python -m benchmarks.performance.ddp_hooks --quick    # a smoke run with tiny models
 
 Needs root: four plain ``torch.distributed`` workers (Gloo over TCP, ``env://`` rendezvous, as
@@ -85,7 +85,8 @@ POWERSGD_RANK = 4
 TORCH_POWERSGD_START = 2
 # Above either model's gradient size: DDP puts every gradient in one bucket.
 ONE_BUCKET_MB = 1024
-RATES = [1e9, 1e8]
+RATES = [1e9, 1e8, 1e7]
+QUICK_RATES = [1e9, 1e8]
 LEARNING_RATE = 1e-3
 
 
@@ -353,11 +354,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="tiny models, two steps per way and rate: a smoke run")
     parser.add_argument("--models", nargs="+", default=["resnet", "transformer"])
-    parser.add_argument("--rates", nargs="+", type=float, default=RATES, help="link rates in bit/s")
+    parser.add_argument("--rates", nargs="+", type=float, default=None, help="link rates in bit/s")
     parser.add_argument("--steps", type=int, default=None, help="timed steps per way and rate")
     parser.add_argument("--dense-steps", type=int, default=None,
                         help="timed steps of a way whose communication takes > 2 s at the rate")
-    parser.add_argument("--slow-steps", type=int, default=2, help="timed steps where it takes > 10 s")
+    parser.add_argument("--slow-steps", type=int, default=2,
+                        help="timed steps where it takes > 10 s (dense and fp16 at 10 Mbit/s: about a minute a step)")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--local-steps", type=int, default=None, help="timed steps per way on one-rank groups")
     parser.add_argument("--timeout", type=float, default=None, help="seconds before the workers are stopped")
@@ -366,6 +368,8 @@ def main() -> None:
     parser.add_argument("--control", help=argparse.SUPPRESS)
     parser.add_argument("--json", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.rates is None:
+        args.rates = QUICK_RATES if args.quick else RATES
     if args.steps is None:
         args.steps = 2 if args.quick else 20
     if args.dense_steps is None:

@@ -81,10 +81,12 @@ def _rows(result: dict, digest: dict) -> list[str]:
         for rate_key, ways in rates.items():
             for name, row in ways.items():
                 low, high = row["step_s_range"]
+                # DDP's own allreduce is issued from C++, where the counter cannot see it.
+                collectives = "-" if name in (COMPUTE, ALLREDUCE) else f"{row['collectives']:.0f}"
                 volumes = " | ".join("-" if name == COMPUTE else f"{row[key] / 1e6:.3f}"
                                      for key in ("payload_bytes", "wire_bytes", "link_bytes"))
                 rows.append(f"| {model} | {label(float(rate_key))} | {name} | **{row['step_s']:.3f}** | {low:.3f}-"
-                            f"{high:.3f} | {volumes} | {row['collectives']:.0f} | "
+                            f"{high:.3f} | {volumes} | {collectives} | "
                             f"{digest['local_cost_s'][model][name]:.3f} | {row['bound_s']:.3f} | "
                             f"{row['vs_bound']:.2f} | {row[f'speedup_vs_{ALLREDUCE}']:.2f}x | {row['steps']} |")
     return rows
@@ -161,9 +163,22 @@ Per model, rate and way: the median (and range) over steps of the slowest rank's
 *Payload*: bytes a rank hands to `torch.distributed` per step (counted by wrapping its collectives;
 DDP's allreduce: the gradients' size). *Wire*: what those collectives must put on each link at the
 least. *Link*: bytes seen on the busiest link (interface counters, headers included).
-*Collectives*: calls per step. *Local cost*: the step on a one-rank group minus the compute-only
-step (DDP's bucket copies and the hook's work, no network). *vs bound*: the median over
-iterations of each step over its own iteration's `compute only + wire / rate`.
+*Collectives*: `torch.distributed` calls per step (DDP's own, from C++, are not seen). *Local
+cost*: the step on a one-rank group minus the compute-only step, all ranks at once (DDP's bucket
+copies and the hook's work, no network). *vs bound*: the median over iterations of each step over
+its own iteration's `compute only + wire / rate`.
+
+How the two PowerSGD hooks differ at the same rank: both view a gradient as `shape[0] x rest` and
+send whole the 1-D tensors and the matrices whose factors would not be smaller (PyTorch's default
+`min_compression_rate=2` would send more of them whole; here 1, as ours). PyTorch chains three
+allreduces per DDP bucket from future callbacks (the whole tensors, then every P, then every Q);
+ours sends the whole tensors with the Ps in fused buckets of up to 16 MiB of gradient, one
+allreduce per bucket and round, then the Qs, plus one small allreduce of per-tensor non-finite
+flags (the few bytes by which ours sends more). Error feedback: PyTorch keeps, for the whole
+bucket, the local gradient minus the averaged result (so also the local minus the mean of the
+tensors sent whole); ours keeps `M_w - P^ Q_w^T` on factored tensors only. Both start the next
+step from the averaged Q; PyTorch re-orthogonalises it first, ours does not (the orthonormal P^
+makes Q's scale irrelevant).
 
 {TABLE_HEAD}
 {chr(10).join(_rows(result, digest))}
