@@ -178,7 +178,9 @@ flags (the few bytes by which ours sends more). Error feedback: PyTorch keeps, f
 bucket, the local gradient minus the averaged result (so also the local minus the mean of the
 tensors sent whole); ours keeps `M_w - P^ Q_w^T` on factored tensors only. Both start the next
 step from the averaged Q; PyTorch re-orthogonalises it first, ours does not (the orthonormal P^
-makes Q's scale irrelevant).
+makes Q's scale irrelevant). Every grace_legacy way also checks each gradient and result for
+inf/NaN and shares the flags, so that a non-finite gradient is seen on every rank: local work
+PyTorch's hooks do not do.
 
 {TABLE_HEAD}
 {chr(10).join(_rows(result, digest))}
