@@ -196,8 +196,14 @@ class GraceState:
             self._step = None
             raise
         for buffer, names, future in step.buckets:
-            parts = [results[name].reshape(-1).to(buffer.dtype) for name in names]
-            future.set_result(torch.cat(parts) if parts else buffer)
+            # Into the bucket itself, as PyTorch's hooks do: DDP then has nothing to copy, and no
+            # bucket-sized tensor is allocated (and its fresh pages faulted in) every step.
+            offset = 0
+            for name in names:
+                result = results[name].reshape(-1)
+                buffer[offset:offset + result.numel()].copy_(result)
+                offset += result.numel()
+            future.set_result(buffer)
         self._step = None
         self.steps += 1
 

@@ -123,6 +123,35 @@ def test_bandwidth_benchmark_quick(tmp_path):
     assert namespaces_named(result["namespace_prefix"]) == []
 
 
+def test_ddp_hooks_benchmark_quick(tmp_path):
+    """The DDP hooks benchmark's smoke run over torch.distributed workers on rate-limited links:
+    every way at every rate, bytes handed to the collectives, the ratios and the verdicts computed,
+    and its namespaces gone afterwards."""
+    reason = bandwidth_unavailable()
+    if reason:
+        pytest.skip(reason)
+    run_module("benchmarks.performance.ddp_hooks", tmp_path, timeout=300)
+    assert "DDP communication hooks, bandwidth-limited" in (tmp_path / "performance.md").read_text()
+    assert (tmp_path / "ddp_hooks.png").stat().st_size > 1000
+    result = json.loads((tmp_path / "ddp_hooks.json").read_text())
+    ways = {"compute only", "allreduce", "torch fp16", "grace FP16", "torch PowerSGD", "grace PowerSGD",
+            "grace Top-k + EF"}
+    summary = result["summary"]
+    for model in ("resnet", "transformer"):
+        assert result["models"][model]["torch_powersgd_buckets"] == 1
+        assert set(summary["local_cost_s"][model]) == ways
+        for rate in summary["table"][model].values():
+            assert set(rate) == ways
+            for name, row in rate.items():
+                assert row["step_s"] > 0 and row["vs_bound"] > 0 and row["speedup_vs_allreduce"] > 0
+                if name != "compute only":
+                    assert row["payload_bytes"] > 0 and row["wire_bytes"] > 0 and row["link_bytes"] > 0
+        for pair in summary["powersgd"][model].values():
+            assert pair["equal_bytes"] and pair["step_ratio"] > 0
+    assert len(summary["verdicts"]) == 3
+    assert namespaces_named(result["namespace_prefix"]) == []
+
+
 def test_cluster_removes_a_namespace_that_creation_never_recorded():
     """Ctrl-C can interrupt ``subprocess.run`` after ``ip netns add`` made a namespace but before
     the cluster hears of it (CI once left one behind that way): removal goes by name."""

@@ -50,6 +50,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks.performance.limited_link import (
+    COMPUTE,
+    LONG_STEP_S,
+    SLOW_STEP_S,
+    interface_bytes,
+    interleave,
+    label,
+    plan_steps,
+    request_rate,
+    ring_allreduce_bytes,
+    serve_rate_requests,
+    summarise,
+)
+
 REPO = Path(__file__).resolve().parents[2]
 WORKERS = 4
 DENSITY = 0.001
@@ -60,19 +74,11 @@ LEGACY_SPLITS = [10_000, 1_000_000]
 LEGACY_FACTORS = [1000.0, 10.0, 1.0]
 RATES = [1e9, 1e8, 1e7]
 QUICK_RATES = [1e9, 1e8]
-WAYS = ("compute only", "dense", "Top-k", "LEGACY")
-# Dense steps are long at low rates, and their time is the link's, with little spread: where its
-# communication alone would take longer than LONG_STEP_S, dense gets --dense-steps timed steps
-# (the other ways keep --steps, whose spread is the shared cores'); longer than SLOW_STEP_S, it gets
-# --slow-steps and no warm-up (it has warmed up at the faster rates before): 10 Mbit/s costs a
-# minute a step.
-LONG_STEP_S = 2.0
-SLOW_STEP_S = 10.0
+WAYS = (COMPUTE, "dense", "Top-k", "LEGACY")
+# Dense steps are long at low rates: --dense-steps where its communication takes longer than
+# LONG_STEP_S, --slow-steps and no warm-up beyond SLOW_STEP_S (10 Mbit/s costs a minute a step);
+# see limited_link.plan_steps.
 LEARNING_RATE = 1e-3
-
-
-def label(rate: float) -> str:
-    return f"{rate / 1e9:g} Gbit/s" if rate >= 1e9 else f"{rate / 1e6:g} Mbit/s"
 
 
 # -- the workers ---------------------------------------------------------------------------------------
@@ -144,18 +150,6 @@ def count_collective_bytes(world_size: int) -> list[float]:
     return total
 
 
-def ring_allreduce_bytes(nbytes: float, world_size: int) -> float:
-    return 2 * (world_size - 1) / world_size * nbytes
-
-
-def interface_bytes() -> tuple[int, int]:
-    """(sent, received) bytes of this namespace's link so far."""
-    from benchmarks.performance.netns import IFACE
-
-    base = Path("/sys/class/net") / IFACE / "statistics"
-    return int((base / "tx_bytes").read_text()), int((base / "rx_bytes").read_text())
-
-
 def worker(args: argparse.Namespace) -> None:
     import horovod.torch as hvd
     import torch
@@ -174,15 +168,6 @@ def worker(args: argparse.Namespace) -> None:
     # Horovod's wait would take CPU time from the ranks still inside a timed step.
     def barrier() -> None:
         synchronize(hvd.allreduce_async(barrier_flag, name="bandwidth.barrier"))
-
-    def set_rate(request: int, rate: float) -> None:
-        # Rank 0 asks the driver (which owns the network) and waits; the others wait at the barrier.
-        if hvd.rank() == 0:
-            (control / f"request-{request}.tmp").write_text(repr(rate))
-            (control / f"request-{request}.tmp").rename(control / f"request-{request}")
-            while not (control / f"applied-{request}").exists():
-                time.sleep(0.05)
-        barrier()
 
     def timed_step(way: Way) -> dict[str, float]:
         barrier()
@@ -214,29 +199,11 @@ def worker(args: argparse.Namespace) -> None:
             "parameters": numel, "tensors": len(parameters),
             "legacy": repr(ways["LEGACY"].compression.compressor), "rates": {}}
         for phase, rate in enumerate(args.rates):
-            set_rate(request, rate)
+            request_rate(control, request, rate, hvd.rank() == 0, barrier)
             request += 1
-            plan = {}
-            for name in WAYS:
-                seconds = dense_wire * 8 / rate if name == "dense" else 0.0
-                slow = seconds > SLOW_STEP_S
-                warmup = 0 if slow and phase > 0 else args.warmup
-                steps = args.slow_steps if slow else args.dense_steps if seconds > LONG_STEP_S else args.steps
-                plan[name] = (warmup, steps)
-            measured = {name: {"iteration": [], "step_s": [], "backward_s": [], "wire_bytes": [], "link_bytes": [],
-                               "payload_bytes": []} for name in WAYS}
-            for iteration in range(max(w + s for w, s in plan.values())):
-                # Rotated each iteration so that no way always follows the same one.
-                order = WAYS[iteration % len(WAYS):] + WAYS[:iteration % len(WAYS)]
-                for name in order:
-                    warmup, steps = plan[name]
-                    if iteration >= warmup + steps:
-                        continue
-                    timing = timed_step(ways[name])
-                    if iteration >= warmup:
-                        timing["iteration"] = iteration
-                        for key, value in timing.items():
-                            measured[name][key].append(value)
+            plan = plan_steps({name: dense_wire * 8 / rate if name == "dense" else 0.0 for name in WAYS},
+                              phase == 0, args.warmup, args.steps, args.dense_steps, args.slow_steps)
+            measured = interleave(plan, lambda name, ways=ways: timed_step(ways[name]))
             record["rates"][repr(rate)] = measured
             if hvd.rank() == 0:
                 print(f"{model} at {label(rate)}: " + ", ".join(
@@ -259,15 +226,6 @@ def worker(args: argparse.Namespace) -> None:
 
 
 # -- the driver ----------------------------------------------------------------------------------------
-
-def serve_rate_requests(cluster: Any, control: Path) -> None:
-    """Apply every rate a worker has asked for since the last call."""
-    for request in sorted(control.glob("request-[0-9]*"), key=lambda p: int(p.name.split("-")[1])):
-        applied = control / f"applied-{request.name.split('-')[1]}"
-        if not applied.exists():
-            cluster.set_rate(float(request.read_text()))
-            applied.touch()
-
 
 def launch(args: argparse.Namespace) -> dict:
     from benchmarks.performance.netns import Cluster, HorovodJob, unavailable_reason
@@ -303,46 +261,6 @@ def launch(args: argparse.Namespace) -> dict:
     return result
 
 
-def paired_vs_bound(measured: dict[str, list], compute: dict[str, list], rate: float) -> list[float]:
-    """Each step's time over its own lower bound: the compute-only step of the same iteration plus
-    the step's wire bytes at ``rate``. The ways of an iteration run back to back, so a slow spell
-    of the shared cores stretches both sides of a ratio alike."""
-    compute_at = dict(zip(compute["iteration"], compute["step_s"], strict=True))
-    return [step / (compute_at[i] + wire * 8 / rate)
-            for i, step, wire in zip(measured["iteration"], measured["step_s"], measured["wire_bytes"], strict=True)
-            if i in compute_at]
-
-
-def summarise(result: dict) -> dict[str, dict[str, dict[str, dict[str, float]]]]:
-    """Per model, rate and way: median step time, wire bytes, the lower bound and the ratios."""
-    table: dict[str, Any] = {}
-    for model, record in result["models"].items():
-        table[model] = {}
-        for rate_key, ways in record["rates"].items():
-            rate = float(rate_key)
-            compute = statistics.median(ways["compute only"]["step_s"])
-            dense = statistics.median(ways["dense"]["step_s"])
-            rows = {}
-            for name, measured in ways.items():
-                step = statistics.median(measured["step_s"])
-                wire = statistics.median(measured["wire_bytes"])
-                bound = compute + wire * 8 / rate
-                # No iteration in common (a --warmup longer than dense's slow steps): the medians' ratio.
-                ratios = paired_vs_bound(measured, ways["compute only"], rate) or [step / bound]
-                quartiles = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
-                rows[name] = {"step_s": step, "wire_bytes": wire, "bound_s": bound,
-                              "vs_bound": statistics.median(ratios),
-                              "vs_bound_quartiles": [quartiles[0], quartiles[2]], "pairs": len(ratios),
-                              "speedup_vs_dense": dense / step,
-                              "link_bytes": statistics.median(measured["link_bytes"]),
-                              "backward_s": statistics.median(measured["backward_s"]),
-                              "payload_bytes": statistics.median(measured["payload_bytes"]),
-                              "step_s_range": [min(measured["step_s"]), max(measured["step_s"])],
-                              "steps": len(measured["step_s"])}
-            table[model][rate_key] = rows
-    return table
-
-
 TABLE_HEAD = ("| model | rate | way | step s | range s | backward s | payload MB | wire MB | link MB | lower bound s "
               "| vs bound | vs dense | steps |\n" + "|---" * 13 + "|")
 
@@ -372,8 +290,8 @@ def write(result: dict, results_dir: Path, command: str) -> None:
                             f"{row['vs_bound']:.2f} | {row['speedup_vs_dense']:.2f}x | {row['steps']} |")
         at_100 = rates.get(repr(1e8))
         if at_100:
-            topk, legacy, compute = at_100["Top-k"], at_100["LEGACY"], at_100["compute only"]["step_s"]
-            compute_backward = at_100["compute only"]["backward_s"]
+            topk, legacy, compute = at_100["Top-k"], at_100["LEGACY"], at_100[COMPUTE]["step_s"]
+            compute_backward = at_100[COMPUTE]["backward_s"]
             speedup_ok, bound_ok = topk["speedup_vs_dense"] >= 5, topk["vs_bound"] <= 1.5
             verdicts.append(
                 f"- **{model}** ({record['parameters'] / 1e6:.1f}M parameters, {record['tensors']} tensors) at "

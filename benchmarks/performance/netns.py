@@ -16,11 +16,12 @@ makes for process sets (the global one included) ignore it and bind to the addre
 machine's hostname, which ``/etc/hosts`` maps to loopback: the workers would then try to reach
 each other on 127.0.0.1. So each namespace also gets its own hosts file (``ip netns exec``
 bind-mounts ``/etc/netns/NAME/hosts`` over ``/etc/hosts``) mapping the hostname to that
-namespace's address.
+namespace's address. Plain ``torch.distributed`` workers (:class:`TorchJob`) are started the way
+``torchrun`` starts one process per host, with their ``TCPStore`` in rank 0's namespace.
 
     with Cluster(4) as cluster:
         cluster.set_rate(100e6)                         # bits per second; None: unlimited
-        job = HorovodJob(cluster, [sys.executable, "train.py"], log_dir)
+        job = HorovodJob(cluster, [sys.executable, "train.py"], log_dir)   # or TorchJob
         job.wait(timeout=600)
 
 Needs root (``CAP_NET_ADMIN``) and ``ip``/``tc`` (iproute2). Namespaces are removed on exit,
@@ -235,46 +236,22 @@ def _stop(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
         pass
 
 
-class HorovodJob:
-    """Horovod workers over Gloo, one per namespace of ``cluster``, as ``horovodrun --gloo`` would run them.
+class _Workers:
+    """Worker processes, one per namespace, each in a session of its own, each rank's output in
+    ``log_dir/rank{r}.log``; what the jobs below share. Stop them with :meth:`stop` (or use the job
+    as a context manager)."""
 
-    ``argv`` is the worker command (the same for every rank); each rank's output goes to
-    ``log_dir/rank{r}.log``. Stop it with :meth:`stop` (or use it as a context manager).
-    """
-
-    def __init__(self, cluster: Cluster, argv: Sequence[str], log_dir: Path,
-                 env: Mapping[str, str] | None = None, cwd: Path | None = None) -> None:
-        from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
-        from horovod.runner.gloo_run import create_slot_env_vars
-
+    def __init__(self, log_dir: Path) -> None:
         self.log_dir = Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.procs: list[subprocess.Popen] = []
-        hosts = ",".join(f"{cluster.namespace(rank)}:1" for rank in range(cluster.workers))
-        plan = get_host_assignments(parse_hosts(hosts), cluster.workers)
-        self.rendezvous = subprocess.Popen(
-            cluster.command(cluster.switch, [sys.executable, "-m", "benchmarks.performance.netns",
-                                             "rendezvous", hosts]),
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True,
-            env={**os.environ, **(env or {})}, cwd=cwd)
-        try:
-            port = self.rendezvous.stdout.readline().strip()
-            if not port.isdigit():
-                raise RuntimeError(f"the rendezvous server did not start (said {port!r})")
-            common = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1",
-                      "HOROVOD_GLOO_RENDEZVOUS_ADDR": SWITCH_ADDRESS, "HOROVOD_GLOO_RENDEZVOUS_PORT": port,
-                      "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo",
-                      "HOROVOD_GLOO_IFACE": IFACE}
-            for slot in plan:
-                log = open(self.log_dir / f"rank{slot.rank}.log", "w")
-                self.procs.append(subprocess.Popen(
-                    cluster.command(cluster.namespace(slot.rank), list(argv)),
-                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=cwd,
-                    env={**common, **create_slot_env_vars(slot)}))
-                log.close()
-        except BaseException:
-            self.stop()
-            raise
+
+    def _start(self, cluster: Cluster, rank: int, argv: Sequence[str], env: Mapping[str, str],
+               cwd: Path | None) -> None:
+        with open(self.log_dir / f"rank{rank}.log", "w") as log:
+            self.procs.append(subprocess.Popen(cluster.command(cluster.namespace(rank), list(argv)), stdout=log,
+                                               stderr=subprocess.STDOUT, start_new_session=True, cwd=cwd,
+                                               env=dict(env)))
 
     def wait(self, timeout: float, poll: Callable[[], None] | None = None, poll_s: float = 0.1) -> None:
         """Wait for every worker, calling ``poll`` meanwhile; on the first failure (or the timeout)
@@ -302,6 +279,49 @@ class HorovodJob:
     def stop(self) -> None:
         for proc in self.procs:
             _stop(proc)
+
+    def __enter__(self) -> _Workers:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class HorovodJob(_Workers):
+    """Horovod workers over Gloo, one per namespace of ``cluster``, as ``horovodrun --gloo`` would run them.
+
+    ``argv`` is the worker command (the same for every rank).
+    """
+
+    def __init__(self, cluster: Cluster, argv: Sequence[str], log_dir: Path,
+                 env: Mapping[str, str] | None = None, cwd: Path | None = None) -> None:
+        from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
+        from horovod.runner.gloo_run import create_slot_env_vars
+
+        super().__init__(log_dir)
+        hosts = ",".join(f"{cluster.namespace(rank)}:1" for rank in range(cluster.workers))
+        plan = get_host_assignments(parse_hosts(hosts), cluster.workers)
+        self.rendezvous = subprocess.Popen(
+            cluster.command(cluster.switch, [sys.executable, "-m", "benchmarks.performance.netns",
+                                             "rendezvous", hosts]),
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True,
+            env={**os.environ, **(env or {})}, cwd=cwd)
+        try:
+            port = self.rendezvous.stdout.readline().strip()
+            if not port.isdigit():
+                raise RuntimeError(f"the rendezvous server did not start (said {port!r})")
+            common = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1",
+                      "HOROVOD_GLOO_RENDEZVOUS_ADDR": SWITCH_ADDRESS, "HOROVOD_GLOO_RENDEZVOUS_PORT": port,
+                      "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo",
+                      "HOROVOD_GLOO_IFACE": IFACE}
+            for slot in plan:
+                self._start(cluster, slot.rank, argv, {**common, **create_slot_env_vars(slot)}, cwd)
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        super().stop()
         if self.rendezvous.poll() is None:
             self.rendezvous.stdin.close()  # the server exits at end of input
             try:
@@ -309,11 +329,33 @@ class HorovodJob:
             except subprocess.TimeoutExpired:
                 _stop(self.rendezvous)
 
-    def __enter__(self) -> HorovodJob:
-        return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+class TorchJob(_Workers):
+    """Plain ``torch.distributed`` workers, one per namespace of ``cluster``, with the environment
+    ``torchrun`` gives each process when every host runs one (``env://`` rendezvous).
+
+    Rank 0's namespace hosts the ``TCPStore`` (``MASTER_ADDR`` is its address on the rate-limited
+    network; each namespace has ports of its own, so a fixed port is free), and
+    ``GLOO_SOCKET_IFNAME`` binds Gloo's connections to :data:`IFACE`, so every collective crosses
+    the limited links.
+    """
+
+    def __init__(self, cluster: Cluster, argv: Sequence[str], log_dir: Path,
+                 env: Mapping[str, str] | None = None, cwd: Path | None = None, port: int = 29500) -> None:
+        super().__init__(log_dir)
+        size = str(cluster.workers)
+        common = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1", "MASTER_ADDR": cluster.address(0),
+                  "MASTER_PORT": str(port), "WORLD_SIZE": size, "GROUP_WORLD_SIZE": size, "ROLE_WORLD_SIZE": size,
+                  "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "ROLE_NAME": "default",
+                  "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0",
+                  "GLOO_SOCKET_IFNAME": IFACE}
+        try:
+            for rank in range(cluster.workers):
+                self._start(cluster, rank, argv, {**common, "RANK": str(rank), "GROUP_RANK": str(rank),
+                                                  "ROLE_RANK": str(rank)}, cwd)
+        except BaseException:
+            self.stop()
+            raise
 
 
 def serve_rendezvous(hosts: str) -> None:

@@ -1,0 +1,141 @@
+"""What the bandwidth-limited step benchmarks share (:mod:`~benchmarks.performance.bandwidth` over
+Horovod, :mod:`~benchmarks.performance.ddp_hooks` over ``torch.distributed``).
+
+Both run their workers in the namespaces of :class:`~benchmarks.performance.netns.Cluster` and
+change the links' rate between phases while the workers keep running: rank 0 writes a request
+into a control directory and waits until the driver, which owns the network, has applied it.
+Within a phase the ways are interleaved step by step (the order rotated every iteration), and
+each step is held to the lower bound of its own iteration: the compute-only step of the same
+iteration plus the step's wire bytes at the rate.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+#: The baseline every way is held to in the lower bound: forward, backward and SGD, no communication.
+COMPUTE = "compute only"
+# A way whose communication alone would take longer than LONG_STEP_S gets the "long" number of
+# timed steps (its time is the link's, with little spread; the other ways keep theirs, whose spread
+# is the shared cores'); longer than SLOW_STEP_S, it gets the "slow" number and no warm-up after
+# the first phase (it has warmed up at the faster rate before).
+LONG_STEP_S = 2.0
+SLOW_STEP_S = 10.0
+
+
+def label(rate: float) -> str:
+    return f"{rate / 1e9:g} Gbit/s" if rate >= 1e9 else f"{rate / 1e6:g} Mbit/s"
+
+
+def ring_allreduce_bytes(nbytes: float, world_size: int) -> float:
+    """What a bandwidth-optimal allreduce of ``nbytes`` puts on each rank's link."""
+    return 2 * (world_size - 1) / world_size * nbytes
+
+
+def interface_bytes() -> tuple[int, int]:
+    """(sent, received) bytes of this namespace's link so far."""
+    from benchmarks.performance.netns import IFACE
+
+    base = Path("/sys/class/net") / IFACE / "statistics"
+    return int((base / "tx_bytes").read_text()), int((base / "rx_bytes").read_text())
+
+
+# -- changing the rate between phases --------------------------------------------------------------------
+
+def request_rate(control: Path, request: int, rate: float, is_root: bool, barrier: Callable[[], None]) -> None:
+    """Worker side: rank 0 asks the driver for ``rate`` and waits until it is applied; every rank
+    then meets at ``barrier``."""
+    if is_root:
+        (control / f"request-{request}.tmp").write_text(repr(rate))
+        (control / f"request-{request}.tmp").rename(control / f"request-{request}")
+        while not (control / f"applied-{request}").exists():
+            time.sleep(0.05)
+    barrier()
+
+
+def serve_rate_requests(cluster: Any, control: Path) -> None:
+    """Driver side: apply every rate a worker has asked for since the last call."""
+    for request in sorted(control.glob("request-[0-9]*"), key=lambda p: int(p.name.split("-")[1])):
+        applied = control / f"applied-{request.name.split('-')[1]}"
+        if not applied.exists():
+            cluster.set_rate(float(request.read_text()))
+            applied.touch()
+
+
+# -- one phase ---------------------------------------------------------------------------------------------
+
+def plan_steps(link_seconds: Mapping[str, float], first_phase: bool, warmup: int, steps: int, long_steps: int,
+               slow_steps: int) -> dict[str, tuple[int, int]]:
+    """(warm-up, timed) steps per way, from the seconds its communication alone needs at this rate."""
+    plan = {}
+    for name, seconds in link_seconds.items():
+        slow = seconds > SLOW_STEP_S
+        plan[name] = (0 if slow and not first_phase else warmup,
+                      slow_steps if slow else long_steps if seconds > LONG_STEP_S else steps)
+    return plan
+
+
+def interleave(plan: Mapping[str, tuple[int, int]], timed_step: Callable[[str], dict[str, float]]
+               ) -> dict[str, dict[str, list[float]]]:
+    """Run every way's steps, one of each way per iteration, the order rotated each iteration so that
+    no way always follows the same one; returns each way's timed steps, with their iteration."""
+    names = list(plan)
+    measured: dict[str, dict[str, list[float]]] = {name: {"iteration": []} for name in names}
+    for iteration in range(max(w + s for w, s in plan.values())):
+        shift = iteration % len(names)
+        for name in names[shift:] + names[:shift]:
+            warmup, steps = plan[name]
+            if iteration >= warmup + steps:
+                continue
+            timing = timed_step(name)
+            if iteration >= warmup:
+                measured[name]["iteration"].append(iteration)
+                for key, value in timing.items():
+                    measured[name].setdefault(key, []).append(value)
+    return measured
+
+
+# -- the statistics ----------------------------------------------------------------------------------------
+
+def paired_vs_bound(measured: dict[str, list], compute: dict[str, list], rate: float) -> list[float]:
+    """Each step's time over its own lower bound: the compute-only step of the same iteration plus
+    the step's wire bytes at ``rate``. The ways of an iteration run back to back, so a slow spell
+    of the shared cores stretches both sides of a ratio alike."""
+    compute_at = dict(zip(compute["iteration"], compute["step_s"], strict=True))
+    return [step / (compute_at[i] + wire * 8 / rate)
+            for i, step, wire in zip(measured["iteration"], measured["step_s"], measured["wire_bytes"], strict=True)
+            if i in compute_at]
+
+
+def summarise(result: dict, baseline: str = "dense",
+              extra: Sequence[str] = ("backward_s", "link_bytes", "payload_bytes")) -> dict[str, Any]:
+    """Per model, rate and way: median step time, wire bytes, the lower bound, the ratios to it and
+    the speed-up over ``baseline``; the median of each key of ``extra``."""
+    table: dict[str, Any] = {}
+    for model, record in result["models"].items():
+        table[model] = {}
+        for rate_key, ways in record["rates"].items():
+            rate = float(rate_key)
+            compute = statistics.median(ways[COMPUTE]["step_s"])
+            reference = statistics.median(ways[baseline]["step_s"])
+            rows = {}
+            for name, measured in ways.items():
+                step = statistics.median(measured["step_s"])
+                wire = statistics.median(measured["wire_bytes"])
+                bound = compute + wire * 8 / rate
+                # No iteration in common (a warm-up longer than a slow way's steps): the medians' ratio.
+                ratios = paired_vs_bound(measured, ways[COMPUTE], rate) or [step / bound]
+                quartiles = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
+                rows[name] = {"step_s": step, "wire_bytes": wire, "bound_s": bound,
+                              "vs_bound": statistics.median(ratios),
+                              "vs_bound_quartiles": [quartiles[0], quartiles[2]], "pairs": len(ratios),
+                              f"speedup_vs_{baseline}": reference / step,
+                              **{key: statistics.median(measured[key]) for key in extra},
+                              "step_s_range": [min(measured["step_s"]), max(measured["step_s"])],
+                              "steps": len(measured["step_s"])}
+            table[model][rate_key] = rows
+    return table
