@@ -7,6 +7,7 @@ from typing import Any
 import torch
 
 from grace_legacy.core.compressor import Compressor, Payload
+from grace_legacy.core.recycle import LARGE, Recycler
 from grace_legacy.core.validation import check_gradient
 
 
@@ -38,12 +39,22 @@ class FP16(Compressor):
 
     additive = True
 
+    def __init__(self) -> None:
+        super().__init__()
+        # Large outputs, one per size, used again once the caller has let go of them
+        # (grace_legacy.core.recycle): a fresh one would fault in its pages at every step.
+        self._outputs = Recycler(min_bytes=LARGE)
+
     def compress(self, tensor: torch.Tensor, name: str) -> tuple[Payload, Any]:
         check_gradient(tensor, "FP16")
         return [tensor.half()], tensor.dtype
 
     def decompress(self, payload: Payload, ctx: Any) -> torch.Tensor:
-        return _CAST_TO[ctx](payload[0])
+        half = payload[0]
+        if ctx == torch.float16 or half.numel() * ctx.itemsize < LARGE or half.device.type != "cpu":
+            return _CAST_TO[ctx](half)
+        out = self._outputs.empty((half.numel(), ctx), half.numel(), ctx, half.device)
+        return out.view(half.shape).copy_(half)
 
     def payload_spec(self, numel: int, dtype: torch.dtype) -> list[tuple[int, torch.dtype]]:
         return [(numel, torch.float16)]

@@ -60,16 +60,28 @@ class Recycler:
     def zeros(self, key: Hashable, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         """A 1-D zero tensor of ``numel`` elements: the one kept under ``key`` if nothing outside
         this recycler refers to it any more (see the module doc), else a new one, kept from now on."""
+        kept = self._reusable(key, numel, dtype, device)
+        return kept.zero_() if kept is not None else self._keep(key, torch.zeros(numel, dtype=dtype, device=device))
+
+    def empty(self, key: Hashable, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """As :meth:`zeros`, for a caller that overwrites every element: the contents are undefined."""
+        kept = self._reusable(key, numel, dtype, device)
+        return kept if kept is not None else self._keep(key, torch.empty(numel, dtype=dtype, device=device))
+
+    def _reusable(self, key: Hashable, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor | None:
         if numel * dtype.itemsize < self.min_bytes:
-            return torch.zeros(numel, dtype=dtype, device=device)
+            return None
         kept = self._kept.get(key)
-        if kept is not None:
-            buffer, alone = kept
-            if (alone is not None and buffer.numel() == numel and buffer.dtype == dtype
-                    and buffer.device == device and _references(buffer) == alone):
-                return buffer.zero_()
-        buffer = torch.zeros(numel, dtype=dtype, device=device)
-        if buffer.device.type == "cpu":
+        if kept is None:
+            return None
+        buffer, alone = kept
+        if (alone is not None and buffer.numel() == numel and buffer.dtype == dtype
+                and buffer.device == device and _references(buffer) == alone):
+            return buffer
+        return None
+
+    def _keep(self, key: Hashable, buffer: torch.Tensor) -> torch.Tensor:
+        if buffer.device.type == "cpu" and buffer.numel() * buffer.dtype.itemsize >= self.min_bytes:
             self._kept[key] = (buffer, _references(buffer))
         else:
             self._kept.pop(key, None)

@@ -17,6 +17,23 @@ def test_fp16_round_trip_keeps_dtype_and_shape_and_equals_plain_casts(dtype):
     assert torch.equal(out, x.to(torch.float16).to(dtype))
 
 
+def test_fp16_large_output_is_reused_only_once_the_caller_let_go():
+    from grace_legacy.core.recycle import LARGE
+
+    compressor = FP16()
+    x = torch.randn(LARGE // 4 // 64 + 1, 64)
+    first = compressor.decompress(*compressor.compress(x, "x"))
+    held = first.data_ptr()
+    second = compressor.decompress(*compressor.compress(-x, "x"))
+    assert second.data_ptr() != held, "a result still held was overwritten"
+    assert torch.equal(first, x.half().float()) and torch.equal(second, (-x).half().float())
+    kept = second.data_ptr()
+    del first, second
+    third = compressor.decompress(*compressor.compress(2 * x, "x"))
+    assert torch.equal(third, (2 * x).half().float())
+    assert third.data_ptr() == kept, "the kept buffer, which nobody held any more, was not used again"
+
+
 @pytest.mark.parametrize("bad", [torch.eye(3).to_sparse(), torch.eye(3).to_sparse_csr()], ids=["coo", "csr"])
 def test_fp16_rejects_every_sparse_layout(bad):
     with pytest.raises(TypeError, match="sparse"):

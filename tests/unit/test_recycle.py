@@ -69,6 +69,21 @@ def test_a_buffer_the_caller_still_refers_to_is_never_overwritten(holder):
     assert recycler.zeros("b", N, torch.float32, CPU).data_ptr() == pointer
 
 
+@pytest.mark.parametrize("holder", sorted(HOLDERS))
+def test_an_uninitialised_buffer_follows_the_same_rule(holder):
+    recycler = Recycler()
+    buffer = recycler.empty("b", N, torch.float32, CPU)
+    buffer.copy_(torch.arange(float(N)))
+    kept, pointer = HOLDERS[holder](buffer), buffer.data_ptr()
+    del buffer
+    fresh = recycler.empty("b", N, torch.float32, CPU)
+    assert fresh.data_ptr() != pointer
+    del kept
+    pointer = fresh.data_ptr()
+    del fresh
+    assert recycler.empty("b", N, torch.float32, CPU).data_ptr() == pointer
+
+
 def test_another_size_or_dtype_gets_a_new_buffer():
     recycler = Recycler()
     recycler.zeros("b", N, torch.float32, CPU)
