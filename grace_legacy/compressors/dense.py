@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from grace_legacy.core.compressor import Compressor, Payload
-from grace_legacy.core.recycle import LARGE, Recycler
+from grace_legacy.core.recycle import MMAP_CEILING, Recycler
 from grace_legacy.core.validation import check_gradient
 
 
@@ -41,9 +41,11 @@ class FP16(Compressor):
 
     def __init__(self) -> None:
         super().__init__()
-        # Large outputs, one per size, used again once the caller has let go of them
-        # (grace_legacy.core.recycle): a fresh one would fault in its pages at every step.
-        self._outputs = Recycler(min_bytes=LARGE)
+        # Outputs above glibc's largest mmap threshold, one per size, used again once the caller
+        # has let go of them (grace_legacy.core.recycle): each fresh one is a new mapping whose
+        # pages fault at every step. Smaller ones come warm from the heap, and a kept one, cold,
+        # would cost more than it saves.
+        self._outputs = Recycler(min_bytes=MMAP_CEILING)
 
     def compress(self, tensor: torch.Tensor, name: str) -> tuple[Payload, Any]:
         check_gradient(tensor, "FP16")
@@ -51,7 +53,7 @@ class FP16(Compressor):
 
     def decompress(self, payload: Payload, ctx: Any) -> torch.Tensor:
         half = payload[0]
-        if ctx == torch.float16 or half.numel() * ctx.itemsize < LARGE or half.device.type != "cpu":
+        if ctx == torch.float16 or half.numel() * ctx.itemsize < self._outputs.min_bytes or half.device.type != "cpu":
             return _CAST_TO[ctx](half)
         out = self._outputs.empty((half.numel(), ctx), half.numel(), ctx, half.device)
         return out.view(half.shape).copy_(half)

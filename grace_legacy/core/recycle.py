@@ -35,6 +35,8 @@ _storage_use_count = getattr(torch._C, "_storage_Use_Count", None)
 #: Smaller ones mostly come from the heap warm in cache, just freed; kept ones go cold (measured
 #: on ResNet-50's and a Transformer's shapes by ``benchmarks/performance/throughput.py``).
 LARGE = 4 * 1024 * 1024
+#: glibc's largest mmap threshold on 64-bit: a buffer above it is always a new mapping.
+MMAP_CEILING = 32 * 1024 * 1024
 
 
 def _references(buffer: torch.Tensor) -> tuple[int, int] | None:
