@@ -40,31 +40,24 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
-import signal
 import statistics
-import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks.performance import limited_link
 from benchmarks.performance.limited_link import (
     COMPUTE,
-    LONG_STEP_S,
-    SLOW_STEP_S,
     interface_bytes,
     interleave,
     label,
     plan_steps,
     request_rate,
     ring_allreduce_bytes,
-    serve_rate_requests,
     summarise,
 )
 
-REPO = Path(__file__).resolve().parents[2]
 WORKERS = 4
 DENSITY = 0.001
 # LEGACY's shape, the reference's layer example (``--group_compressions 100,1,0.1
@@ -72,8 +65,6 @@ DENSITY = 0.001
 # those in between 10x; budget_matched scales it to Top-k's bytes.
 LEGACY_SPLITS = [10_000, 1_000_000]
 LEGACY_FACTORS = [1000.0, 10.0, 1.0]
-RATES = [1e9, 1e8, 1e7]
-QUICK_RATES = [1e9, 1e8]
 WAYS = (COMPUTE, "dense", "Top-k", "LEGACY")
 # Dense steps are long at low rates: --dense-steps where its communication takes longer than
 # LONG_STEP_S, --slow-steps and no warm-up beyond SLOW_STEP_S (10 Mbit/s costs a minute a step);
@@ -228,37 +219,11 @@ def worker(args: argparse.Namespace) -> None:
 # -- the driver ----------------------------------------------------------------------------------------
 
 def launch(args: argparse.Namespace) -> dict:
-    from benchmarks.performance.netns import Cluster, HorovodJob, unavailable_reason
-    from benchmarks.report import machine
+    from benchmarks.performance.netns import HorovodJob
 
-    reason = unavailable_reason()
-    if reason:
-        raise SystemExit(f"bandwidth benchmark: {reason}")
-    load_before = os.getloadavg()[0]
-    started = time.monotonic()
-    with tempfile.TemporaryDirectory() as tmp, Cluster(WORKERS) as cluster:
-        control = Path(tmp) / "control"
-        control.mkdir()
-        out = Path(tmp) / "bandwidth.json"
-        argv = [sys.executable, "-m", "benchmarks.performance.bandwidth", "--worker", "--control", str(control),
-                "--json", str(out), "--models", *args.models, "--rates", *map(repr, args.rates),
-                "--steps", str(args.steps), "--dense-steps", str(args.dense_steps),
-                "--slow-steps", str(args.slow_steps), "--warmup", str(args.warmup)]
-        if args.quick:
-            argv.append("--quick")
-        env = {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1",
-               # A 44 MB allreduce at 10 Mbit/s takes a minute: longer than Gloo's and Horovod's patience.
-               "HOROVOD_GLOO_TIMEOUT_SECONDS": "900", "HOROVOD_STALL_CHECK_DISABLE": "1"}
-        with HorovodJob(cluster, argv, Path(tmp) / "logs", env=env, cwd=REPO) as job:
-            job.wait(args.timeout, poll=lambda: serve_rate_requests(cluster, control))
-            print(job.tail(0, chars=2000))
-        result = json.loads(out.read_text())
-    result["machine"] = machine()
-    result["namespace_prefix"] = cluster.prefix
-    # Other work on the machine slows the compute part (and the timings' spread): say how much there was.
-    result["load_average"] = [load_before, os.getloadavg()[0]]
-    result["duration_s"] = time.monotonic() - started
-    return result
+    # A 44 MB allreduce at 10 Mbit/s takes a minute: longer than Gloo's and Horovod's patience.
+    env = {"HOROVOD_GLOO_TIMEOUT_SECONDS": "900", "HOROVOD_STALL_CHECK_DISABLE": "1"}
+    return limited_link.launch_workers("benchmarks.performance.bandwidth", args, HorovodJob, WORKERS, env)
 
 
 TABLE_HEAD = ("| model | rate | way | step s | range s | backward s | payload MB | wire MB | link MB | lower bound s "
@@ -376,40 +341,14 @@ hands over as many bytes as Top-k:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="tiny models, two rates, two steps: a smoke run")
-    parser.add_argument("--models", nargs="+", default=["resnet", "transformer"])
-    parser.add_argument("--rates", nargs="+", type=float, default=None, help="link rates in bit/s")
-    parser.add_argument("--steps", type=int, default=None, help="timed steps per way and rate")
-    parser.add_argument("--dense-steps", type=int, default=None,
-                        help=f"timed dense steps where its communication takes > {LONG_STEP_S} s")
-    parser.add_argument("--slow-steps", type=int, default=2, help=f"timed steps where dense takes > {SLOW_STEP_S} s")
-    parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--timeout", type=float, default=None, help="seconds before the workers are stopped")
-    parser.add_argument("--results", type=Path, default=REPO / "benchmarks" / "results")
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--control", help=argparse.SUPPRESS)
-    parser.add_argument("--json", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.rates is None:
-        args.rates = QUICK_RATES if args.quick else RATES
-    if args.steps is None:
-        args.steps = 2 if args.quick else 24
-    if args.dense_steps is None:
-        args.dense_steps = min(args.steps, 8)
-    if args.timeout is None:
-        args.timeout = 600 if args.quick else 3600
+    args = limited_link.parse(limited_link.parser(__doc__, "tiny models, two rates, two steps: a smoke run",
+                                                  "dense", "dense"), full_steps=24)
     if args.worker:
         worker(args)
         return
-    # SIGTERM and SIGHUP unwind like Ctrl-C, so the namespaces and workers are always removed.
-    for signum in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, lambda number, frame: sys.exit(128 + number))
-    result = launch(args)
-    command = "python -m benchmarks.performance.bandwidth" + (" --quick" if args.quick else "")
-    write(result, args.results, command)
-    print(json.dumps({model: {label(float(r)): {n: round(w["step_s"], 3) for n, w in ways.items()}
-                              for r, ways in rates.items()} for model, rates in summarise(result).items()}, indent=1))
+    limited_link.drive("benchmarks.performance.bandwidth", args, launch, write, lambda result: {
+        model: {label(float(r)): {n: round(w["step_s"], 3) for n, w in ways.items()} for r, ways in rates.items()}
+        for model, rates in summarise(result).items()})
 
 
 if __name__ == "__main__":

@@ -43,11 +43,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
-import signal
 import statistics
-import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, replace
@@ -55,6 +51,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from benchmarks.performance import limited_link
 from benchmarks.performance.ddp_hooks_report import (
     ALLREDUCE,
     GRACE_FP16,
@@ -74,10 +71,8 @@ from benchmarks.performance.limited_link import (
     plan_steps,
     request_rate,
     ring_allreduce_bytes,
-    serve_rate_requests,
 )
 
-REPO = Path(__file__).resolve().parents[2]
 WORKERS = 4
 DENSITY = 0.001
 POWERSGD_RANK = 4
@@ -85,8 +80,6 @@ POWERSGD_RANK = 4
 TORCH_POWERSGD_START = 2
 # Above either model's gradient size: DDP puts every gradient in one bucket.
 ONE_BUCKET_MB = 1024
-RATES = [1e9, 1e8, 1e7]
-QUICK_RATES = [1e9, 1e8]
 LEARNING_RATE = 1e-3
 
 
@@ -318,76 +311,24 @@ def worker(args: argparse.Namespace) -> None:
 # -- the driver -------------------------------------------------------------------------------------------
 
 def launch(args: argparse.Namespace) -> dict:
-    from benchmarks.performance.netns import Cluster, TorchJob, unavailable_reason
-    from benchmarks.report import machine
+    from benchmarks.performance.netns import TorchJob
 
-    reason = unavailable_reason()
-    if reason:
-        raise SystemExit(f"ddp_hooks benchmark: {reason}")
-    load_before = os.getloadavg()[0]
-    started = time.monotonic()
-    with tempfile.TemporaryDirectory() as tmp, Cluster(WORKERS) as cluster:
-        control = Path(tmp) / "control"
-        control.mkdir()
-        out = Path(tmp) / "ddp_hooks.json"
-        argv = [sys.executable, "-m", "benchmarks.performance.ddp_hooks", "--worker", "--control", str(control),
-                "--json", str(out), "--models", *args.models, "--rates", *map(repr, args.rates),
-                "--steps", str(args.steps), "--dense-steps", str(args.dense_steps),
-                "--slow-steps", str(args.slow_steps), "--warmup", str(args.warmup),
-                "--local-steps", str(args.local_steps)]
-        if args.quick:
-            argv.append("--quick")
-        env = {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-        with TorchJob(cluster, argv, Path(tmp) / "logs", env=env, cwd=REPO) as job:
-            job.wait(args.timeout, poll=lambda: serve_rate_requests(cluster, control))
-            print(job.tail(0, chars=2000))
-        result = json.loads(out.read_text())
-    result["machine"] = machine()
-    result["namespace_prefix"] = cluster.prefix
-    # Other work on the machine slows the compute part (and the timings' spread): say how much there was.
-    result["load_average"] = [load_before, os.getloadavg()[0]]
-    result["duration_s"] = time.monotonic() - started
-    return result
+    return limited_link.launch_workers("benchmarks.performance.ddp_hooks", args, TorchJob, WORKERS, {},
+                                       ["--local-steps", str(args.local_steps)])
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="tiny models, two steps per way and rate: a smoke run")
-    parser.add_argument("--models", nargs="+", default=["resnet", "transformer"])
-    parser.add_argument("--rates", nargs="+", type=float, default=None, help="link rates in bit/s")
-    parser.add_argument("--steps", type=int, default=None, help="timed steps per way and rate")
-    parser.add_argument("--dense-steps", type=int, default=None,
-                        help="timed steps of a way whose communication takes > 2 s at the rate")
-    parser.add_argument("--slow-steps", type=int, default=2,
-                        help="timed steps where it takes > 10 s (dense and fp16 at 10 Mbit/s: about a minute a step)")
-    parser.add_argument("--warmup", type=int, default=1)
+    parser = limited_link.parser(__doc__, "tiny models, two steps per way and rate: a smoke run",
+                                 "a way", "a way")
     parser.add_argument("--local-steps", type=int, default=None, help="timed steps per way on one-rank groups")
-    parser.add_argument("--timeout", type=float, default=None, help="seconds before the workers are stopped")
-    parser.add_argument("--results", type=Path, default=REPO / "benchmarks" / "results")
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--control", help=argparse.SUPPRESS)
-    parser.add_argument("--json", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.rates is None:
-        args.rates = QUICK_RATES if args.quick else RATES
-    if args.steps is None:
-        args.steps = 2 if args.quick else 20
-    if args.dense_steps is None:
-        args.dense_steps = min(args.steps, 8)
+    args = limited_link.parse(parser, full_steps=20)
     if args.local_steps is None:
         args.local_steps = 2 if args.quick else 10
-    if args.timeout is None:
-        args.timeout = 600 if args.quick else 3600
     if args.worker:
         worker(args)
         return
-    # SIGTERM and SIGHUP unwind like Ctrl-C, so the namespaces and workers are always removed.
-    for signum in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, lambda number, frame: sys.exit(128 + number))
-    result = launch(args)
-    command = "python -m benchmarks.performance.ddp_hooks" + (" --quick" if args.quick else "")
-    write(result, args.results, command)
-    print(json.dumps(summary(result)["verdicts"], indent=1))
+    limited_link.drive("benchmarks.performance.ddp_hooks", args, launch, write,
+                       lambda result: summary(result)["verdicts"])
 
 
 if __name__ == "__main__":

@@ -11,7 +11,13 @@ iteration plus the step's wire bytes at the rate.
 
 from __future__ import annotations
 
+import argparse
+import json
+import os
+import signal
 import statistics
+import sys
+import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -25,6 +31,10 @@ COMPUTE = "compute only"
 # the first phase (it has warmed up at the faster rate before).
 LONG_STEP_S = 2.0
 SLOW_STEP_S = 10.0
+RATES = [1e9, 1e8, 1e7]
+QUICK_RATES = [1e9, 1e8]
+RESULTS = Path(__file__).resolve().parents[1] / "results"
+REPO = RESULTS.parents[1]
 
 
 def label(rate: float) -> str:
@@ -139,3 +149,84 @@ def summarise(result: dict, baseline: str = "dense",
                               "steps": len(measured["step_s"])}
             table[model][rate_key] = rows
     return table
+
+
+def parser(doc: str | None, quick_help: str, long_way: str, slow_way: str) -> argparse.ArgumentParser:
+    """The options both drivers take (``long_way``/``slow_way``: which ways get the long/slow step counts)."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help=quick_help)
+    parser.add_argument("--models", nargs="+", default=["resnet", "transformer"])
+    parser.add_argument("--rates", nargs="+", type=float, default=None, help="link rates in bit/s")
+    parser.add_argument("--steps", type=int, default=None, help="timed steps per way and rate")
+    parser.add_argument("--dense-steps", type=int, default=None,
+                        help=f"timed steps of {long_way} where its communication takes > {LONG_STEP_S:g} s")
+    parser.add_argument("--slow-steps", type=int, default=2, help=f"timed steps of {slow_way} where it takes > "
+                                                                  f"{SLOW_STEP_S:g} s")
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--timeout", type=float, default=None, help="seconds before the workers are stopped")
+    parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--control", help=argparse.SUPPRESS)
+    parser.add_argument("--json", help=argparse.SUPPRESS)
+    return parser
+
+
+def parse(parser: argparse.ArgumentParser, full_steps: int) -> argparse.Namespace:
+    """The options, with the defaults that depend on ``--quick`` filled in."""
+    args = parser.parse_args()
+    if args.rates is None:
+        args.rates = QUICK_RATES if args.quick else RATES
+    if args.steps is None:
+        args.steps = 2 if args.quick else full_steps
+    if args.dense_steps is None:
+        args.dense_steps = min(args.steps, 8)
+    if args.timeout is None:
+        args.timeout = 600 if args.quick else 3600
+    return args
+
+
+def drive(module: str, args: argparse.Namespace, launch: Callable[[argparse.Namespace], dict],
+          write: Callable[[dict, Path, str], None], shown: Callable[[dict], Any]) -> None:
+    """The driver's run: launch the workers (the namespaces are always removed: SIGTERM and SIGHUP
+    unwind like Ctrl-C), write the report under the command that reproduces it, print ``shown``."""
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, lambda number, frame: sys.exit(128 + number))
+    result = launch(args)
+    write(result, args.results, f"python -m {module}" + (" --quick" if args.quick else ""))
+    print(json.dumps(shown(result), indent=1))
+
+
+def launch_workers(module: str, args: argparse.Namespace, job_class: Any, workers: int, env: Mapping[str, str],
+                   extra: Sequence[str] = ()) -> dict:
+    """Run ``python -m MODULE --worker`` on ``workers`` ranks of a fresh :class:`Cluster` as
+    ``job_class`` (:class:`~benchmarks.performance.netns.HorovodJob` or ``TorchJob``) starts them,
+    serving their rate requests; returns what rank 0 wrote, with the machine and its load."""
+    from benchmarks.performance.netns import Cluster, unavailable_reason
+    from benchmarks.report import machine
+
+    reason = unavailable_reason()
+    if reason:
+        raise SystemExit(f"{module}: {reason}")
+    load_before = os.getloadavg()[0]
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory() as tmp, Cluster(workers) as cluster:
+        control = Path(tmp) / "control"
+        control.mkdir()
+        out = Path(tmp) / "result.json"
+        argv = [sys.executable, "-m", module, "--worker", "--control", str(control),
+                "--json", str(out), "--models", *args.models, "--rates", *map(repr, args.rates),
+                "--steps", str(args.steps), "--dense-steps", str(args.dense_steps),
+                "--slow-steps", str(args.slow_steps), "--warmup", str(args.warmup), *extra]
+        if args.quick:
+            argv.append("--quick")
+        environment = {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", **env}
+        with job_class(cluster, argv, Path(tmp) / "logs", env=environment, cwd=REPO) as job:
+            job.wait(args.timeout, poll=lambda: serve_rate_requests(cluster, control))
+            print(job.tail(0, chars=2000))
+        result = json.loads(out.read_text())
+    result["machine"] = machine()
+    result["namespace_prefix"] = cluster.prefix
+    # Other work on the machine slows the compute part (and the timings' spread): say how much there was.
+    result["load_average"] = [load_before, os.getloadavg()[0]]
+    result["duration_s"] = time.monotonic() - started
+    return result
