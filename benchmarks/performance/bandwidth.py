@@ -231,11 +231,6 @@ TABLE_HEAD = ("| model | rate | way | step s | range s | backward s | payload MB
 
 
 def write(result: dict, results_dir: Path, command: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     from benchmarks.report import update_section
 
     table = summarise(result)
@@ -316,28 +311,8 @@ hands over as many bytes as Top-k:
 """
     update_section(results_dir / "performance.md", "bandwidth", text, title="Performance results")
 
-    colours = {"dense": "#c44", "Top-k": "#36b", "LEGACY": "#2a2"}
-    figure, axes = plt.subplots(1, len(table), figsize=(6 * len(table), 4.2), squeeze=False)
-    for axis, (model, rates) in zip(axes[0], table.items(), strict=True):
-        xs = sorted(float(r) for r in rates)
-        rows_at = [rates[repr(x)] for x in xs]
-        axis.plot(xs, [r["compute only"]["step_s"] for r in rows_at], ":", color="#777", label="compute only")
-        for name, colour in colours.items():
-            axis.plot(xs, [r[name]["step_s"] for r in rows_at], "o-", color=colour, label=f"{name}")
-            axis.plot(xs, [r[name]["bound_s"] for r in rows_at], "--", color=colour, alpha=0.6,
-                      label=f"{name} lower bound")
-        axis.set_xscale("log")
-        axis.set_yscale("log")
-        axis.set_xticks(xs, [label(x) for x in xs])
-        axis.set_xlabel("link rate per worker")
-        axis.set_ylabel("training step time (s, median)")
-        parameters = result["models"][model]["parameters"]
-        axis.set_title(f"{model}, {parameters / 1e6:.1f}M parameters, {result['workers']} workers")
-        axis.grid(True, which="both", alpha=0.3)
-    axes[0][0].legend(fontsize=8)
-    figure.tight_layout()
-    figure.savefig(results_dir / "bandwidth.png", dpi=120)
-    plt.close(figure)
+    styles = {"dense": ("#c44", "o-"), "Top-k": ("#36b", "o-"), "LEGACY": ("#2a2", "o-")}
+    limited_link.plot_step_times(result, table, styles, results_dir / "bandwidth.png", "workers", bounds=True)
 
 
 def main() -> None:

@@ -8,7 +8,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from benchmarks.performance.limited_link import COMPUTE, label, summarise
+from benchmarks.performance.limited_link import COMPUTE, label, plot_step_times, summarise
 
 ALLREDUCE = "allreduce"
 TORCH_FP16, GRACE_FP16 = "torch fp16", "grace FP16"
@@ -130,11 +130,6 @@ def _findings(result: dict, digest: dict) -> list[str]:
 
 def write(result: dict, results_dir: Path, command: str) -> None:
     """``ddp_hooks.json``, ``ddp_hooks.png`` and the "ddp_hooks" section of ``performance.md``."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     from benchmarks.report import update_section
 
     digest = summary(result)
@@ -193,23 +188,4 @@ PyTorch's hooks do not do.
 
     styles = {ALLREDUCE: ("#c44", "o-"), TORCH_FP16: ("#d80", "s--"), GRACE_FP16: ("#d80", "s-"),
               TORCH_POWERSGD: ("#2a2", "^--"), GRACE_POWERSGD: ("#2a2", "^-"), TOPK: ("#36b", "D-")}
-    table = digest["table"]
-    figure, axes = plt.subplots(1, len(table), figsize=(6 * len(table), 4.2), squeeze=False)
-    for axis, (model, rates) in zip(axes[0], table.items(), strict=True):
-        xs = sorted(float(r) for r in rates)
-        rows_at = [rates[repr(x)] for x in xs]
-        axis.plot(xs, [r[COMPUTE]["step_s"] for r in rows_at], ":", color="#777", label=COMPUTE)
-        for name, (colour, style) in styles.items():
-            axis.plot(xs, [r[name]["step_s"] for r in rows_at], style, color=colour, label=name)
-        axis.set_xscale("log")
-        axis.set_yscale("log")
-        axis.set_xticks(xs, [label(x) for x in xs])
-        axis.set_xlabel("link rate per worker")
-        axis.set_ylabel("training step time (s, median)")
-        parameters = result["models"][model]["parameters"]
-        axis.set_title(f"{model}, {parameters / 1e6:.1f}M parameters, {result['workers']} DDP workers")
-        axis.grid(True, which="both", alpha=0.3)
-    axes[0][0].legend(fontsize=8)
-    figure.tight_layout()
-    figure.savefig(results_dir / "ddp_hooks.png", dpi=120)
-    plt.close(figure)
+    plot_step_times(result, digest["table"], styles, results_dir / "ddp_hooks.png", "DDP workers")

@@ -230,3 +230,36 @@ def launch_workers(module: str, args: argparse.Namespace, job_class: Any, worker
     result["load_average"] = [load_before, os.getloadavg()[0]]
     result["duration_s"] = time.monotonic() - started
     return result
+
+
+def plot_step_times(result: dict, table: dict, styles: Mapping[str, tuple[str, str]], path: Path, workers: str,
+                    bounds: bool = False) -> None:
+    """Step time against link rate, one panel a model: the compute-only line and each way of
+    ``styles`` (way -> (colour, line style)), with its lower bound dashed if ``bounds``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(1, len(table), figsize=(6 * len(table), 4.2), squeeze=False)
+    for axis, (model, rates) in zip(axes[0], table.items(), strict=True):
+        xs = sorted(float(r) for r in rates)
+        rows_at = [rates[repr(x)] for x in xs]
+        axis.plot(xs, [r[COMPUTE]["step_s"] for r in rows_at], ":", color="#777", label=COMPUTE)
+        for name, (colour, style) in styles.items():
+            axis.plot(xs, [r[name]["step_s"] for r in rows_at], style, color=colour, label=name)
+            if bounds:
+                axis.plot(xs, [r[name]["bound_s"] for r in rows_at], "--", color=colour, alpha=0.6,
+                          label=f"{name} lower bound")
+        axis.set_xscale("log")
+        axis.set_yscale("log")
+        axis.set_xticks(xs, [label(x) for x in xs])
+        axis.set_xlabel("link rate per worker")
+        axis.set_ylabel("training step time (s, median)")
+        parameters = result["models"][model]["parameters"]
+        axis.set_title(f"{model}, {parameters / 1e6:.1f}M parameters, {result['workers']} {workers}")
+        axis.grid(True, which="both", alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
