@@ -23,7 +23,7 @@ cheap there.
 from __future__ import annotations
 
 import sys
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 
 import torch
 
@@ -62,28 +62,25 @@ class Recycler:
     def zeros(self, key: Hashable, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         """A 1-D zero tensor of ``numel`` elements: the one kept under ``key`` if nothing outside
         this recycler refers to it any more (see the module doc), else a new one, kept from now on."""
-        kept = self._reusable(key, numel, dtype, device)
-        return kept.zero_() if kept is not None else self._keep(key, torch.zeros(numel, dtype=dtype, device=device))
+        return self._take(key, numel, dtype, device, torch.zeros, torch.Tensor.zero_)
 
     def empty(self, key: Hashable, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         """As :meth:`zeros`, for a caller that overwrites every element: the contents are undefined."""
-        kept = self._reusable(key, numel, dtype, device)
-        return kept if kept is not None else self._keep(key, torch.empty(numel, dtype=dtype, device=device))
+        return self._take(key, numel, dtype, device, torch.empty, None)
 
-    def _reusable(self, key: Hashable, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor | None:
+    def _take(self, key: Hashable, numel: int, dtype: torch.dtype, device: torch.device,
+              make: Callable[..., torch.Tensor], clear: Callable[[torch.Tensor], torch.Tensor] | None,
+              ) -> torch.Tensor:
         if numel * dtype.itemsize < self.min_bytes:
-            return None
+            return make(numel, dtype=dtype, device=device)
         kept = self._kept.get(key)
-        if kept is None:
-            return None
-        buffer, alone = kept
-        if (alone is not None and buffer.numel() == numel and buffer.dtype == dtype
-                and buffer.device == device and _references(buffer) == alone):
-            return buffer
-        return None
-
-    def _keep(self, key: Hashable, buffer: torch.Tensor) -> torch.Tensor:
-        if buffer.device.type == "cpu" and buffer.numel() * buffer.dtype.itemsize >= self.min_bytes:
+        if kept is not None:
+            buffer, alone = kept
+            if (alone is not None and buffer.numel() == numel and buffer.dtype == dtype
+                    and buffer.device == device and _references(buffer) == alone):
+                return buffer if clear is None else clear(buffer)
+        buffer = make(numel, dtype=dtype, device=device)
+        if buffer.device.type == "cpu":
             self._kept[key] = (buffer, _references(buffer))
         else:
             self._kept.pop(key, None)
