@@ -49,13 +49,13 @@ from typing import Any
 from benchmarks.performance import limited_link
 from benchmarks.performance.limited_link import (
     COMPUTE,
-    interface_bytes,
     interleave,
     label,
     plan_steps,
     request_rate,
     ring_allreduce_bytes,
     summarise,
+    timed_on_link,
 )
 
 WORKERS = 4
@@ -163,12 +163,7 @@ def worker(args: argparse.Namespace) -> None:
     def timed_step(way: Way) -> dict[str, float]:
         barrier()
         payload_before, needed_before = way.payload_bytes(), collective_bytes[0]
-        sent_before, received_before = interface_bytes()
-        start = time.perf_counter()
-        backward_done = way.step()
-        elapsed, backward = time.perf_counter() - start, backward_done - start
-        sent, received = interface_bytes()
-        seen = max(sent - sent_before, received - received_before)
+        elapsed, backward, seen = timed_on_link(way.step)
         if way.name == "dense":  # Horovod's own allreduce, not grace_legacy's backend
             payload, needed = way.dense_bytes, ring_allreduce_bytes(way.dense_bytes, hvd.size())
         else:

@@ -65,12 +65,12 @@ from benchmarks.performance.ddp_hooks_report import (
 )
 from benchmarks.performance.limited_link import (
     COMPUTE,
-    interface_bytes,
     interleave,
     label,
     plan_steps,
     request_rate,
     ring_allreduce_bytes,
+    timed_on_link,
 )
 
 WORKERS = 4
@@ -242,12 +242,7 @@ def worker(args: argparse.Namespace) -> None:
     def timed_step(way: Way, dense_bytes: int) -> dict[str, float]:
         dist.barrier()
         calls_before, payload_before, wire_before = counter.snapshot()
-        sent_before, received_before = interface_bytes()
-        start = time.perf_counter()
-        backward_done = way.step()
-        elapsed, backward = time.perf_counter() - start, backward_done - start
-        sent, received = interface_bytes()
-        seen = max(sent - sent_before, received - received_before)
+        elapsed, backward, seen = timed_on_link(way.step)
         calls, payload, wire = counter.snapshot()
         calls, payload, wire = calls - calls_before, payload - payload_before, wire - wire_before
         if way.name == ALLREDUCE:  # DDP's reducer calls Gloo from C++: one allreduce per bucket

@@ -56,6 +56,18 @@ def interface_bytes() -> tuple[int, int]:
 
 # -- changing the rate between phases --------------------------------------------------------------------
 
+def timed_on_link(step: Callable[[], float]) -> tuple[float, float, int]:
+    """Run ``step`` (which returns when its backward pass ended); returns its seconds, the seconds
+    to the end of its backward pass, and the bytes this namespace's link carried meanwhile (the
+    larger of sent and received)."""
+    sent_before, received_before = interface_bytes()
+    start = time.perf_counter()
+    backward_done = step()
+    elapsed = time.perf_counter() - start
+    sent, received = interface_bytes()
+    return elapsed, backward_done - start, max(sent - sent_before, received - received_before)
+
+
 def request_rate(control: Path, request: int, rate: float, is_root: bool, barrier: Callable[[], None]) -> None:
     """Worker side: rank 0 asks the driver for ``rate`` and waits until it is applied; every rank
     then meets at ``barrier``."""
