@@ -130,18 +130,24 @@ class Grace:
             self._gather_cost[key] = verdict
         return verdict
 
-    def start(self, tensor: torch.Tensor, name: str, backend: Backend, average: bool) -> Pending:
-        """Compress ``tensor`` and launch its collectives; call the result to get the gradient."""
+    def start(self, tensor: torch.Tensor, name: str, backend: Backend, average: bool,
+              overwrite: bool = False) -> Pending:
+        """Compress ``tensor`` and launch its collectives; call the result to get the gradient.
+
+        ``overwrite``: the caller will not read ``tensor`` again, so the memory may build the
+        compensated gradient in its storage (:meth:`Memory.compensate_into`)."""
         self.enter(backend)
         # A sparsifier or a sign may drop an inf; the flag makes sure every rank still sees it.
-        compensated = self.memory.compensate(tensor, name)
         # Finite state can still overflow (momentum, an fp16 sum), so the compensated gradient is
-        # always looked at; the raw one too unless the memory keeps its infs and NaNs.
+        # always looked at; the raw one too (first: compensate may write over it) unless the
+        # memory keeps its infs and NaNs.
         self._extremes[name] = []
-        if not self._flags_from_results:  # else the result will show it
+        watch = not self._flags_from_results  # else the result will show it
+        if watch and not self.memory.keeps_nonfinite:
+            self._watch(name, tensor)
+        compensated = (self.memory.compensate_into if overwrite else self.memory.compensate)(tensor, name)
+        if watch and (compensated is not tensor or self.memory.keeps_nonfinite):
             self._watch(name, compensated)
-            if compensated is not tensor and not self.memory.keeps_nonfinite:
-                self._watch(name, tensor)
         concrete = self.compressor.resolve(compensated, name) if tensor.numel() else None
         route = "dense"
         if concrete is not None:

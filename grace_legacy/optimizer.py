@@ -127,8 +127,10 @@ def _grace_allreduce_grad_async(self: Any, p: torch.Tensor) -> tuple[Any, None]:
             raise ValueError(f"parameter {self._parameter_names.get(p)!r} has a sparse gradient: grace_legacy "
                              f"compresses dense tensors, pass sparse_as_dense=True")
         tensor = tensor.to_dense()
+    # p.grad is set to the synchronized result (as Horovod's in-place allreduce would overwrite
+    # it), so its contents are the bundle's to use.
     pending = self._grace.start(tensor, self._parameter_names.get(p), self._grace_backend,
-                                average=self.op == Average)
+                                average=self.op == Average, overwrite=True)
     return pending, None
 
 

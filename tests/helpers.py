@@ -151,12 +151,14 @@ def run_ranks(size: int, body: Callable[[ThreadBackend], Any]) -> list[Any]:
 
 
 def synchronize(bundles: list[Any], gradients_per_step: list[list[torch.Tensor]], average: bool = True,
-                name: str = "w") -> list[list[torch.Tensor]]:
+                name: str = "w", overwrite: bool = False) -> list[list[torch.Tensor]]:
     """One ``Grace`` bundle per rank, each handed its rank's gradient of ``name`` step after step;
-    every step's synchronized gradient per rank (``result[step][rank]``)."""
+    every step's synchronized gradient per rank (``result[step][rank]``). ``overwrite`` as in
+    ``Grace.start``: the gradients are then used up."""
     def body(backend: ThreadBackend) -> list[torch.Tensor]:
         bundle = bundles[backend.rank()]
-        return [bundle.start(gradients[backend.rank()], name, backend, average)() for gradients in gradients_per_step]
+        return [bundle.start(gradients[backend.rank()], name, backend, average, overwrite=overwrite)()
+                for gradients in gradients_per_step]
 
     per_rank = run_ranks(len(bundles), body)
     return [[per_rank[rank][step] for rank in range(len(bundles))] for step in range(len(gradients_per_step))]

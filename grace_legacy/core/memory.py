@@ -37,6 +37,13 @@ class Memory(ABC):
     def compensate(self, tensor: torch.Tensor, name: str) -> torch.Tensor:
         """Return what should be compressed this step, e.g. ``g + e``."""
 
+    def compensate_into(self, tensor: torch.Tensor, name: str) -> torch.Tensor:
+        """:meth:`compensate` for a ``tensor`` whose contents the caller will not read again
+        (Horovod's optimizer replaces ``p.grad`` by the synchronized result, as its own in-place
+        allreduce would overwrite it): a memory may build its result in ``tensor``'s storage
+        instead of a new one. The default is :meth:`compensate`."""
+        return self.compensate(tensor, name)
+
     @abstractmethod
     def update(self, compensated: torch.Tensor, name: str, compressor: Compressor,
                payload: Payload, ctx: Any) -> None:

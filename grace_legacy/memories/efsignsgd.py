@@ -53,6 +53,9 @@ class EFSignSGDMemory(Residual):
     def compensate(self, tensor: torch.Tensor, name: str) -> torch.Tensor:
         return super().compensate(tensor * self.lr, name)
 
+    def compensate_into(self, tensor: torch.Tensor, name: str) -> torch.Tensor:
+        return super().compensate_into(tensor.mul_(self.lr), name)
+
     def aggregated(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
         return tensor / self.lr
 

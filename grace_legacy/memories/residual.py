@@ -40,14 +40,29 @@ class Residual(Memory):
         self._made: dict[str, torch.Tensor] = {}
 
     def compensate(self, tensor: torch.Tensor, name: str) -> torch.Tensor:
-        residual = self.residuals.get(name)
+        residual = self._residual_for(tensor, name)
         if residual is None:
             return tensor
-        if residual.shape != tensor.shape or residual.dtype != tensor.dtype:
-            raise ValueError(f"Residual: tensor {name!r} changed from {tuple(residual.shape)} "
-                             f"{residual.dtype} to {tuple(tensor.shape)} {tensor.dtype}")
         compensated = self._made[name] = tensor + residual
         return compensated
+
+    def compensate_into(self, tensor: torch.Tensor, name: str) -> torch.Tensor:
+        # g + e in g's storage: the add writes where it has just read, and no buffer of the
+        # gradient's size is allocated. The residual itself is not touched, so a rolled-back step
+        # still finds it as it was. A tensor object of its own over that storage: the caller may
+        # point its own (p.grad) elsewhere with set_() while this one stays the residual.
+        compensated = self._made[name] = tensor.detach()
+        residual = self._residual_for(tensor, name)
+        if residual is not None:
+            compensated.add_(residual)
+        return compensated
+
+    def _residual_for(self, tensor: torch.Tensor, name: str) -> torch.Tensor | None:
+        residual = self.residuals.get(name)
+        if residual is not None and (residual.shape != tensor.shape or residual.dtype != tensor.dtype):
+            raise ValueError(f"Residual: tensor {name!r} changed from {tuple(residual.shape)} "
+                             f"{residual.dtype} to {tuple(tensor.shape)} {tensor.dtype}")
+        return residual
 
     def update(self, compensated: torch.Tensor, name: str, compressor: Compressor,
                payload: Payload, ctx: Any) -> None:
