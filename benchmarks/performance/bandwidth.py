@@ -66,6 +66,8 @@ DENSITY = 0.001
 LEGACY_SPLITS = [10_000, 1_000_000]
 LEGACY_FACTORS = [1000.0, 10.0, 1.0]
 WAYS = (COMPUTE, "dense", "Top-k", "LEGACY")
+#: Top-k + EF's step at 100 Mbit/s, at most this many times its lower bound.
+BOUND_TARGETS = {"resnet": 1.15, "transformer": 1.2}
 # Dense steps are long at low rates: --dense-steps where its communication takes longer than
 # LONG_STEP_S, --slow-steps and no warm-up beyond SLOW_STEP_S (10 Mbit/s costs a minute a step);
 # see limited_link.plan_steps.
@@ -247,7 +249,8 @@ def write(result: dict, results_dir: Path, command: str) -> None:
         if at_100:
             topk, legacy, compute = at_100["Top-k"], at_100["LEGACY"], at_100[COMPUTE]["step_s"]
             compute_backward = at_100[COMPUTE]["backward_s"]
-            speedup_ok, bound_ok = topk["speedup_vs_dense"] >= 5, topk["vs_bound"] <= 1.5
+            target = BOUND_TARGETS.get(model, 1.5)
+            speedup_ok, bound_ok = topk["speedup_vs_dense"] >= 5, topk["vs_bound"] <= target
             verdicts.append(
                 f"- **{model}** ({record['parameters'] / 1e6:.1f}M parameters, {record['tensors']} tensors) at "
                 f"100 Mbit/s: Top-k {DENSITY} + EF steps in {topk['step_s']:.3f} s vs dense "
@@ -255,7 +258,7 @@ def write(result: dict, results_dir: Path, command: str) -> None:
                 f"({'meets' if speedup_ok else 'misses'} the 5x target) and **{topk['vs_bound']:.2f}x** its lower "
                 f"bound, paired step by step (quartiles {topk['vs_bound_quartiles'][0]:.2f}-"
                 f"{topk['vs_bound_quartiles'][1]:.2f}; the medians' bound is {topk['bound_s']:.3f} s) "
-                f"({'meets' if bound_ok else 'misses'} the 1.5x target). "
+                f"({'meets' if bound_ok else 'misses'} the {target:g}x target). "
                 f"LEGACY at the same volume: {legacy['step_s']:.3f} s ({legacy['speedup_vs_dense']:.1f}x faster "
                 f"than dense, {legacy['vs_bound']:.2f}x its bound). Of Top-k's "
                 f"{topk['step_s'] - topk['bound_s']:.3f} s above the bound, "
