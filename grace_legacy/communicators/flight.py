@@ -169,12 +169,13 @@ class Flight:
 
     def _aggregate_gathered(self, members: list[Member], layout: wire.Columns | list[tuple[Payload, bool]],
                             handle: Any) -> dict[str, torch.Tensor]:
-        gathered = self.backend.wait(handle)
         if isinstance(layout, wire.Columns):
-            values, indices = wire.unpack_columns(gathered, layout, self.backend.size(), self.label)
             contexts = [m.compressor.scatter_context(m.ctx) for m in members]
+            # Zeroed before the wait: a rank that waits for the last bucket's gather is idle then.
             out = None if self.recycler is None else self.recycler.zeros(
-                self.label, sum(ctx.numel for ctx in contexts), values.dtype, values.device)
+                self.label, sum(ctx.numel for ctx in contexts), layout.dtypes[0], members[0].payload[0].device)
+            gathered = self.backend.wait(handle)
+            values, indices = wire.unpack_columns(gathered, layout, self.backend.size(), self.label)
             sums = scatter_sum_columns(values, indices, layout.counts[0], contexts, self.average, out=out)
             if out is not None:
                 # Only the entries written can be inf or NaN: when none is, nobody needs to look
@@ -184,6 +185,7 @@ class Flight:
                     for member in members:
                         member.pending.finite = True
             return {m.name: total for m, total in zip(members, sums, strict=True)}
+        gathered = self.backend.wait(handle)
         if any(with_header for _, with_header in layout):
             received = wire.unpack_gathered_many(gathered, layout, self.backend.size(), self.label)
             return {m.name: m.compressor.aggregate(payloads, m.ctx, self.average)
