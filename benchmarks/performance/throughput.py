@@ -237,14 +237,17 @@ def slowest(result: dict) -> tuple[str, str, float]:
 
 
 def speed_verdict(ratio: float, quartiles_of_ratio: list[float]) -> str:
-    """Whether grace-legacy is at least as fast: a median below 1 whose quartiles straddle 1 is a
-    tie within the run's noise (two ways doing the same kernels can only tie), not a loss."""
-    if ratio >= 1:
-        return "at least as fast everywhere"
+    """Whether grace-legacy is at least as fast, told from the paired ratios' spread: quartiles on
+    both sides of 1 are a tie within the run's noise, whichever side the median fell on (two ways
+    running the same kernels can only tie)."""
     low, high = quartiles_of_ratio
+    spread = f"paired ratios' quartiles {low:.3f}-{high:.3f}"
+    if low >= 1:
+        return f"at least as fast everywhere ({spread})"
     if high >= 1:
-        return f"parity within the run's noise there (paired ratios' quartiles {low:.3f}-{high:.3f}), not faster"
-    return f"SLOWER there (paired ratios' quartiles {low:.3f}-{high:.3f})"
+        side = "at least 1.0" if ratio >= 1 else "below 1.0"
+        return f"{side}, a tie within the run's noise there ({spread})"
+    return f"SLOWER there ({spread})"
 
 
 def verdicts(result: dict) -> list[str]:
