@@ -5,7 +5,7 @@ out-of-place path: the synchronized gradients, the memory's state, a rolled-back
 import pytest
 import torch
 
-from grace_legacy import EFSignSGD, EFSignSGDMemory, Grace, QSGD, Residual, TopK
+from grace_legacy import QSGD, EFSignSGD, EFSignSGDMemory, Grace, Residual, TopK
 from tests.helpers import bits, synchronize
 from tests.registry import compressor_memory_pairs
 from tests.unit.test_rollback import tensors_of
