@@ -107,33 +107,34 @@ def test_stall_benchmark_quick(tmp_path):
     assert set(summary["step_s"]) == {"unwatched", "watched", "watched + post each step"}
 
 
-def test_bandwidth_benchmark_quick(tmp_path):
-    import json
-
+def run_on_limited_links(module: str, name: str, section: str, tmp_path: Path, timeout: float) -> dict:
+    """Run a rate-limited benchmark's smoke run (skipped where namespaces cannot be made); check
+    its report section and plot; return its JSON, after checking that its namespaces are gone."""
     reason = bandwidth_unavailable()
     if reason:
         pytest.skip(reason)
-    run_module("benchmarks.performance.bandwidth", tmp_path, timeout=400)
-    assert "Bandwidth-limited training step" in (tmp_path / "performance.md").read_text()
-    assert (tmp_path / "bandwidth.png").stat().st_size > 1000
-    result = json.loads((tmp_path / "bandwidth.json").read_text())
+    run_module(module, tmp_path, timeout=timeout)
+    assert section in (tmp_path / "performance.md").read_text()
+    assert (tmp_path / f"{name}.png").stat().st_size > 1000
+    result = json.loads((tmp_path / f"{name}.json").read_text())
+    assert namespaces_named(result["namespace_prefix"]) == []
+    return result
+
+
+def test_bandwidth_benchmark_quick(tmp_path):
+    result = run_on_limited_links("benchmarks.performance.bandwidth", "bandwidth", "Bandwidth-limited training step",
+                                  tmp_path, timeout=400)
     for model in ("resnet", "transformer"):
         for rate in result["summary"][model].values():
             assert set(rate) == {"compute only", "dense", "Top-k", "LEGACY"}
-    assert namespaces_named(result["namespace_prefix"]) == []
 
 
 def test_ddp_hooks_benchmark_quick(tmp_path):
     """The DDP hooks benchmark's smoke run over torch.distributed workers on rate-limited links:
     every way at every rate, bytes handed to the collectives, the ratios and the verdicts computed,
     and its namespaces gone afterwards."""
-    reason = bandwidth_unavailable()
-    if reason:
-        pytest.skip(reason)
-    run_module("benchmarks.performance.ddp_hooks", tmp_path, timeout=300)
-    assert "DDP communication hooks, bandwidth-limited" in (tmp_path / "performance.md").read_text()
-    assert (tmp_path / "ddp_hooks.png").stat().st_size > 1000
-    result = json.loads((tmp_path / "ddp_hooks.json").read_text())
+    result = run_on_limited_links("benchmarks.performance.ddp_hooks", "ddp_hooks",
+                                  "DDP communication hooks, bandwidth-limited", tmp_path, timeout=300)
     ways = {"compute only", "allreduce", "torch fp16", "grace FP16", "torch PowerSGD", "grace PowerSGD",
             "grace Top-k + EF"}
     summary = result["summary"]
@@ -149,7 +150,6 @@ def test_ddp_hooks_benchmark_quick(tmp_path):
         for pair in summary["powersgd"][model].values():
             assert pair["equal_bytes"] and pair["step_ratio"] > 0
     assert len(summary["verdicts"]) == 3
-    assert namespaces_named(result["namespace_prefix"]) == []
 
 
 def test_cluster_removes_a_namespace_that_creation_never_recorded():

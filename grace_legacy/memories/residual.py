@@ -51,8 +51,8 @@ class Residual(Memory):
         # gradient's size is allocated. The residual itself is not touched, so a rolled-back step
         # still finds it as it was. A tensor object of its own over that storage: the caller may
         # point its own (p.grad) elsewhere with set_() while this one stays the residual.
-        compensated = self._made[name] = tensor.detach()
         residual = self._residual_for(tensor, name)
+        compensated = self._made[name] = tensor.detach()
         if residual is not None:
             compensated.add_(residual)
         return compensated

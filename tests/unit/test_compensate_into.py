@@ -68,3 +68,20 @@ def test_the_caller_may_repoint_its_gradient_afterwards():
     assert torch.equal(memory.residuals["w"], residual)
     # What was sent plus what stayed behind is the gradient handed over (no residual yet).
     assert torch.equal(memory.residuals["w"] + result, compensated_copy)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
+def test_top_k_on_tensors_of_the_compiled_selection_changes_nothing(dtype):
+    """Top-k with Residual on tensors large enough for the compiled selection: the same results
+    and residuals in the gradient's storage as out of place, step after step."""
+    generator = torch.Generator().manual_seed(11)
+    steps = [[torch.randn(300, 200, generator=generator).to(dtype) for _ in range(RANKS)] for _ in range(4)]
+    apart = [Grace(TopK(0.01), memory=Residual()) for _ in range(RANKS)]
+    in_place = [Grace(TopK(0.01), memory=Residual()) for _ in range(RANKS)]
+    expected = synchronize(apart, steps)
+    got = synchronize(in_place, [[g.clone() for g in step] for step in steps], overwrite=True)
+    for step in range(len(steps)):
+        for rank in range(RANKS):
+            assert torch.equal(bits(got[step][rank]), bits(expected[step][rank])), (step, rank)
+    for rank in range(RANKS):
+        assert torch.equal(bits(in_place[rank].memory.residuals["w"]), bits(apart[rank].memory.residuals["w"]))
