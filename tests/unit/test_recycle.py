@@ -7,6 +7,7 @@ import torch
 
 from grace_legacy import Grace, Residual, TopK
 from grace_legacy.compressors import entries
+from grace_legacy.core import recycle
 from grace_legacy.core.recycle import Recycler
 from grace_legacy.core.sparse import divide_written
 from tests.helpers import run_ranks
@@ -82,6 +83,22 @@ def test_an_uninitialised_buffer_follows_the_same_rule(holder):
     pointer = fresh.data_ptr()
     del fresh
     assert recycler.empty("b", N, torch.float32, CPU).data_ptr() == pointer
+
+
+@pytest.mark.parametrize("with_memset", [True, False], ids=["C memset", "torch zero_"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32])
+def test_a_reused_buffer_is_all_zero_bits_whichever_way_it_is_cleared(monkeypatch, with_memset, dtype):
+    if not with_memset:
+        monkeypatch.setattr(recycle, "_memset", None)
+    recycler = Recycler()
+    first = recycler.zeros("bucket", 1000, dtype, torch.device("cpu"))
+    first.fill_(-1)  # every bit pattern set where it matters: -0.0 would not be +0
+    first[::2] = -0.0 if dtype.is_floating_point else -1
+    pointer = first.data_ptr()
+    del first
+    again = recycler.zeros("bucket", 1000, dtype, torch.device("cpu"))
+    assert again.data_ptr() == pointer  # the same buffer, cleared
+    assert torch.equal(again.view(torch.uint8), torch.zeros(1000 * again.element_size(), dtype=torch.uint8))
 
 
 def test_another_size_or_dtype_gets_a_new_buffer():
