@@ -23,7 +23,7 @@ cheap there.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
+import functools
 import sys
 from collections.abc import Callable, Hashable
 
@@ -32,19 +32,17 @@ import torch
 _storage_use_count = getattr(torch._C, "_storage_Use_Count", None)
 
 
+@functools.cache
 def _c_memset() -> Callable[[int, int, int], int] | None:
-    library = ctypes.util.find_library("c")
+    """The C library's ``memset`` from the process's own symbols (no library search, nothing
+    loaded), or ``None`` where there is none to be found that way."""
     try:
-        memset = ctypes.CDLL(library).memset if library else None
-    except (OSError, AttributeError):
+        memset = ctypes.CDLL(None).memset
+    except (OSError, AttributeError, TypeError):
         return None
-    if memset is not None:
-        memset.restype = ctypes.c_void_p
-        memset.argtypes = (ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t)
+    memset.restype = ctypes.c_void_p
+    memset.argtypes = (ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t)
     return memset
-
-
-_memset = _c_memset()
 
 
 def _zeroed(buffer: torch.Tensor) -> torch.Tensor:
@@ -52,10 +50,12 @@ def _zeroed(buffer: torch.Tensor) -> torch.Tensor:
     is one: on the megabytes a kept buffer holds, glibc's clears faster than torch's ``zero_``,
     which stores vector by vector (``benchmarks/performance/throughput.py``, Top-k's decompress).
     All-zero bits are ``+0`` in every float format."""
-    if _memset is None:
+    memset = _c_memset()
+    if memset is None:
         return buffer.zero_()
-    _memset(buffer.data_ptr(), 0, buffer.numel() * buffer.element_size())
+    memset(buffer.data_ptr(), 0, buffer.numel() * buffer.element_size())
     return buffer
+
 
 #: Buffers at least this large are worth keeping per size: a fresh one is often a new mapping
 #: (glibc maps anything above its mmap threshold, which moves between 128 KiB and 32 MiB with what
