@@ -198,6 +198,7 @@ def measure_model(shapes: list[tuple[str, tuple[int, ...]]], repetitions: int, q
         stats = {way: quartiles([1000 * t for t in samples]) for way, samples in samples_by_way.items()}
         library, reference, copy = (stats[w]["median"] for w in ("library", "reference", "copy"))
         paired = [r / lib for r, lib in zip(samples_by_way["reference"], samples_by_way["library"], strict=True)]
+        paired_spread = quartiles(paired)
         results[label] = {
             "ms": stats,
             "page_faults": {way: statistics.median(counts) for way, counts in faults[label].items()},
@@ -207,7 +208,7 @@ def measure_model(shapes: list[tuple[str, tuple[int, ...]]], repetitions: int, q
             "speedup_vs_reference": reference / library,
             # Each repetition runs both ways back to back: their ratio cancels most of the drift.
             "paired_speedup": statistics.median(paired),
-            "paired_speedup_quartiles": [quartiles(paired)["q1"], quartiles(paired)["q3"]],
+            "paired_speedup_quartiles": [paired_spread["q1"], paired_spread["q3"]],
             "library_vs_copy": library / copy,
             "paired_vs_copy": statistics.median(lib / cp for lib, cp in zip(samples_by_way["library"],
                                                                             samples_by_way["copy"], strict=True)),
