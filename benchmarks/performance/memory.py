@@ -92,12 +92,7 @@ def rss_bytes() -> int:
 
 
 def traced_bytes() -> int:
-    """Bytes currently held by allocations made on the library's own source lines.
-
-    A full collection first: it also empties the interpreter's free lists (tuples, lists, floats),
-    whose blocks tracemalloc still counts at the line that first allocated them, so without it a
-    fresh process seems to grow by whatever the free lists happen to hold."""
-    gc.collect()
+    """Bytes currently held by allocations made on the library's own source lines."""
     snapshot = tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(True, p) for p in TRACED_FILES])
     return sum(stat.size for stat in snapshot.statistics("filename"))
 
