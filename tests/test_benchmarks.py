@@ -127,6 +127,9 @@ def test_bandwidth_benchmark_quick(tmp_path):
     for model in ("resnet", "transformer"):
         for rate in result["summary"][model].values():
             assert set(rate) == {"compute only", "dense", "Top-k", "LEGACY"}
+        passes = result["models"][model]["topk_passes_s"]  # the floor's passes, timed on every rank
+        assert set(passes) == {"add", "select", "clear", "total"} and min(passes.values()) > 0
+        assert passes["total"] >= max(passes["add"], passes["select"], passes["clear"])
 
 
 def test_ddp_hooks_benchmark_quick(tmp_path):

@@ -26,7 +26,10 @@ of its own iteration (that iteration's compute-only step), and the median of tho
 reported: the four workers share the cores, so one compute-only step can take twice the next.
 The bytes really seen on the link (Ethernet frames from the interface counters: TCP/IP headers
 and Horovod's coordination traffic included, the larger of sent and received, the busiest link)
-are reported next to them.
+are reported next to them. Apart from the steps, every rank times Top-k + EF's own passes over
+one step's gradients with all ranks at once (:func:`time_topk_passes`): no link makes them
+shorter, so the bound plus their time is the step's floor on this machine, reported beside the
+target.
 
 grace_legacy waits for its collectives asleep (:func:`grace_legacy.backends.horovod.synchronize`),
 and so do this benchmark's barrier and timing exchange; *dense* is Horovod's own optimizer, whose
@@ -143,12 +146,52 @@ def count_collective_bytes(world_size: int) -> list[float]:
     return total
 
 
+def time_topk_passes(parameters: list[Any], barrier: Any, hvd: Any, repeats: int = 5) -> dict[str, float]:
+    """What Top-k + EF's three passes over one step's gradients take, timed apart from any step
+    with all ranks at once (as in a step, where the ranks share the cores): the error-feedback add
+    ``g += e`` (as ``Residual.compensate_into`` does it), the selection (``TopK.compress``), and
+    clearing the dense buffer the aggregate is scattered into (as a kept bucket buffer is cleared).
+    Every rank makes them in every step whatever the link, so the bound plus their time is a floor
+    for the step on this machine. Per pass and for the three together (``total``), the median over
+    ``repeats`` of the slowest rank's time."""
+    import torch
+
+    from grace_legacy import TopK
+    from grace_legacy.backends.horovod import synchronize
+    from grace_legacy.core.recycle import _zeroed
+
+    generator = torch.Generator().manual_seed(hvd.rank())
+    grads = [torch.randn(p.shape, generator=generator) for p in parameters]
+    residuals = [0.1 * torch.randn(p.shape, generator=generator) for p in parameters]
+    dense = torch.zeros(sum(p.numel() for p in parameters))
+    topk = TopK(DENSITY)
+    times: dict[str, list[float]] = {"add": [], "select": [], "clear": [], "total": []}
+    for repeat in range(repeats + 1):  # the first is a warm-up
+        compensated = [grad.clone() for grad in grads]
+        barrier()
+        start = time.perf_counter()
+        for tensor, residual in zip(compensated, residuals, strict=True):
+            tensor.add_(residual)
+        added = time.perf_counter()
+        for index, tensor in enumerate(compensated):
+            topk.compress(tensor, str(index))
+        selected = time.perf_counter()
+        _zeroed(dense)
+        cleared = time.perf_counter()
+        slowest = synchronize(hvd.allreduce_async(
+            torch.tensor([added - start, selected - added, cleared - selected, cleared - start], dtype=torch.float64),
+            name=f"bandwidth.passes.{repeat}", op=hvd.Max)).tolist()
+        if repeat:
+            for name, seconds in zip(times, slowest, strict=True):
+                times[name].append(seconds)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
 def worker(args: argparse.Namespace) -> None:
     import horovod.torch as hvd
     import torch
 
     import grace_legacy  # noqa: F401  (lets hvd.DistributedOptimizer take grace_legacy compression)
-    from grace_legacy import TopK
     from grace_legacy.backends.horovod import synchronize
 
     hvd.init()
@@ -196,18 +239,9 @@ def worker(args: argparse.Namespace) -> None:
             if hvd.rank() == 0:
                 print(f"{model} at {label(rate)}: " + ", ".join(
                     f"{n} {statistics.median(m['step_s']):.3f} s" for n, m in measured.items()), flush=True)
-        # What Top-k's selection alone costs on this model's gradients, all ranks at once (as in a step).
-        topk, grads = TopK(DENSITY), [torch.randn_like(p) for p in parameters]
-        selection = []
-        for _ in range(3):
-            barrier()
-            start = time.perf_counter()
-            for index, grad in enumerate(grads):
-                topk.compress(grad, str(index))
-            selection.append(time.perf_counter() - start)
-        record["topk_compress_s"] = statistics.median(selection)
+        record["topk_passes_s"] = time_topk_passes(parameters, barrier, hvd)
         results["models"][model] = record
-        del ways, parameters, grads
+        del ways, parameters
         gc.collect()
     if hvd.rank() == 0:
         Path(args.json).write_text(json.dumps(results))
@@ -225,6 +259,31 @@ def launch(args: argparse.Namespace) -> dict:
 
 TABLE_HEAD = ("| model | rate | way | step s | range s | backward s | payload MB | wire MB | link MB | lower bound s "
               "| vs bound | vs dense | steps |\n" + "|---" * 13 + "|")
+
+
+def passes_clause(record: dict) -> str:
+    """What Top-k + EF's passes over the gradients took, measured apart (:func:`time_topk_passes`;
+    reports from before it measured the selection alone)."""
+    passes = record.get("topk_passes_s")
+    if passes is None:
+        return (f"the Top-k selection alone takes about {record['topk_compress_s']:.3f} s, measured apart with "
+                f"all ranks at once")
+    return (f"its passes over the gradients, measured apart with all ranks at once: the error-feedback add "
+            f"{passes['add']:.3f} s, the selection {passes['select']:.3f} s, and clearing the dense result "
+            f"{passes['clear']:.3f} s")
+
+
+def floor_sentence(record: dict, topk: dict, target: float) -> str:
+    """The step's floor on this machine: its bound plus the passes every rank makes in every step."""
+    passes = record.get("topk_passes_s")
+    if passes is None:
+        return ""
+    floor = topk["bound_s"] + passes["total"]
+    left = target * topk["bound_s"] - floor
+    return (f" Those passes alone ({passes['total']:.3f} s together on the slowest rank) put the step at "
+            f"{floor / topk['bound_s']:.2f}x its bound on this machine, "
+            f"which leaves {left:.3f} s of the {target:g}x target's budget for everything else (every "
+            f"tensor's hooks, the last bucket's collective, the scatter-add).")
 
 
 def write(result: dict, results_dir: Path, command: str) -> None:
@@ -263,11 +322,10 @@ def write(result: dict, results_dir: Path, command: str) -> None:
                 f"than dense, {legacy['vs_bound']:.2f}x its bound). Of Top-k's "
                 f"{topk['step_s'] - topk['bound_s']:.3f} s above the bound, "
                 f"{topk['backward_s'] - compute_backward:.3f} s are spent in the backward pass beyond "
-                f"compute's (the Top-k selection alone takes about "
-                f"{record['topk_compress_s']:.3f} s, measured apart with all ranks at once) and "
+                f"compute's ({passes_clause(record)}) and "
                 f"{topk['step_s'] - topk['backward_s'] - (compute - compute_backward):.3f} s after it beyond "
                 f"compute's (waiting for the collectives, {topk['wire_bytes'] * 8 / 1e8:.3f} s of which the "
-                f"bytes need at this rate).")
+                f"bytes need at this rate).{floor_sentence(record, topk, target)}")
     schedules = "\n".join(f"- {model}: `{record['legacy']}`" for model, record in result["models"].items())
     load = result.get("load_average", [float("nan")] * 2)
     text = f"""## Bandwidth-limited training step

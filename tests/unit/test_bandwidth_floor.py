@@ -1,0 +1,28 @@
+"""The bandwidth report's floor: the bound plus the passes Top-k + EF makes in every step."""
+
+from benchmarks.performance.bandwidth import floor_sentence, passes_clause
+
+PASSES = {"add": 0.02, "select": 0.03, "clear": 0.01, "total": 0.055}
+
+
+def test_the_floor_is_the_bound_plus_the_slowest_ranks_passes_together():
+    sentence = floor_sentence({"topk_passes_s": PASSES}, {"bound_s": 0.5}, 1.2)
+    assert "0.055 s together" in sentence and "1.11x its bound" in sentence  # (0.5 + 0.055) / 0.5
+    assert "leaves 0.045 s of the 1.2x target's budget" in sentence  # 1.2 * 0.5 - 0.555
+
+
+def test_passes_that_exceed_the_budget_leave_a_negative_remainder():
+    sentence = floor_sentence({"topk_passes_s": PASSES}, {"bound_s": 0.2}, 1.15)
+    assert "1.27x its bound" in sentence and "leaves -0.025 s" in sentence
+
+
+def test_each_pass_is_named_with_its_time():
+    clause = passes_clause({"topk_passes_s": PASSES})
+    assert "add 0.020 s" in clause and "selection 0.030 s" in clause and "dense result 0.010 s" in clause
+
+
+def test_a_report_from_before_the_passes_were_timed_reads_as_it_did():
+    record = {"topk_compress_s": 0.029}
+    assert floor_sentence(record, {"bound_s": 0.4}, 1.15) == ""
+    assert passes_clause(record) == ("the Top-k selection alone takes about 0.029 s, measured apart with all "
+                                     "ranks at once")
