@@ -43,6 +43,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import statistics
 import time
 from dataclasses import dataclass
@@ -208,7 +209,9 @@ def worker(args: argparse.Namespace) -> None:
     def timed_step(way: Way) -> dict[str, float]:
         barrier()
         payload_before, needed_before = way.payload_bytes(), collective_bytes[0]
+        process_cpu, main_cpu = time.process_time(), time.thread_time()
         elapsed, backward, seen = timed_on_link(way.step)
+        process_cpu, main_cpu = time.process_time() - process_cpu, time.thread_time() - main_cpu
         if way.name == "dense":  # Horovod's own allreduce, not grace_legacy's backend
             payload, needed = way.dense_bytes, ring_allreduce_bytes(way.dense_bytes, hvd.size())
         else:
@@ -216,8 +219,11 @@ def worker(args: argparse.Namespace) -> None:
         slowest = synchronize(hvd.allreduce_async(torch.tensor([elapsed, backward, float(seen), needed],
                                                                dtype=torch.float64),
                                                   name="bandwidth.slowest", op=hvd.Max)).tolist()
+        # CPU time, the ranks' mean: with more ranks than cores, every rank's CPU second is wall time too.
+        cpu = synchronize(hvd.allreduce_async(torch.tensor([process_cpu, main_cpu], dtype=torch.float64),
+                                              name="bandwidth.cpu", op=hvd.Average)).tolist()
         return {"step_s": slowest[0], "backward_s": slowest[1], "link_bytes": slowest[2], "wire_bytes": slowest[3],
-                "payload_bytes": payload}
+                "payload_bytes": payload, "cpu_s": cpu[0], "main_thread_cpu_s": cpu[1]}
 
     results: dict[str, Any] = {"workers": hvd.size(), "density": DENSITY, "models": {}}
     request = 0
@@ -254,7 +260,9 @@ def launch(args: argparse.Namespace) -> dict:
 
     # A 44 MB allreduce at 10 Mbit/s takes a minute: longer than Gloo's and Horovod's patience.
     env = {"HOROVOD_GLOO_TIMEOUT_SECONDS": "900", "HOROVOD_STALL_CHECK_DISABLE": "1"}
-    return limited_link.launch_workers("benchmarks.performance.bandwidth", args, HorovodJob, WORKERS, env)
+    result = limited_link.launch_workers("benchmarks.performance.bandwidth", args, HorovodJob, WORKERS, env)
+    result["cores"] = len(os.sched_getaffinity(0))  # the workers' CPU time is shared out over these
+    return result
 
 
 TABLE_HEAD = ("| model | rate | way | step s | range s | backward s | payload MB | wire MB | link MB | lower bound s "
@@ -286,10 +294,23 @@ def floor_sentence(record: dict, topk: dict, target: float) -> str:
             f"tensor's hooks, the last bucket's collective, the scatter-add).")
 
 
+def cpu_sentence(way: dict, compute: dict, workers: int, cores: int | None) -> str:
+    """What a way's step costs each rank in CPU time beyond compute-only's, and what that costs in
+    wall time where the ranks outnumber the cores (reports from before it was measured: nothing)."""
+    if "cpu_s" not in way or not cores:
+        return ""
+    extra, main = way["cpu_s"] - compute["cpu_s"], way["main_thread_cpu_s"] - compute["main_thread_cpu_s"]
+    share = f"; with {workers} ranks on {cores} cores that is about {extra * workers / cores:.3f} s of wall time" \
+        if workers > cores else ""
+    return (f" Each rank's step took {way['cpu_s']:.3f} s of CPU against compute-only's {compute['cpu_s']:.3f} s "
+            f"(medians of the ranks' mean): {extra:+.3f} s, {main:+.3f} s of it in the training thread and "
+            f"{extra - main:+.3f} s in Horovod's and Gloo's threads{share}.")
+
+
 def write(result: dict, results_dir: Path, command: str) -> None:
     from benchmarks.report import update_section
 
-    table = summarise(result)
+    table = summarise(result, extra=("backward_s", "link_bytes", "payload_bytes", "cpu_s", "main_thread_cpu_s"))
     result = {**result, "summary": table}
     results_dir.mkdir(parents=True, exist_ok=True)
     (results_dir / "bandwidth.json").write_text(json.dumps(result, indent=1))
@@ -325,7 +346,8 @@ def write(result: dict, results_dir: Path, command: str) -> None:
                 f"compute's ({passes_clause(record)}) and "
                 f"{topk['step_s'] - topk['backward_s'] - (compute - compute_backward):.3f} s after it beyond "
                 f"compute's (waiting for the collectives, {topk['wire_bytes'] * 8 / 1e8:.3f} s of which the "
-                f"bytes need at this rate).{floor_sentence(record, topk, target)}")
+                f"bytes need at this rate).{floor_sentence(record, topk, target)}"
+                f"{cpu_sentence(topk, at_100[COMPUTE], result['workers'], result.get('cores'))}")
     schedules = "\n".join(f"- {model}: `{record['legacy']}`" for model, record in result["models"].items())
     load = result.get("load_average", [float("nan")] * 2)
     text = f"""## Bandwidth-limited training step

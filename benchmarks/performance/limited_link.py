@@ -136,7 +136,7 @@ def paired_vs_bound(measured: dict[str, list], compute: dict[str, list], rate: f
 def summarise(result: dict, baseline: str = "dense",
               extra: Sequence[str] = ("backward_s", "link_bytes", "payload_bytes")) -> dict[str, Any]:
     """Per model, rate and way: median step time, wire bytes, the lower bound, the ratios to it and
-    the speed-up over ``baseline``; the median of each key of ``extra``."""
+    the speed-up over ``baseline``; the median of each key of ``extra`` that was measured."""
     table: dict[str, Any] = {}
     for model, record in result["models"].items():
         table[model] = {}
@@ -156,7 +156,7 @@ def summarise(result: dict, baseline: str = "dense",
                               "vs_bound": statistics.median(ratios),
                               "vs_bound_quartiles": [quartiles[0], quartiles[2]], "pairs": len(ratios),
                               f"speedup_vs_{baseline}": reference / step,
-                              **{key: statistics.median(measured[key]) for key in extra},
+                              **{key: statistics.median(measured[key]) for key in extra if key in measured},
                               "step_s_range": [min(measured["step_s"]), max(measured["step_s"])],
                               "steps": len(measured["step_s"])}
             table[model][rate_key] = rows

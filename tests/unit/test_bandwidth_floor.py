@@ -1,6 +1,7 @@
-"""The bandwidth report's floor: the bound plus the passes Top-k + EF makes in every step."""
+"""The bandwidth report's accounting of Top-k's time above its bound: the floor (the bound plus the
+passes Top-k + EF makes in every step) and the CPU time each rank spends beyond compute-only's."""
 
-from benchmarks.performance.bandwidth import floor_sentence, passes_clause
+from benchmarks.performance.bandwidth import cpu_sentence, floor_sentence, passes_clause
 
 PASSES = {"add": 0.02, "select": 0.03, "clear": 0.01, "total": 0.055}
 
@@ -26,3 +27,22 @@ def test_a_report_from_before_the_passes_were_timed_reads_as_it_did():
     assert floor_sentence(record, {"bound_s": 0.4}, 1.15) == ""
     assert passes_clause(record) == ("the Top-k selection alone takes about 0.029 s, measured apart with all "
                                      "ranks at once")
+
+
+COMPUTE = {"cpu_s": 0.15, "main_thread_cpu_s": 0.14}
+TOP_K = {"cpu_s": 0.23, "main_thread_cpu_s": 0.2}
+
+
+def test_cpu_beyond_compute_is_split_between_the_training_thread_and_the_others():
+    sentence = cpu_sentence(TOP_K, COMPUTE, workers=4, cores=2)
+    assert "0.230 s of CPU against compute-only's 0.150 s" in sentence
+    assert "+0.080 s, +0.060 s of it in the training thread and +0.020 s in Horovod's" in sentence
+    assert "with 4 ranks on 2 cores that is about 0.160 s of wall time" in sentence
+
+
+def test_with_a_core_per_rank_no_wall_time_is_claimed():
+    assert "wall time" not in cpu_sentence(TOP_K, COMPUTE, workers=4, cores=4)
+
+
+def test_a_report_from_before_cpu_time_was_measured_says_nothing_of_it():
+    assert cpu_sentence({"step_s": 0.4}, {"step_s": 0.3}, workers=4, cores=None) == ""
