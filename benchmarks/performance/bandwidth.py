@@ -288,10 +288,11 @@ def floor_sentence(record: dict, topk: dict, target: float) -> str:
         return ""
     floor = topk["bound_s"] + passes["total"]
     left = target * topk["bound_s"] - floor
+    rest = "every tensor's hooks, the last bucket's collective and the scatter-add"
+    budget = (f"which leaves {left:.3f} s of the {target:g}x target's budget for everything else ({rest})"
+              if left >= 0 else f"{-left:.3f} s past the {target:g}x target before {rest}")
     return (f" Those passes alone ({passes['total']:.3f} s together on the slowest rank) put the step at "
-            f"{floor / topk['bound_s']:.2f}x its bound on this machine, "
-            f"which leaves {left:.3f} s of the {target:g}x target's budget for everything else (every "
-            f"tensor's hooks, the last bucket's collective, the scatter-add).")
+            f"{floor / topk['bound_s']:.2f}x its bound on this machine, {budget}.")
 
 
 def cpu_sentence(way: dict, compute: dict, workers: int, cores: int | None) -> str:
