@@ -147,6 +147,15 @@ def count_collective_bytes(world_size: int) -> list[float]:
     return total
 
 
+def over_ranks(hvd: Any, values: list[float], name: str, op: Any) -> list[float]:
+    """``values`` reduced over the ranks by ``op`` (one float64 allreduce, waited for asleep)."""
+    import torch
+
+    from grace_legacy.backends.horovod import synchronize
+
+    return synchronize(hvd.allreduce_async(torch.tensor(values, dtype=torch.float64), name=name, op=op)).tolist()
+
+
 def time_topk_passes(parameters: list[Any], barrier: Any, hvd: Any, repeats: int = 5) -> dict[str, float]:
     """What Top-k + EF's three passes over one step's gradients take, timed apart from any step
     with all ranks at once (as in a step, where the ranks share the cores): the error-feedback add
@@ -158,7 +167,6 @@ def time_topk_passes(parameters: list[Any], barrier: Any, hvd: Any, repeats: int
     import torch
 
     from grace_legacy import TopK
-    from grace_legacy.backends.horovod import synchronize
     from grace_legacy.core.recycle import _zeroed
 
     generator = torch.Generator().manual_seed(hvd.rank())
@@ -179,9 +187,8 @@ def time_topk_passes(parameters: list[Any], barrier: Any, hvd: Any, repeats: int
         selected = time.perf_counter()
         _zeroed(dense)
         cleared = time.perf_counter()
-        slowest = synchronize(hvd.allreduce_async(
-            torch.tensor([added - start, selected - added, cleared - selected, cleared - start], dtype=torch.float64),
-            name=f"bandwidth.passes.{repeat}", op=hvd.Max)).tolist()
+        slowest = over_ranks(hvd, [added - start, selected - added, cleared - selected, cleared - start],
+                             f"bandwidth.passes.{repeat}", hvd.Max)
         if repeat:
             for name, seconds in zip(times, slowest, strict=True):
                 times[name].append(seconds)
@@ -216,12 +223,9 @@ def worker(args: argparse.Namespace) -> None:
             payload, needed = way.dense_bytes, ring_allreduce_bytes(way.dense_bytes, hvd.size())
         else:
             payload, needed = way.payload_bytes() - payload_before, collective_bytes[0] - needed_before
-        slowest = synchronize(hvd.allreduce_async(torch.tensor([elapsed, backward, float(seen), needed],
-                                                               dtype=torch.float64),
-                                                  name="bandwidth.slowest", op=hvd.Max)).tolist()
+        slowest = over_ranks(hvd, [elapsed, backward, float(seen), needed], "bandwidth.slowest", hvd.Max)
         # CPU time, the ranks' mean: with more ranks than cores, every rank's CPU second is wall time too.
-        cpu = synchronize(hvd.allreduce_async(torch.tensor([process_cpu, main_cpu], dtype=torch.float64),
-                                              name="bandwidth.cpu", op=hvd.Average)).tolist()
+        cpu = over_ranks(hvd, [process_cpu, main_cpu], "bandwidth.cpu", hvd.Average)
         return {"step_s": slowest[0], "backward_s": slowest[1], "link_bytes": slowest[2], "wire_bytes": slowest[3],
                 "payload_bytes": payload, "cpu_s": cpu[0], "main_thread_cpu_s": cpu[1]}
 
