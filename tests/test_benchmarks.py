@@ -130,6 +130,10 @@ def test_bandwidth_benchmark_quick(tmp_path):
         passes = result["models"][model]["topk_passes_s"]  # the floor's passes, timed on every rank
         assert set(passes) == {"add", "select", "clear", "total"} and min(passes.values()) > 0
         assert passes["total"] >= max(passes["add"], passes["select"], passes["clear"])
+        tiny = result["models"][model]["tiny_allgather_s"]  # the last collective's fixed cost, per rate
+        assert set(tiny) == set(result["summary"][model]) and min(tiny.values()) > 0
+    # The report names the command that reproduces it, without the machine's results path.
+    assert "`python -m benchmarks.performance.bandwidth --quick`" in (tmp_path / "performance.md").read_text()
 
 
 def test_ddp_hooks_benchmark_quick(tmp_path):

@@ -3,8 +3,8 @@
     python -m benchmarks.performance.bandwidth            # the full run (25 minutes on 2 cores)
     python -m benchmarks.performance.bandwidth --quick    # a smoke run with tiny models
 
-Needs root: four Horovod workers run over Gloo TCP, each in its own Linux network namespace,
-joined by veth links to a bridge whose ports are rate limited with ``tc`` token buckets in both
+Needs root: four Horovod workers (``--workers``) run over Gloo TCP, each in its own Linux network
+namespace, joined by veth links to a bridge whose ports are rate limited with ``tc`` token buckets in both
 directions (:mod:`benchmarks.performance.netns`; the namespaces are made and removed here, and
 traffic never leaves them). The rate is changed between phases while the workers keep running.
 
@@ -195,6 +195,27 @@ def time_topk_passes(parameters: list[Any], barrier: Any, hvd: Any, repeats: int
     return {name: statistics.median(values) for name, values in times.items()}
 
 
+def time_tiny_allgather(barrier: Any, hvd: Any, repeats: int = 5) -> float:
+    """What an allgather of a few bytes takes on the link, with all ranks at once: the part of
+    the last bucket's collective that no byte count accounts for (Horovod's negotiation, the
+    round trips). Top-k's last bucket is launched when the backward pass ends, so every step
+    waits at least this long after it. The median over ``repeats`` of the slowest rank's time."""
+    import torch
+
+    from grace_legacy.backends.horovod import synchronize
+
+    tiny = torch.zeros(2)
+    times = []
+    for repeat in range(repeats + 1):  # the first is a warm-up
+        barrier()
+        start = time.perf_counter()
+        synchronize(hvd.allgather_async(tiny, name=f"bandwidth.tiny.{repeat}"))
+        slowest = over_ranks(hvd, [time.perf_counter() - start], f"bandwidth.tiny.time.{repeat}", hvd.Max)
+        if repeat:
+            times.append(slowest[0])
+    return statistics.median(times)
+
+
 def worker(args: argparse.Namespace) -> None:
     import horovod.torch as hvd
     import torch
@@ -246,6 +267,7 @@ def worker(args: argparse.Namespace) -> None:
                               phase == 0, args.warmup, args.steps, args.dense_steps, args.slow_steps)
             measured = interleave(plan, lambda name, ways=ways: timed_step(ways[name]))
             record["rates"][repr(rate)] = measured
+            record.setdefault("tiny_allgather_s", {})[repr(rate)] = time_tiny_allgather(barrier, hvd)
             if hvd.rank() == 0:
                 print(f"{model} at {label(rate)}: " + ", ".join(
                     f"{n} {statistics.median(m['step_s']):.3f} s" for n, m in measured.items()), flush=True)
@@ -264,7 +286,7 @@ def launch(args: argparse.Namespace) -> dict:
 
     # A 44 MB allreduce at 10 Mbit/s takes a minute: longer than Gloo's and Horovod's patience.
     env = {"HOROVOD_GLOO_TIMEOUT_SECONDS": "900", "HOROVOD_STALL_CHECK_DISABLE": "1"}
-    result = limited_link.launch_workers("benchmarks.performance.bandwidth", args, HorovodJob, WORKERS, env)
+    result = limited_link.launch_workers("benchmarks.performance.bandwidth", args, HorovodJob, args.workers, env)
     result["cores"] = len(os.sched_getaffinity(0))  # the workers' CPU time is shared out over these
     return result
 
@@ -285,18 +307,27 @@ def passes_clause(record: dict) -> str:
             f"{passes['clear']:.3f} s")
 
 
-def floor_sentence(record: dict, topk: dict, target: float) -> str:
-    """The step's floor on this machine: its bound plus the passes every rank makes in every step."""
+def floor_sentence(record: dict, topk: dict, target: float, rate_key: str = repr(1e8)) -> str:
+    """The step's floor on this machine: its bound plus the passes every rank makes in every step,
+    and (where it was measured) the fixed cost of the one collective every step waits for after
+    its backward pass."""
     passes = record.get("topk_passes_s")
     if passes is None:
         return ""
     floor = topk["bound_s"] + passes["total"]
-    left = target * topk["bound_s"] - floor
+    tiny = record.get("tiny_allgather_s", {}).get(rate_key)
     rest = "every tensor's hooks, the last bucket's collective and the scatter-add"
+    alone = (f" Those passes alone ({passes['total']:.3f} s together on the slowest rank) put the step at "
+             f"{floor / topk['bound_s']:.2f}x its bound on this machine")
+    if tiny is not None:
+        floor += tiny
+        rest = "every tensor's hooks and the scatter-add"
+        alone += (f"; with the wait for the last bucket's collective, at least what an allgather of a few bytes "
+                  f"takes on this link ({tiny:.3f} s), {floor / topk['bound_s']:.2f}x")
+    left = target * topk["bound_s"] - floor
     budget = (f"which leaves {left:.3f} s of the {target:g}x target's budget for everything else ({rest})"
               if left >= 0 else f"{-left:.3f} s past the {target:g}x target before {rest}")
-    return (f" Those passes alone ({passes['total']:.3f} s together on the slowest rank) put the step at "
-            f"{floor / topk['bound_s']:.2f}x its bound on this machine, {budget}.")
+    return f"{alone}, {budget}."
 
 
 def cpu_sentence(way: dict, compute: dict, workers: int, cores: int | None) -> str:
@@ -355,6 +386,7 @@ def write(result: dict, results_dir: Path, command: str) -> None:
                 f"{cpu_sentence(topk, at_100[COMPUTE], result['workers'], result.get('cores'))}")
     schedules = "\n".join(f"- {model}: `{record['legacy']}`" for model, record in result["models"].items())
     load = result.get("load_average", [float("nan")] * 2)
+    cores = f"{result['cores']} " if result.get("cores") else ""
     text = f"""## Bandwidth-limited training step
 
 `{command}`
@@ -362,9 +394,9 @@ def write(result: dict, results_dir: Path, command: str) -> None:
 Machine: {result['machine']}; load average {load[0]:.1f} before and {load[1]:.1f} after the run
 ({result.get('duration_s', 0) / 60:.0f} minutes). {result['workers']} Horovod workers over Gloo TCP,
 each in its own network namespace, on veth links to a bridge, every link rate limited in both
-directions with `tc tbf` (a full-duplex link of the given rate per worker). The four workers share
-this machine's CPU cores (and, here, other jobs' load), so the compute part is slower and noisier
-than on four separate hosts; the ways are interleaved step by step so they see the same load.
+directions with `tc tbf` (a full-duplex link of the given rate per worker). The {result['workers']} workers
+share this machine's {cores}CPU cores (and, here, other jobs' load), so the compute part is slower and
+noisier than on separate hosts; the ways are interleaved step by step so they see the same load.
 
 Per model, rate and way: the median (and range) over steps of the slowest rank's step time
 (forward, backward, communication, optimizer). *Backward*: the part of it up to the end of the
@@ -399,8 +431,10 @@ hands over as many bytes as Top-k:
 
 
 def main() -> None:
-    args = limited_link.parse(limited_link.parser(__doc__, "tiny models, two rates, two steps: a smoke run",
-                                                  "dense", "dense"), full_steps=24)
+    parser = limited_link.parser(__doc__, "tiny models, two rates, two steps: a smoke run", "dense", "dense")
+    parser.add_argument("--workers", type=int, default=WORKERS,
+                        help="Horovod workers, one per namespace (fewer than the cores: each has a core of its own)")
+    args = limited_link.parse(parser, full_steps=24)
     if args.worker:
         worker(args)
         return

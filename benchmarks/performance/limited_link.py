@@ -204,8 +204,22 @@ def drive(module: str, args: argparse.Namespace, launch: Callable[[argparse.Name
     for signum in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, lambda number, frame: sys.exit(128 + number))
     result = launch(args)
-    write(result, args.results, f"python -m {module}" + (" --quick" if args.quick else ""))
+    write(result, args.results, " ".join(["python -m", module, *reproducing_options(sys.argv[1:])]))
     print(json.dumps(shown(result), indent=1))
+
+
+def reproducing_options(argv: Sequence[str]) -> list[str]:
+    """The command-line options that shaped a run, for its report: all but ``--results`` (where
+    the report went, a path of the machine that ran it)."""
+    kept, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--results":
+            skip = True
+        elif not arg.startswith("--results="):
+            kept.append(arg)
+    return kept
 
 
 def launch_workers(module: str, args: argparse.Namespace, job_class: Any, workers: int, env: Mapping[str, str],

@@ -18,6 +18,15 @@ def test_passes_that_exceed_the_budget_are_said_to_be_past_the_target():
     assert "leaves" not in sentence
 
 
+def test_the_last_collectives_fixed_cost_at_the_rate_joins_the_floor():
+    record = {"topk_passes_s": PASSES, "tiny_allgather_s": {repr(1e8): 0.005, repr(1e9): 0.002}}
+    sentence = floor_sentence(record, {"bound_s": 0.5}, 1.2)
+    assert "1.11x its bound on this machine; with the wait for the last bucket's collective" in sentence
+    assert "(0.005 s), 1.12x" in sentence  # (0.5 + 0.055 + 0.005) / 0.5
+    assert "leaves 0.040 s of the 1.2x target's budget for everything else (every tensor's hooks and the " \
+           "scatter-add)" in sentence
+
+
 def test_each_pass_is_named_with_its_time():
     clause = passes_clause({"topk_passes_s": PASSES})
     assert "add 0.020 s" in clause and "selection 0.030 s" in clause and "dense result 0.010 s" in clause
@@ -47,3 +56,4 @@ def test_with_a_core_per_rank_no_wall_time_is_claimed():
 
 def test_a_report_from_before_cpu_time_was_measured_says_nothing_of_it():
     assert cpu_sentence({"step_s": 0.4}, {"step_s": 0.3}, workers=4, cores=None) == ""
+
