@@ -38,8 +38,10 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 IFACE = "bw0"
@@ -91,6 +93,36 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+#: The signals that wait for a cluster's creation and removal to finish.
+DEFERRED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@contextmanager
+def _signals_deferred() -> Iterator[None]:
+    """Ctrl-C, SIGTERM and SIGHUP held back until the block ends, then delivered to the handlers
+    in place before it (the first one received; on the main thread only, where Python runs
+    signal handlers).
+
+    Handlers that only take note, rather than a blocked signal mask: a signal that arrived just
+    before the block has already been taken by the interpreter, which would run its handler
+    (raise ``KeyboardInterrupt``) at some point inside the block anyway; with these handlers in
+    place that handler is the one that takes note.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[int] = []
+    previous = {signum: signal.signal(signum, lambda signum, frame: received.append(signum))
+                for signum in DEFERRED_SIGNALS}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        if received:
+            signal.raise_signal(received[0])
 
 
 def _namespaces_and_configs(prefix: str) -> list[str]:
@@ -157,27 +189,36 @@ class Cluster:
         return f"port{rank}"
 
     def create(self) -> None:
+        """Make the namespaces and their links. Ctrl-C, SIGTERM and SIGHUP wait until they are
+        made, then unwind as usual (everything made is removed): a signal that interrupted an
+        ``ip`` command could leave that command running on its own (interrupted while being
+        started, it is not even waited for), and a namespace it made after :meth:`remove` looked
+        would be left behind."""
         remove_stale_namespaces()
         try:
-            self._add_namespace(self.switch)
-            _run(["ip", "-n", self.switch, "link", "add", "br0", "type", "bridge"])
-            _run(["ip", "-n", self.switch, "addr", "add", f"{SWITCH_ADDRESS}/24", "dev", "br0"])
-            for rank in range(self.workers):
-                ns = self.namespace(rank)
-                self._add_namespace(ns)
-                _run(["ip", "link", "add", IFACE, "netns", ns, "type", "veth",
-                      "peer", "name", self._port(rank), "netns", self.switch])
-                _run(["ip", "-n", ns, "addr", "add", f"{self.address(rank)}/24", "dev", IFACE])
-                _run(["ip", "-n", ns, "link", "set", IFACE, "up"])
-                etc = NETNS_ETC / ns
-                etc.mkdir(parents=True, exist_ok=True)
-                (etc / "hosts").write_text(f"127.0.0.1 localhost\n::1 localhost\n"
-                                           f"{self.address(rank)} {socket.gethostname()} {ns}\n")
-                _run(["ip", "-n", self.switch, "link", "set", self._port(rank), "master", "br0", "up"])
-            _run(["ip", "-n", self.switch, "link", "set", "br0", "up"])
+            with _signals_deferred():
+                self._make()
         except BaseException:
             self.remove()
             raise
+
+    def _make(self) -> None:
+        self._add_namespace(self.switch)
+        _run(["ip", "-n", self.switch, "link", "add", "br0", "type", "bridge"])
+        _run(["ip", "-n", self.switch, "addr", "add", f"{SWITCH_ADDRESS}/24", "dev", "br0"])
+        for rank in range(self.workers):
+            ns = self.namespace(rank)
+            self._add_namespace(ns)
+            _run(["ip", "link", "add", IFACE, "netns", ns, "type", "veth",
+                  "peer", "name", self._port(rank), "netns", self.switch])
+            _run(["ip", "-n", ns, "addr", "add", f"{self.address(rank)}/24", "dev", IFACE])
+            _run(["ip", "-n", ns, "link", "set", IFACE, "up"])
+            etc = NETNS_ETC / ns
+            etc.mkdir(parents=True, exist_ok=True)
+            (etc / "hosts").write_text(f"127.0.0.1 localhost\n::1 localhost\n"
+                                       f"{self.address(rank)} {socket.gethostname()} {ns}\n")
+            _run(["ip", "-n", self.switch, "link", "set", self._port(rank), "master", "br0", "up"])
+        _run(["ip", "-n", self.switch, "link", "set", "br0", "up"])
 
     def _add_namespace(self, name: str) -> None:
         _run(["ip", "netns", "add", name])
@@ -186,18 +227,13 @@ class Cluster:
     def remove(self) -> None:
         """Delete every namespace this cluster made (their interfaces go with them). Idempotent.
 
-        Found by their names' prefix rather than from a list kept while creating: a Ctrl-C that lands
-        while ``ip netns add`` runs interrupts ``subprocess.run`` after the namespace exists but
-        before any list could record it. Ctrl-C, SIGTERM and SIGHUP wait until the removal is done,
-        so a second one cannot cut it short.
+        Found by their names' prefix rather than from a list kept while creating, so that a
+        namespace made just before an interruption is found too. Ctrl-C, SIGTERM and SIGHUP wait
+        until the removal is done, so a second one cannot cut it short.
         """
-        deferred = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
-        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, deferred)
-        try:
+        with _signals_deferred():
             for name in _namespaces_and_configs(f"{self.prefix}-"):
                 _delete_namespace(name)
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
     def set_rate(self, bits_per_second: float | None) -> None:
         """Limit every link, both directions, to ``bits_per_second`` (``None``: no limit)."""
