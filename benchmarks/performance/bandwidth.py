@@ -3,10 +3,11 @@
     python -m benchmarks.performance.bandwidth            # the full run (25 minutes on 2 cores)
     python -m benchmarks.performance.bandwidth --quick    # a smoke run with tiny models
 
-Needs root: four Horovod workers (``--workers``) run over Gloo TCP, each in its own Linux network
-namespace, joined by veth links to a bridge whose ports are rate limited with ``tc`` token buckets in both
-directions (:mod:`benchmarks.performance.netns`; the namespaces are made and removed here, and
-traffic never leaves them). The rate is changed between phases while the workers keep running.
+Needs root: four Horovod workers (``--workers``) run over Gloo TCP, each in its own Linux
+network namespace, joined by veth links to a bridge whose ports are rate limited with ``tc``
+token buckets in both directions (:mod:`benchmarks.performance.netns`; the namespaces are made
+and removed here, and traffic never leaves them). The rate is changed between phases while the
+workers keep running.
 
 Each worker trains the same two models (:mod:`benchmarks.performance.step_models`, about 11M
 parameters each, on fixed synthetic batches) four ways, side by side and interleaved step by

@@ -56,4 +56,3 @@ def test_with_a_core_per_rank_no_wall_time_is_claimed():
 
 def test_a_report_from_before_cpu_time_was_measured_says_nothing_of_it():
     assert cpu_sentence({"step_s": 0.4}, {"step_s": 0.3}, workers=4, cores=None) == ""
-
