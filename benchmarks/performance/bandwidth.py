@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import json
 import os
 import statistics
@@ -157,14 +158,30 @@ def over_ranks(hvd: Any, values: list[float], name: str, op: Any) -> list[float]
     return synchronize(hvd.allreduce_async(torch.tensor(values, dtype=torch.float64), name=name, op=op)).tolist()
 
 
-def time_topk_passes(parameters: list[Any], barrier: Any, hvd: Any, repeats: int = 5) -> dict[str, float]:
+def slowest_medians(hvd: Any, barrier: Any, name: str, timed: Any, prepare: Any = None,
+                    repeats: int = 5) -> list[float]:
+    """For each duration (seconds) that ``timed()`` returns, the median over ``repeats`` runs of
+    the slowest rank's, every run started on all ranks at once (after ``prepare()``, untimed, and a
+    barrier); one warm-up run first."""
+    runs = []
+    for repeat in range(repeats + 1):
+        if prepare is not None:
+            prepare()
+        barrier()
+        slowest = over_ranks(hvd, timed(), f"{name}.{repeat}", hvd.Max)
+        if repeat:
+            runs.append(slowest)
+    return [statistics.median(column) for column in zip(*runs, strict=True)]
+
+
+def time_topk_passes(parameters: list[Any], barrier: Any, hvd: Any) -> dict[str, float]:
     """What Top-k + EF's three passes over one step's gradients take, timed apart from any step
     with all ranks at once (as in a step, where the ranks share the cores): the error-feedback add
     ``g += e`` (as ``Residual.compensate_into`` does it), the selection (``TopK.compress``), and
     clearing the dense buffer the aggregate is scattered into (as a kept bucket buffer is cleared).
     Every rank makes them in every step whatever the link, so the bound plus their time is a floor
-    for the step on this machine. Per pass and for the three together (``total``), the median over
-    ``repeats`` of the slowest rank's time."""
+    for the step on this machine. Per pass and for the three together (``total``), the slowest
+    rank's time (:func:`slowest_medians`)."""
     import torch
 
     from grace_legacy import TopK
@@ -175,10 +192,12 @@ def time_topk_passes(parameters: list[Any], barrier: Any, hvd: Any, repeats: int
     residuals = [0.1 * torch.randn(p.shape, generator=generator) for p in parameters]
     dense = torch.zeros(sum(p.numel() for p in parameters))
     topk = TopK(DENSITY)
-    times: dict[str, list[float]] = {"add": [], "select": [], "clear": [], "total": []}
-    for repeat in range(repeats + 1):  # the first is a warm-up
-        compensated = [grad.clone() for grad in grads]
-        barrier()
+    compensated: list[Any] = []
+
+    def prepare() -> None:
+        compensated[:] = [grad.clone() for grad in grads]
+
+    def passes() -> list[float]:
         start = time.perf_counter()
         for tensor, residual in zip(compensated, residuals, strict=True):
             tensor.add_(residual)
@@ -188,33 +207,30 @@ def time_topk_passes(parameters: list[Any], barrier: Any, hvd: Any, repeats: int
         selected = time.perf_counter()
         _zeroed(dense)
         cleared = time.perf_counter()
-        slowest = over_ranks(hvd, [added - start, selected - added, cleared - selected, cleared - start],
-                             f"bandwidth.passes.{repeat}", hvd.Max)
-        if repeat:
-            for name, seconds in zip(times, slowest, strict=True):
-                times[name].append(seconds)
-    return {name: statistics.median(values) for name, values in times.items()}
+        return [added - start, selected - added, cleared - selected, cleared - start]
+
+    medians = slowest_medians(hvd, barrier, "bandwidth.passes", passes, prepare)
+    return dict(zip(("add", "select", "clear", "total"), medians, strict=True))
 
 
-def time_tiny_allgather(barrier: Any, hvd: Any, repeats: int = 5) -> float:
+def time_tiny_allgather(barrier: Any, hvd: Any) -> float:
     """What an allgather of a few bytes takes on the link, with all ranks at once: the part of
     the last bucket's collective that no byte count accounts for (Horovod's negotiation, the
     round trips). Top-k's last bucket is launched when the backward pass ends, so every step
-    waits at least this long after it. The median over ``repeats`` of the slowest rank's time."""
+    waits at least this long after it. The slowest rank's time (:func:`slowest_medians`)."""
     import torch
 
     from grace_legacy.backends.horovod import synchronize
 
     tiny = torch.zeros(2)
-    times = []
-    for repeat in range(repeats + 1):  # the first is a warm-up
-        barrier()
+    gathers = itertools.count()  # each gather under a name of its own
+
+    def gather() -> list[float]:
         start = time.perf_counter()
-        synchronize(hvd.allgather_async(tiny, name=f"bandwidth.tiny.{repeat}"))
-        slowest = over_ranks(hvd, [time.perf_counter() - start], f"bandwidth.tiny.time.{repeat}", hvd.Max)
-        if repeat:
-            times.append(slowest[0])
-    return statistics.median(times)
+        synchronize(hvd.allgather_async(tiny, name=f"bandwidth.tiny.{next(gathers)}"))
+        return [time.perf_counter() - start]
+
+    return slowest_medians(hvd, barrier, "bandwidth.tiny.time", gather)[0]
 
 
 def worker(args: argparse.Namespace) -> None:
