@@ -23,19 +23,28 @@ rank per step to the host, and the waiting ranks' beats tell the same thing as s
 (``benchmarks/performance/stall.py`` measures both, results in
 ``benchmarks/results/performance.md``).
 
-The host's address is its host name (``127.0.0.1`` for members on the same host), handed to the
-members once when the board opens; a member that cannot reach it within :data:`ANSWER_S` works
-without a board, and its stall errors then say that they cannot name the ranks.
+The host hands the members its address once, when the board opens (:class:`BoardAddress`): its
+host name and the IP addresses of its interfaces, because a host name alone does not say where
+the host is when processes share one but not a network (containers or network namespaces on one
+machine, each with an interface of its own). A member tries loopback first when the name is its
+own, then the name, then each address, with a plain socket, and opens the store on the first
+that answers: the store's own client, given a place where nothing listens, retries for about
+twice its timeout, and a client still retrying when the process exits aborts it. A member that
+reaches none of them within :data:`ANSWER_S` works without a board, and its stall errors then
+say that they cannot name the ranks.
 """
 
 from __future__ import annotations
 
 import datetime
+import ipaddress
 import socket
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, NamedTuple
 
+import psutil
 from torch.distributed import TCPStore
 
 #: A wait longer than this posts beats, one every this many seconds.
@@ -50,16 +59,70 @@ ANSWER_S = 10.0
 CONNECT_GRACE_S = 2 * ANSWER_S
 
 
-def host_address(board: str, members: int) -> tuple[str, int]:
+class BoardAddress(NamedTuple):
+    """Where a board's host listens: its host name, its store's port, and the addresses of its
+    network interfaces (neither loopback nor link-local), the places a member may reach it."""
+
+    host: str
+    port: int
+    addresses: tuple[str, ...] = ()
+
+    def to_text(self) -> str:
+        return " ".join([self.host, str(self.port), *self.addresses])
+
+    @classmethod
+    def from_text(cls, text: str) -> BoardAddress:
+        host, port, *addresses = text.split(" ")
+        return cls(host, int(port), tuple(addresses))
+
+    def candidates(self) -> list[str]:
+        """Where a member on this machine tries to reach the host, in order."""
+        first = "127.0.0.1" if self.host == socket.gethostname() else self.host
+        return [first, *(a for a in self.addresses if a != first)]
+
+
+def interface_addresses() -> tuple[str, ...]:
+    """The IP addresses of this machine's (or network namespace's) interfaces that another machine
+    or namespace could reach: not loopback, not link-local."""
+    found = []
+    for entries in psutil.net_if_addrs().values():
+        for entry in entries:
+            if entry.family not in (socket.AF_INET, socket.AF_INET6):
+                continue
+            address = ipaddress.ip_address(entry.address.partition("%")[0])
+            if not (address.is_loopback or address.is_link_local) and str(address) not in found:
+                found.append(str(address))
+    return tuple(found)
+
+
+def host_address(board: str, members: int) -> BoardAddress:
     """Host the board named ``board`` for ``members`` members on this rank, every member's beat
-    posted as none; return (host name, port). One store (any free port, every interface) serves
+    posted as none; return where it listens. One store (any free port, every interface) serves
     every board this process hosts, for as long as the process runs."""
     if not _hosted:
         _hosted.append(TCPStore("127.0.0.1", 0, None, True, datetime.timedelta(seconds=ANSWER_S),
                                 wait_for_workers=False))
     for rank in range(members):
         _hosted[0].set(ProgressBoard.key(board, rank), "0|")
-    return socket.gethostname(), _hosted[0].port
+    return BoardAddress(socket.gethostname(), _hosted[0].port, interface_addresses())
+
+
+def first_answering(places: Sequence[str], port: int, seconds: float) -> str | None:
+    """The first of ``places`` (in their order) that accepts a TCP connection on ``port`` within
+    ``seconds``, trying them all at once; ``None`` if none does."""
+
+    def answers(place: str) -> bool:
+        try:
+            socket.create_connection((place, port), timeout=seconds).close()
+            return True
+        except OSError:
+            return False
+
+    with ThreadPoolExecutor(max_workers=len(places), thread_name_prefix="grace_legacy board probe") as pool:
+        for place, answered in zip(places, pool.map(answers, places), strict=True):
+            if answered:
+                return place
+    return None
 
 
 # The store this process hosts: it must keep answering after the boards that opened it are gone,
@@ -94,10 +157,10 @@ class ProgressBoard:
 
     ``board``: the board's name, the same on every member (one per process set); ``rank``: this
     member's index in the set; ``labels``: how errors name each member (its global rank);
-    ``address``: (host name, port) from :func:`host_address` on the set's first member.
+    ``address``: from :func:`host_address` on the set's first member.
     """
 
-    def __init__(self, board: str, rank: int, labels: Sequence[int], address: tuple[str, int],
+    def __init__(self, board: str, rank: int, labels: Sequence[int], address: BoardAddress,
                  beat_s: float = BEAT_AFTER_S):
         self.board, self.rank, self.labels, self.beat_s = board, rank, list(labels), beat_s
         self.listen_s = 2 * beat_s + 0.5
@@ -105,21 +168,34 @@ class ProgressBoard:
         #: whether the host stopped answering after this member had reached it
         self.host_silent = False
         self._beats = 0
-        self._address = address
-        host, port = address
-        target = "127.0.0.1" if host == socket.gethostname() else host
-        self._store: TCPStore | None = _clients.get(address)
+        self._address = (address.host, address.port)
+        self._store: TCPStore | None = _clients.get(self._address)
         if self._store is None:
-            # The thread is given longer than the store's own timeout, so that an unreachable host
-            # (another network namespace, a firewall) ends the attempt inside the thread: a thread
-            # left in the store's C++ code aborts the process when it exits.
-            outcome = _within(ANSWER_S + CONNECT_GRACE_S, TCPStore, target, port, None, False,
-                              datetime.timedelta(seconds=ANSWER_S))
-            if isinstance(outcome, TCPStore):
-                self._store = _clients[address] = outcome
-            else:
-                self.unreachable = (f"The progress board on rank {self.labels[0]} ({host}:{port}) could not be "
-                                    f"reached when it opened ({outcome}).")
+            self._store = self._connect(address)
+            if self._store is not None:
+                _clients[self._address] = self._store
+
+    def _connect(self, address: BoardAddress) -> TCPStore | None:
+        where = f"{address.host}:{address.port}"
+        places = address.candidates()
+        place = first_answering(places, address.port, ANSWER_S)
+        if place is None:
+            self.unreachable = (f"The progress board on rank {self.labels[0]} ({where}) could not be reached "
+                                f"when it opened: nothing answered at {', '.join(places)} within {ANSWER_S:g} s.")
+            return None
+        # Something listens there, so the store connects at once; the thread only guards against
+        # the host stopping in between (a client waiting on a stopped host waits forever).
+        store = _within(ANSWER_S, TCPStore, place, address.port, None, False, datetime.timedelta(seconds=ANSWER_S))
+        if not isinstance(store, TCPStore):
+            why = store
+        else:
+            ours = _within(ANSWER_S, store.check, [ProgressBoard.key(self.board, 0)])
+            if ours is True:
+                return store
+            why = ours if ours is not False else "a store without this board answered"
+        self.unreachable = (f"The progress board on rank {self.labels[0]} ({where}) could not be opened at "
+                            f"{place}:{address.port} ({why}).")
+        return None
 
     @staticmethod
     def key(board: str, rank: int) -> str:

@@ -8,7 +8,7 @@ from typing import Any
 import horovod.torch as hvd
 import torch
 
-from grace_legacy.backends.board import ProgressBoard, host_address
+from grace_legacy.backends.board import BoardAddress, ProgressBoard, host_address
 from grace_legacy.core.stall import RanksStalled, resolve_stall_timeout
 
 #: The first and the longest sleep between two polls of an unfinished collective. The sleeps
@@ -70,12 +70,11 @@ class HorovodBackend:
         if self.size() == 1:
             return
         board = f"set{self.process_set.process_set_id}"
-        mine = "{}:{}".format(*host_address(board, self.size())).encode() if self.rank() == 0 else b""
+        mine = host_address(board, self.size()).to_text().encode() if self.rank() == 0 else b""
         length = int(self.wait(self.broadcast_async(torch.tensor([len(mine)]), 0, "board.length")).item())
         text = torch.tensor(list(mine), dtype=torch.uint8) if mine else torch.zeros(length, dtype=torch.uint8)
         address = bytes(self.wait(self.broadcast_async(text, 0, "board.address")).tolist()).decode()
-        host, _, port = address.rpartition(":")
-        self.board = ProgressBoard(board, self.rank(), self.labels(), (host, int(port)))
+        self.board = ProgressBoard(board, self.rank(), self.labels(), BoardAddress.from_text(address))
 
     def rank(self) -> int:
         return self.process_set.rank()

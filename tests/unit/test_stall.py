@@ -3,8 +3,10 @@
 
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -12,7 +14,7 @@ import pytest
 
 from grace_legacy import Grace, RanksStalled, TopK
 from grace_legacy.backends import board as board_module
-from grace_legacy.backends.board import ProgressBoard, host_address
+from grace_legacy.backends.board import BoardAddress, ProgressBoard, host_address
 from grace_legacy.core.stall import DEFAULT_STALL_TIMEOUT_S, STALL_TIMEOUT_ENV, resolve_stall_timeout
 
 
@@ -64,10 +66,50 @@ def test_a_member_whose_beat_does_not_move_is_named():
     assert stalled == [] and "rank 12 waits for 'bucket7'" in detail
 
 
+def test_a_member_tries_loopback_then_the_host_name_then_each_address():
+    assert BoardAddress(socket.gethostname(), 1, ("10.0.0.1", "fd00::1")).candidates() == [
+        "127.0.0.1", "10.0.0.1", "fd00::1"]
+    assert BoardAddress("elsewhere", 1, ("10.0.0.1",)).candidates() == ["elsewhere", "10.0.0.1"]
+    assert BoardAddress.from_text(BoardAddress("h", 5, ("10.0.0.1", "fd00::1")).to_text()) == (
+        "h", 5, ("10.0.0.1", "fd00::1"))
+
+
+def test_a_member_reaches_the_host_at_an_address_when_its_name_leads_nowhere():
+    address = host_address("unit", 2)._replace(host="no-such-host.invalid", addresses=("127.0.0.1",))
+    member = ProgressBoard("unit", 1, [0, 1], address)
+    assert member.unreachable is None
+    member.beat("bucket0")
+    assert member.read()[1] == (1, "bucket0")
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_board_where_nothing_listens_is_given_up_at_once_and_leaves_no_thread():
+    # The store's own client would retry there for about twice its timeout, and abort the process
+    # if it was still retrying when the process exited.
+    threads = set(threading.enumerate())
+    began = time.monotonic()
+    member = ProgressBoard("unit", 1, [4, 5], BoardAddress(socket.gethostname(), closed_port(), ("127.0.0.1",)))
+    assert time.monotonic() - began < 2
+    assert "progress board on rank 4" in member.unreachable and "nothing answered at 127.0.0.1" in member.unreachable
+    assert member.read() is None and member.stalled(None, None, "b")[0] is None
+    assert set(threading.enumerate()) <= threads
+
+
+def test_a_store_that_does_not_hold_the_board_is_not_used():
+    address = host_address("unit", 2)._replace(host="elsewhere.invalid", addresses=("127.0.0.1",))
+    member = ProgressBoard("another board", 1, [0, 1], address)
+    assert "a store without this board answered" in member.unreachable
+
+
 HOST = """
 import sys, time
 from grace_legacy.backends.board import host_address
-print("%s:%d" % host_address("unit", 2), flush=True)
+print(host_address("unit", 2).to_text(), flush=True)
 time.sleep(60)
 """
 
@@ -77,8 +119,7 @@ def test_a_stopped_host_is_named_within_the_answer_time(monkeypatch):
     host = subprocess.Popen([sys.executable, "-c", HOST], stdout=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     try:
-        name, _, port = host.stdout.readline().strip().rpartition(":")
-        member = ProgressBoard("unit", 1, [0, 1], (name, int(port)))
+        member = ProgressBoard("unit", 1, [0, 1], BoardAddress.from_text(host.stdout.readline().strip()))
         assert member.read() == {0: (0, ""), 1: (0, "")}
         os.kill(host.pid, signal.SIGSTOP)
         while Path(f"/proc/{host.pid}/stat").read_text().split(")")[-1].split()[0] != "T":  # delivered
