@@ -185,7 +185,7 @@ def time_topk_passes(parameters: list[Any], barrier: Any, hvd: Any) -> dict[str,
     import torch
 
     from grace_legacy import TopK
-    from grace_legacy.core.recycle import _zeroed
+    from grace_legacy.core.recycle import zeroed
 
     generator = torch.Generator().manual_seed(hvd.rank())
     grads = [torch.randn(p.shape, generator=generator) for p in parameters]
@@ -205,7 +205,7 @@ def time_topk_passes(parameters: list[Any], barrier: Any, hvd: Any) -> dict[str,
         for index, tensor in enumerate(compensated):
             topk.compress(tensor, str(index))
         selected = time.perf_counter()
-        _zeroed(dense)
+        zeroed(dense)
         cleared = time.perf_counter()
         return [added - start, selected - added, cleared - selected, cleared - start]
 

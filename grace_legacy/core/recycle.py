@@ -45,7 +45,7 @@ def _c_memset() -> Callable[[int, int, int], int] | None:
     return memset
 
 
-def _zeroed(buffer: torch.Tensor) -> torch.Tensor:
+def zeroed(buffer: torch.Tensor) -> torch.Tensor:
     """A kept (contiguous CPU) ``buffer`` set to zero, by the C library's ``memset`` where there
     is one: on the megabytes a kept buffer holds, glibc's clears faster than torch's ``zero_``,
     which stores vector by vector (``benchmarks/performance/throughput.py``, Top-k's decompress).
@@ -90,7 +90,7 @@ class Recycler:
     def zeros(self, key: Hashable, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         """A 1-D zero tensor of ``numel`` elements: the one kept under ``key`` if nothing outside
         this recycler refers to it any more (see the module doc), else a new one, kept from now on."""
-        return self._take(key, numel, dtype, device, torch.zeros, _zeroed)
+        return self._take(key, numel, dtype, device, torch.zeros, zeroed)
 
     def empty(self, key: Hashable, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         """As :meth:`zeros`, for a caller that overwrites every element: the contents are undefined."""

@@ -52,6 +52,14 @@ def test_a_buffer_nobody_else_holds_is_zeroed_and_handed_out_again():
     assert torch.equal(again, torch.zeros(N))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32])
+def test_zeroed_clears_every_element_to_positive_zero(dtype):
+    buffer = torch.full((N + 3,), -0.0 if dtype.is_floating_point else -7, dtype=dtype)
+    assert recycle.zeroed(buffer) is buffer
+    assert torch.equal(buffer.view(torch.uint8), torch.zeros(buffer.numel() * buffer.element_size(),
+                                                             dtype=torch.uint8))
+
+
 @pytest.mark.parametrize("holder", sorted(HOLDERS))
 def test_a_buffer_the_caller_still_refers_to_is_never_overwritten(holder):
     recycler = Recycler()
