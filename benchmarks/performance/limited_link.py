@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import statistics
 import sys
@@ -68,12 +69,17 @@ def timed_on_link(step: Callable[[], float]) -> tuple[float, float, int]:
     return elapsed, backward_done - start, max(sent - sent_before, received - received_before)
 
 
+#: A rate request's file in the control folder, by number.
+_REQUEST = re.compile(r"request-(\d+)")
+
+
 def request_rate(control: Path, request: int, rate: float, is_root: bool, barrier: Callable[[], None]) -> None:
     """Worker side: rank 0 asks the driver for ``rate`` and waits until it is applied; every rank
     then meets at ``barrier``."""
     if is_root:
-        (control / f"request-{request}.tmp").write_text(repr(rate))
-        (control / f"request-{request}.tmp").rename(control / f"request-{request}")
+        # Written under another name, then renamed: the driver never reads a half-written rate.
+        (control / f"writing-{request}").write_text(repr(rate))
+        (control / f"writing-{request}").rename(control / f"request-{request}")
         while not (control / f"applied-{request}").exists():
             time.sleep(0.05)
     barrier()
@@ -81,10 +87,11 @@ def request_rate(control: Path, request: int, rate: float, is_root: bool, barrie
 
 def serve_rate_requests(cluster: Any, control: Path) -> None:
     """Driver side: apply every rate a worker has asked for since the last call."""
-    for request in sorted(control.glob("request-[0-9]*"), key=lambda p: int(p.name.split("-")[1])):
-        applied = control / f"applied-{request.name.split('-')[1]}"
+    numbers = sorted(int(match[1]) for path in control.iterdir() if (match := _REQUEST.fullmatch(path.name)))
+    for number in numbers:
+        applied = control / f"applied-{number}"
         if not applied.exists():
-            cluster.set_rate(float(request.read_text()))
+            cluster.set_rate(float((control / f"request-{number}").read_text()))
             applied.touch()
 
 
