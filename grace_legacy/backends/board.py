@@ -54,9 +54,6 @@ BEAT_AFTER_S = 1.0
 #: counts as not answering: a round trip of microseconds, given ample room because a host that is
 #: merely slow (a busy machine) must not be named as stopped.
 ANSWER_S = 10.0
-#: Extra time a first connection's thread is waited for beyond the store's own timeout: the store
-#: tries twice, with a random delay between the tries of up to about its timeout.
-CONNECT_GRACE_S = 2 * ANSWER_S
 
 
 class BoardAddress(NamedTuple):
