@@ -15,6 +15,7 @@ and payload.
 
 from __future__ import annotations
 
+import socket
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -172,3 +173,11 @@ _SAME_WIDTH_INT = {2: torch.int16, 4: torch.int32, 8: torch.int64}
 def bits(t: torch.Tensor) -> torch.Tensor:
     """``t``'s entries, flattened, as same-width integers."""
     return t.reshape(-1).view(_SAME_WIDTH_INT[t.element_size()])
+
+
+def free_port() -> int:
+    """A TCP port on loopback that was free when asked: nothing listens there until a test (or the
+    launcher it starts) binds it."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
+
+from tests.helpers import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 WORKERS = Path(__file__).resolve().parent / "workers"
@@ -45,12 +46,6 @@ def run_script(script: Path, np: int, controller: str, *args: str, timeout: floa
     kill the whole job after ``timeout``."""
     return _finish(start(script, np, controller, *args, extra_env=extra_env, launcher_flags=launcher_flags,
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT), timeout)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def torchrun(script: str, np: int, out_dir: Path, *args: str, timeout: float = 300,

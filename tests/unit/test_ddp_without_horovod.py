@@ -2,11 +2,12 @@
 ``grace_legacy`` and ``grace_legacy.ddp`` works and a one-process Gloo DDP step runs through the
 hook (in a subprocess, so that this test process's own imports do not interfere)."""
 
-import socket
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+
+from tests.helpers import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -52,9 +53,7 @@ SCRIPT = textwrap.dedent("""
 
 
 def test_grace_legacy_and_the_ddp_hook_work_without_horovod(tmp_path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     script = tmp_path / "no_horovod.py"
     script.write_text(SCRIPT.replace("{port}", str(port)))
     result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=180,

@@ -16,6 +16,7 @@ from grace_legacy import Grace, RanksStalled, TopK
 from grace_legacy.backends import board as board_module
 from grace_legacy.backends.board import BoardAddress, ProgressBoard, host_address
 from grace_legacy.core.stall import DEFAULT_STALL_TIMEOUT_S, STALL_TIMEOUT_ENV, resolve_stall_timeout
+from tests.helpers import free_port
 
 
 def test_the_timeout_comes_from_the_argument_then_the_environment_then_the_default(monkeypatch):
@@ -82,18 +83,12 @@ def test_a_member_reaches_the_host_at_an_address_when_its_name_leads_nowhere():
     assert member.read()[1] == (1, "bucket0")
 
 
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_a_board_where_nothing_listens_is_given_up_at_once_and_leaves_no_thread():
     # The store's own client would retry there for about twice its timeout, and abort the process
     # if it was still retrying when the process exited.
     threads = set(threading.enumerate())
     began = time.monotonic()
-    member = ProgressBoard("unit", 1, [4, 5], BoardAddress(socket.gethostname(), closed_port(), ("127.0.0.1",)))
+    member = ProgressBoard("unit", 1, [4, 5], BoardAddress(socket.gethostname(), free_port(), ("127.0.0.1",)))
     assert time.monotonic() - began < 2
     assert "progress board on rank 4" in member.unreachable and "nothing answered at 127.0.0.1" in member.unreachable
     assert member.read() is None and member.stalled(None, None, "b")[0] is None
