@@ -26,8 +26,8 @@ rank per step to the host, and the waiting ranks' beats tell the same thing as s
 The host hands the members its address once, when the board opens (:class:`BoardAddress`): its
 host name and the IP addresses of its interfaces, because a host name alone does not say where
 the host is when processes share one but not a network (containers or network namespaces on one
-machine, each with an interface of its own). A member tries loopback first when the name is its
-own, then the name, then each address, with a plain socket, and opens the store on the first
+machine, each with an interface of its own). A member tries loopback when the name is its own
+(else the name), then each address, with a plain socket, and opens the store on the first
 that answers: the store's own client, given a place where nothing listens, retries for about
 twice its timeout, and a client still retrying when the process exits aborts it. A member that
 reaches none of them within :data:`ANSWER_S` works without a board, and its stall errors then

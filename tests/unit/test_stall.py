@@ -67,7 +67,7 @@ def test_a_member_whose_beat_does_not_move_is_named():
     assert stalled == [] and "rank 12 waits for 'bucket7'" in detail
 
 
-def test_a_member_tries_loopback_then_the_host_name_then_each_address():
+def test_a_member_tries_loopback_for_its_own_host_name_else_the_name_then_each_address():
     assert BoardAddress(socket.gethostname(), 1, ("10.0.0.1", "fd00::1")).candidates() == [
         "127.0.0.1", "10.0.0.1", "fd00::1"]
     assert BoardAddress("elsewhere", 1, ("10.0.0.1",)).candidates() == ["elsewhere", "10.0.0.1"]
