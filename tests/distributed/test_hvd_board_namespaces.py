@@ -18,7 +18,6 @@ RANKS = 3
 
 
 def test_ranks_in_separate_network_namespaces_reach_the_board(tmp_path):
-    sys.path.insert(0, str(REPO))
     from benchmarks.performance.netns import Cluster, HorovodJob, unavailable_reason
 
     reason = unavailable_reason()
