@@ -21,6 +21,8 @@ compressor's parameter (:meth:`Legacy.from_strings`): ``legacy_by`` (``"uniform"
 ``epochs``. The schedule then sets the parameter, so ``compress_ratio`` (or ``quantum_num``,
 ``threshold``, ``compress_rank``) is not used.
 
+The compressor names are GRACE's, plus ``bf16`` (:class:`~grace_legacy.BF16`), which GRACE lacks.
+
 GRACE accepted combinations that silently corrupt the gradient, such as a sparse payload summed by
 ``"allreduce"``; here they raise ``ValueError`` naming the communicator to use instead.
 """
@@ -32,6 +34,7 @@ from typing import Any
 
 from grace_legacy.communicators import Allgather, Allreduce, Broadcast
 from grace_legacy.compressors import (
+    BF16,
     DGC,
     FP16,
     QSGD,
@@ -81,6 +84,7 @@ COMPRESSORS: dict[str, _Build] = {
     "efsignsgd": lambda p, knob: EFSignSGD(p["lr"]),
     "onebit": lambda p, knob: OneBit(),
     "powersgd": lambda p, knob: PowerSGD(p["compress_rank"] if knob else None),
+    "bf16": lambda p, knob: BF16(),
 }
 #: The key that sets each compressor's knob (the parameter LEGACY schedules).
 KNOB_KEYS = {"topk": "compress_ratio", "randomk": "compress_ratio", "dgc": "compress_ratio",

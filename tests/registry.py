@@ -20,6 +20,7 @@ from typing import Any
 from hypothesis import strategies as st
 
 from grace_legacy import (
+    BF16,
     DGC,
     EF21,
     FP16,
@@ -63,6 +64,9 @@ from tests.reference import (
     majority_vote_rule,
     some_payloads_empty,
 )
+from tests.reference_compressors import (
+    BF16Reference,
+)
 
 #: The distributed workers' SGD learning rate, which EF-signSGD's memory must share.
 LR = 0.05
@@ -85,9 +89,11 @@ def knob_values(knob: Knob) -> st.SearchStrategy[Any]:
 # -- reference cases ----------------------------------------------------------------------------
 
 
-def pair(make_compressor: Callable[[], Any], make_memory: Callable[[], Any]) -> Callable[[], tuple]:
+def pair(make_compressor: Callable[[], Any], make_memory: Callable[[], Any],
+         dense_fallback: bool = True) -> Callable[[], tuple]:
     """A case's set-up: the optimizer's Grace bundle and an identical, separate twin."""
-    return lambda: (Grace(make_compressor(), memory=make_memory()), make_compressor(), make_memory())
+    return lambda: (Grace(make_compressor(), memory=make_memory(), dense_fallback=dense_fallback), make_compressor(),
+                    make_memory())
 
 
 def pair_without_memory(make_compressor: Callable[[], Any], dense_fallback: bool = False) -> Callable[[], tuple]:
@@ -101,6 +107,13 @@ def pair_without_memory(make_compressor: Callable[[], Any], dense_fallback: bool
 def through(communicator: Any, make_compressor: Callable[[], Any], make_memory: Callable[[], Any]):
     return lambda: (Grace(make_compressor(), memory=make_memory(), communicator=communicator),
                     make_compressor(), make_memory())
+
+
+def against(make_reference: Callable[[], Any], make_compressor: Callable[[], Any], make_memory: Callable[[], Any],
+            **grace: Any) -> Callable[[], tuple]:
+    """A case whose twin is an independent reference (:mod:`tests.reference_compressors`) rather
+    than a second copy of the library's compressor; ``grace``: the bundle's other arguments."""
+    return lambda: (Grace(make_compressor(), memory=make_memory(), **grace), make_reference(), make_memory())
 
 
 #: Quantized tensors are gathered (each rank has its own scale) and the twin draws the same numbers
@@ -138,6 +151,9 @@ ENTRIES: list[Entry] = [
         Case("NoCompression", pair(NoCompression, NoMemory), routes={"allreduce"}),)),
     Entry(FP16, "FP16", FP16, {}, "core", (
         Case("FP16", pair(FP16, NoMemory), rtol=2e-3, atol=1e-4, routes={"allreduce"}),)),
+    # The backend rounds the sum to bfloat16 once; the rule sums the bf16 values in the model's dtype.
+    Entry(BF16, "BF16", BF16, {}, "core", (
+        Case("BF16", against(BF16Reference, BF16, NoMemory), rtol=2**-7, atol=1e-12, routes={"allreduce"}),)),
     Entry(TopK, "TopK(0.1)", lambda: TopK(0.1), {"ratio": knob_values(DENSITY)}, "core", (
         Case("TopK+Residual", pair(lambda: TopK(0.1), Residual), routes={"allgather"}),
         # EF21 applies its running estimate g <- g + mean_r D(sent_r): the twin's memory.aggregated does it.
@@ -167,7 +183,7 @@ ENTRIES: list[Entry] = [
         # differs from the rule's in the last bit: default tolerances, still far below one
         # quantization step (norm / levels / 4), so a wrong draw fails the case too.
         Case("QSGD(levels=4) with the dense fallback", pair_without_memory(lambda: QSGD(4, seed=14), True),
-             routes={"allgather", "dense-fallback"}),)),
+             routes={"allgather", "dense-fallback"}, half_routes={"dense-fallback"}),)),
     Entry(TernGrad, "TernGrad", lambda: TernGrad(seed=4), {"seed": seeds}, "quantize", (
         Case("TernGrad", pair_without_memory(lambda: TernGrad(seed=9)), routes={"allgather"}, **EXACT),)),
     Entry(Natural, "Natural", lambda: Natural(seed=5), {"seed": seeds}, "quantize", (
@@ -188,7 +204,11 @@ ENTRIES: list[Entry] = [
           {"rank": st.integers(1, 64) | st.integers(1, 10**30), "seed": seeds}, "core", ()),
     # The worked example of docs/IMPLEMENTING.md, registered as a new compressor would be.
     Entry(Int8Linear, "Int8Linear(8)", lambda: Int8Linear(8), {"levels": knob_values(INT8_LEVELS)}, "core", (
-        Case("Int8Linear(8)+Residual", pair(lambda: Int8Linear(8), Residual), routes={"allgather"}),)),
+        Case("Int8Linear(8)+Residual", pair(lambda: Int8Linear(8), Residual), routes={"allgather"},
+             half_routes={"dense-fallback"}),
+        # With a 16-bit model every tensor of the case above goes dense: this one compresses them all.
+        Case("Int8Linear(8)+Residual without the dense fallback", pair(lambda: Int8Linear(8), Residual, False),
+             routes={"allgather"}),)),
 ]
 
 ENTRY_OF: dict[type, Entry] = {entry.compressor: entry for entry in ENTRIES}

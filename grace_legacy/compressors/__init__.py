@@ -2,7 +2,7 @@
 family; what a family shares lives beside it (``entries``, ``quantization``, ``signs``), and the
 compiled inner loops in ``kernels``."""
 
-from grace_legacy.compressors.dense import FP16, NoCompression
+from grace_legacy.compressors.dense import BF16, FP16, NoCompression
 from grace_legacy.compressors.dgc import DGC
 from grace_legacy.compressors.efsignsgd import EFSignSGD
 from grace_legacy.compressors.natural import Natural
@@ -15,5 +15,5 @@ from grace_legacy.compressors.terngrad import TernGrad
 from grace_legacy.compressors.threshold import Threshold
 from grace_legacy.compressors.topk import TopK
 
-__all__ = ["DGC", "EFSignSGD", "FP16", "Natural", "NoCompression", "OneBit", "PowerSGD", "QSGD", "RandomK",
+__all__ = ["BF16", "DGC", "EFSignSGD", "FP16", "Natural", "NoCompression", "OneBit", "PowerSGD", "QSGD", "RandomK",
            "SignSGD", "Signum", "TernGrad", "Threshold", "TopK"]

@@ -3,7 +3,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from grace_legacy import FP16, Allgather, Allreduce, Grace, NoCompression, NoMemory, RandomK, Residual, TopK
+from grace_legacy import BF16, FP16, Allgather, Allreduce, Grace, NoCompression, NoMemory, RandomK, Residual, TopK
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
@@ -15,6 +15,37 @@ def test_fp16_round_trip_keeps_dtype_and_shape_and_equals_plain_casts(dtype):
     out = FP16().decompress(payload, ctx)
     assert out.dtype == dtype and out.shape == x.shape
     assert torch.equal(out, x.to(torch.float16).to(dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+def test_bf16_rounds_to_nearest_bfloat16_and_back(dtype):
+    g = torch.Generator().manual_seed(9)
+    x = (torch.randn(1000, generator=g, dtype=torch.float64)
+         * torch.pow(10.0, torch.randint(-12, 3, (1000,), generator=g).double())).to(dtype)
+    payload, ctx = BF16().compress(x, "x")
+    assert payload[0].dtype == torch.bfloat16 and torch.equal(payload[0], x.to(torch.bfloat16))
+    out = BF16().decompress(payload, ctx)
+    assert out.dtype == dtype and torch.equal(out, x.to(torch.bfloat16).to(dtype))
+    if dtype == torch.bfloat16:
+        assert torch.equal(out, x)
+
+
+def test_bf16_keeps_fp32s_range_where_fp16_does_not():
+    x = torch.tensor([3e38, -1e30, 1e-30, 1e-38])
+    assert torch.isfinite(BF16().decompress(*BF16().compress(x, "x"))).all()
+    assert (BF16().decompress(*BF16().compress(x, "x")) != 0).all()
+    assert not torch.isfinite(FP16().decompress(*FP16().compress(x, "x"))).all()
+
+
+def test_bf16_large_output_is_a_buffer_of_its_own_until_let_go():
+    from grace_legacy.core.recycle import MMAP_CEILING
+
+    compressor = BF16()
+    x = torch.randn(MMAP_CEILING // 4 // 64 + 1, 64)
+    first = compressor.decompress(*compressor.compress(x, "x"))
+    second = compressor.decompress(*compressor.compress(-x, "x"))
+    assert second.data_ptr() != first.data_ptr()
+    assert torch.equal(first, x.bfloat16().float()) and torch.equal(second, (-x).bfloat16().float())
 
 
 def test_fp16_large_output_is_reused_only_once_the_caller_let_go():

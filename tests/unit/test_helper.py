@@ -7,6 +7,7 @@ import torch
 
 import grace_legacy
 from grace_legacy import (
+    BF16,
     DGC,
     FP16,
     QSGD,
@@ -58,16 +59,17 @@ def test_each_knob_takes_gracess_key_and_default(params, kind, knob):
 
 def test_every_name_gracess_helper_knows_builds_a_bundle():
     assert set(COMPRESSORS) == {"none", "fp16", "topk", "randomk", "dgc", "threshold", "qsgd", "terngrad",
-                                "natural", "signsgd", "signum", "efsignsgd", "onebit", "powersgd"}
+                                "natural", "signsgd", "signum", "efsignsgd", "onebit", "powersgd", "bf16"}
     assert set(MEMORIES) == {"none", "residual", "dgc", "efsignsgd", "powersgd"}
     assert set(COMMUNICATORS) == {"allreduce", "allgather", "broadcast"}
     for name in COMPRESSORS:
         memory = "efsignsgd" if name == "efsignsgd" else "none"
-        communicator = "allreduce" if name in ("none", "fp16", "powersgd") else "allgather"
+        communicator = "allreduce" if name in ("none", "fp16", "bf16", "powersgd") else "allgather"
         grc = grace_from_params({"compressor": name, "memory": memory, "communicator": communicator,
                                  "world_size": 4})
         assert isinstance(grc, Grace)
     assert isinstance(grace_from_params({"compressor": "fp16"}).compressor, FP16)
+    assert isinstance(grace_from_params({"compressor": "bf16"}).compressor, BF16)
     assert isinstance(grace_from_params({"compressor": "topk", "communicator": "broadcast"}).communicator,
                       Broadcast)
 

@@ -35,8 +35,10 @@ def batch(step: int, rank: int, pass_index: int = 0) -> tuple[torch.Tensor, torc
 
 
 def loss_of(model: nn.Module, data) -> torch.Tensor:
+    """The loss of ``model`` on ``data``, the inputs cast to the model's dtype (a model trained in
+    fp16 or bf16 sees the same batches rounded)."""
     x, y = data
-    return nn.functional.cross_entropy(model(x), y)
+    return nn.functional.cross_entropy(model(x.to(model.fc1.weight.dtype)), y)
 
 
 def local_gradients(model: nn.Module, step: int, passes: int) -> dict[str, torch.Tensor]:

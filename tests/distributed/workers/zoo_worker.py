@@ -2,10 +2,14 @@
 ``hvd.DistributedOptimizer`` and compared at every step with an independent aggregation of its
 twin's decompressed payloads.
 
-Run with ``--cases FAMILY ...`` to pick families of cases (``zoo.FAMILIES``); all by default.
+Run with ``--cases FAMILY ...`` to pick families of cases (``zoo.FAMILIES``); all by default, and
+``--dtype`` to train the model in float32 (the default), float16 or bfloat16: its gradients, the
+twin's and every rule's arithmetic are then in that dtype.
 """
 
 from __future__ import annotations
+
+import copy
 
 import horovod.torch as hvd
 import torch
@@ -15,6 +19,8 @@ from zoo import FAMILIES, Observation, cases, mean_rule
 
 from grace_legacy.core import wire
 from grace_legacy.grace import _DENSE
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 def predicted_packed_bytes(concrete, tensor: torch.Tensor) -> int | None:
@@ -31,6 +37,12 @@ def twin_step(twin, memory, grad: torch.Tensor, name: str, communicator, dense_f
 
     Bytes are counted with the gather layout, which every non-additive route (Allgather,
     Broadcast) hands to the backend byte for byte."""
+    return twin_step_sent(twin, memory, grad, name, communicator, dense_fallback, world_size)[:3]
+
+
+def twin_step_sent(twin, memory, grad: torch.Tensor, name: str, communicator, dense_fallback: bool,
+                   world_size: int | None = None) -> tuple[torch.Tensor, int, str, list[torch.dtype]]:
+    """:func:`twin_step`, and the floating dtypes its payload travels in."""
     compensated = memory.compensate(grad, name)
     concrete = twin.resolve(compensated, name)
     route = "dense"
@@ -42,7 +54,7 @@ def twin_step(twin, memory, grad: torch.Tensor, name: str, communicator, dense_f
             concrete, route = None, "dense-fallback"
     if concrete is None:
         memory.update(compensated, name, _DENSE, [compensated], None)
-        return compensated, compensated.numel() * compensated.element_size(), route
+        return compensated, compensated.numel() * compensated.element_size(), route, [compensated.dtype]
     payload, ctx = concrete.compress(compensated, name)
     memory.update(compensated, name, concrete, payload, ctx)
     if concrete.additive and communicator is None:
@@ -50,14 +62,42 @@ def twin_step(twin, memory, grad: torch.Tensor, name: str, communicator, dense_f
     else:
         sent = wire.packed_size(payload, with_header=not concrete.uniform_payload)
         route = communicator.route if communicator is not None else "allgather"
-    return concrete.decompress(payload, ctx), sent, route
+    return concrete.decompress(payload, ctx), sent, route, [p.dtype for p in payload if p.is_floating_point()]
 
 
-def run_case(rec: Recorder, case) -> None:
+#: Routes whose payloads the backend sums (in its own order and precision) rather than gathers.
+SUMMED_ROUTES = ("dense", "dense-fallback", "allreduce")
+
+
+def summed_bound(contributions: list[torch.Tensor], expected: torch.Tensor, dtypes: list[torch.dtype],
+                 step: int, shifted) -> torch.Tensor:
+    """How far, element by element, a sum the backend computes in a 16-bit dtype may lie from the
+    rule's.
+
+    Summing ``P`` values in any order, each addition rounding to a dtype with machine epsilon
+    ``eps`` (``u = eps / 2``), lands within ``(P - 1) u sum_r |c_r|`` of the exact sum, and the mean
+    within ``u ((P - 1) / P sum_r |c_r| + |mean|)`` of the exact mean: the backend's and the
+    rule's (rank order) are each that close, so within ``eps (sum_r |c_r| + |mean|)`` of each
+    other, plus the smallest subnormal where the result is too small for a relative bound. ``eps``
+    is the coarsest of the model's dtype and the payload's. A memory's ``aggregated`` map carries the
+    bound through ``shifted`` (the same map applied to the mean moved by it), plus one more
+    rounding of the result; a memory that accumulates the means (EF21) adds one such bound per
+    step, hence the factor ``step + 1``.
+    """
+    eps = max(torch.finfo(d).eps for d in dtypes)
+    tiny = max(torch.finfo(d).smallest_normal * torch.finfo(d).eps for d in dtypes)
+    magnitude = sum(c.double().abs() for c in contributions)
+    mean = sum(c.double() for c in contributions) / len(contributions)
+    on_mean = eps * (magnitude + mean.abs()) + tiny
+    through = (shifted(mean + on_mean) - shifted(mean)).abs()
+    return (step + 1) * (through + eps * expected.double().abs() + tiny)
+
+
+def run_case(rec: Recorder, case, dtype: torch.dtype) -> None:
     compression, twin, twin_memory = case.build()
     twin.set_rank(hvd.rank())
     torch.manual_seed(0)
-    model = Net()
+    model = Net().to(dtype)
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
                                    named_parameters=model.named_parameters(), compression=compression)
     communicator = getattr(compression, "communicator", None)
@@ -68,8 +108,10 @@ def run_case(rec: Recorder, case) -> None:
         loss_of(model, batch(step, hvd.rank())).backward()
         opt.synchronize()
         for name, p in model.named_parameters():
-            contribution, sent, route = twin_step(twin, twin_memory, local[name], name, communicator,
-                                                  getattr(compression, "dense_fallback", True))
+            contribution, sent, route, dtypes = twin_step_sent(twin, twin_memory, local[name], name, communicator,
+                                                               getattr(compression, "dense_fallback", True))
+            # In a 16-bit dtype the backend's sum rounds in its own order: held to a bound instead.
+            probe = copy.deepcopy(twin_memory) if dtype != torch.float32 and route in SUMMED_ROUTES else None
             expected_bytes += sent
             routes.add(route)
             contributions = gather_from_ranks(contribution)
@@ -78,7 +120,15 @@ def run_case(rec: Recorder, case) -> None:
             # memory then turns the aggregate into the gradient (EF21, EF-signSGD).
             combined = mean_rule(contributions) if route.startswith("dense") else case.rule(contributions)
             expected = twin_memory.aggregated(name, combined)
-            rec.close(p.grad, expected, f"{case.label}: step {step} {name}", case.rtol, case.atol)
+            label = f"{case.label}: step {step} {name}"
+            if probe is None:
+                rec.close(p.grad, expected, label, case.rtol, case.atol)
+            else:
+                bound = summed_bound(contributions, expected, [dtype, *dtypes], step,
+                                     lambda t, probe=probe, name=name: copy.deepcopy(probe).aggregated(name, t))
+                excess = (p.grad.double() - expected.double()).abs() - bound
+                rec.check(f"{label} (within the rounding of a 16-bit sum)", bool((excess <= 0).all()),
+                          f"max excess over the bound {excess.max().item():.3e}")
             rec.check(f"{case.label}: step {step} {name} shape and dtype",
                       p.grad.shape == p.shape and p.grad.dtype == p.dtype)
         twin.end_step()
@@ -87,7 +137,8 @@ def run_case(rec: Recorder, case) -> None:
     stats = compression.stats
     rec.check(f"{case.label}: stats bytes_sent equals the twin's payload bytes", stats["bytes_sent"] == expected_bytes,
               f"{stats['bytes_sent']} != {expected_bytes}")
-    rec.check(f"{case.label}: routes used", case.routes <= routes, f"used {routes}, expected {case.routes}")
+    required = case.routes if dtype == torch.float32 or case.half_routes is None else case.half_routes
+    rec.check(f"{case.label}: routes used", required <= routes, f"used {routes}, expected {required}")
     rec.check(f"{case.label}: the bundle's routes are the twin's", set(stats["tensors_by_route"]) == routes,
               f"bundle {stats['tensors_by_route']}, twin {routes}")
     if case.check is not None:
@@ -95,7 +146,8 @@ def run_case(rec: Recorder, case) -> None:
 
 
 def main() -> None:
-    args = parse_args([(("--cases",), {"nargs": "*", "default": None})])
+    args = parse_args([(("--cases",), {"nargs": "*", "default": None}),
+                       (("--dtype",), {"choices": sorted(DTYPES), "default": "float32"})])
     hvd.init()
     torch.set_num_threads(1)
     rec = Recorder(args.out)
@@ -103,7 +155,7 @@ def main() -> None:
     for family in args.cases or FAMILIES:
         for case in cases(family):
             labels.append(case.label)
-            rec.guard(case.label, run_case, rec, case)
+            rec.guard(case.label, run_case, rec, case, DTYPES[args.dtype])
     rec.extra["cases"] = labels
     rec.write()
 
