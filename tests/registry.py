@@ -24,8 +24,10 @@ from grace_legacy import (
     DGC,
     EF21,
     FP16,
+    INCEPTIONN,
     QSGD,
     Accordion,
+    AdaQ,
     Broadcast,
     Compressor,
     DGCMemory,
@@ -46,13 +48,17 @@ from grace_legacy import (
     Residual,
     SignSGD,
     Signum,
+    Sketch,
     TernGrad,
     Threshold,
     TopK,
+    U8bit,
 )
 from grace_legacy.compressors.entries import DENSITY
+from grace_legacy.compressors.inceptionn import ERROR_BOUND
 from grace_legacy.compressors.qsgd import LEVELS
 from grace_legacy.compressors.signsgd import MOMENTUM
+from grace_legacy.compressors.sketch import QUANTILES
 from grace_legacy.compressors.threshold import THRESHOLD
 from tests.example_compressor import LEVELS as INT8_LEVELS
 from tests.example_compressor import Int8Linear
@@ -65,7 +71,11 @@ from tests.reference import (
     some_payloads_empty,
 )
 from tests.reference_compressors import (
+    AdaQReference,
     BF16Reference,
+    INCEPTIONNReference,
+    SketchReference,
+    U8bitReference,
 )
 
 #: The distributed workers' SGD learning rate, which EF-signSGD's memory must share.
@@ -198,6 +208,55 @@ ENTRIES: list[Entry] = [
              routes={"allgather"}),)),
     Entry(OneBit, "OneBit", OneBit, {}, "sign", (
         Case("OneBit+Residual", pair(OneBit, Residual), routes={"allgather"}),)),
+    # GRACE's TensorFlow compressors, each against its reference in tests/reference_compressors.py:
+    # gathered, in fused buckets (the optimizer's default), one tensor per collective, by Broadcast,
+    # and, where the size is known in advance, through the dense fallback. With a 16-bit model the
+    # 1-byte payloads gathered from 4 ranks always go dense, so the cases without the fallback are
+    # the ones that compress there.
+    Entry(U8bit, "U8bit", U8bit, {}, "grace_tf", (
+        Case("U8bit+Residual", against(U8bitReference, U8bit, Residual), routes={"allgather", "dense-fallback"},
+             half_routes={"dense-fallback"}),
+        Case("U8bit+Residual without the dense fallback", against(U8bitReference, U8bit, Residual,
+                                                                  dense_fallback=False),
+             routes={"allgather"}, **EXACT),
+        Case("U8bit via Broadcast, one tensor per collective",
+             against(U8bitReference, U8bit, NoMemory, communicator=Broadcast(), dense_fallback=False),
+             routes={"broadcast"}, **EXACT),)),
+    Entry(Sketch, "Sketch(16)", lambda: Sketch(16), {"quantiles": knob_values(QUANTILES)}, "grace_tf", (
+        Case("Sketch(16)+Residual", against(lambda: SketchReference(16), lambda: Sketch(16), Residual),
+             routes={"allgather", "dense-fallback"}, half_routes={"dense-fallback"}),
+        Case("Sketch(64)+Residual without the dense fallback",
+             against(lambda: SketchReference(64), lambda: Sketch(64), Residual, dense_fallback=False),
+             routes={"allgather"}, **EXACT),
+        Case("Sketch(3) via Broadcast", against(lambda: SketchReference(3), lambda: Sketch(3), NoMemory,
+                                                communicator=Broadcast(), dense_fallback=False),
+             routes={"broadcast"}, **EXACT),)),
+    # 2**-10 is the bound GRACE's code ends up with for its default 2e-10 (see INCEPTIONN's docstring):
+    # the Net's gradients then take every form but the full one; 2e-10 itself sends most in full.
+    Entry(INCEPTIONN, "INCEPTIONN(2**-10)", lambda: INCEPTIONN(2**-10), {"error_bound": knob_values(ERROR_BOUND)},
+          "grace_tf", (
+        Case("INCEPTIONN(2**-10)+Residual", against(lambda: INCEPTIONNReference(2**-10), lambda: INCEPTIONN(2**-10),
+                                                    Residual), routes={"allgather"}, **EXACT),
+        Case("INCEPTIONN(2e-10), one tensor per collective",
+             against(lambda: INCEPTIONNReference(2e-10), lambda: INCEPTIONN(2e-10), NoMemory, bucket_bytes=0),
+             routes={"allgather"}, **EXACT),
+        Case("INCEPTIONN(2**-20)+Residual via Broadcast",
+             against(lambda: INCEPTIONNReference(2**-20), lambda: INCEPTIONN(2**-20), Residual,
+                     communicator=Broadcast()), routes={"broadcast"}, **EXACT),)),
+    # min_samples=16: fc1.weight's ~480 entries of each sign are sampled, the smaller tensors taken whole.
+    Entry(AdaQ, "AdaQ(0.3)", lambda: AdaQ(0.3, seed=12, min_samples=16),
+          {"ratio": knob_values(DENSITY), "seed": seeds, "sample_ratio": st.floats(1e-9, 1.0),
+           "min_samples": st.integers(1, 10**9)}, "grace_tf", (
+        Case("AdaQ(0.3)+Residual", against(lambda: AdaQReference(0.3, seed=15, min_samples=16),
+                                           lambda: AdaQ(0.3, seed=15, min_samples=16), Residual),
+             routes={"allgather"}, **EXACT),
+        Case("AdaQ(0.1), one tensor per collective",
+             against(lambda: AdaQReference(0.1, seed=16, sample_ratio=0.5, min_samples=8),
+                     lambda: AdaQ(0.1, seed=16, sample_ratio=0.5, min_samples=8), NoMemory, bucket_bytes=0),
+             routes={"allgather"}, **EXACT),
+        Case("AdaQ(0.3)+Residual via Broadcast",
+             against(lambda: AdaQReference(0.3, seed=17), lambda: AdaQ(0.3, seed=17), Residual,
+                     communicator=Broadcast()), routes={"broadcast"}, **EXACT),)),
     # PowerSGD's two rounds are checked by their own worker (test_hvd_powersgd.py) against a
     # reference of the two allreduces; the state tests pair it with every memory.
     Entry(PowerSGD, "PowerSGD(2)", lambda: PowerSGD(2, seed=6),

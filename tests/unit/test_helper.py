@@ -10,7 +10,9 @@ from grace_legacy import (
     BF16,
     DGC,
     FP16,
+    INCEPTIONN,
     QSGD,
+    AdaQ,
     Allreduce,
     Broadcast,
     DGCMemory,
@@ -25,8 +27,10 @@ from grace_legacy import (
     RandomK,
     Residual,
     Signum,
+    Sketch,
     Threshold,
     TopK,
+    U8bit,
     grace_from_params,
 )
 from grace_legacy.helper import COMMUNICATORS, COMPRESSORS, MEMORIES
@@ -50,6 +54,13 @@ def test_defaults_are_gracess_no_compression_no_memory_allreduce():
     ({"compressor": "topk", "communicator": "allgather", "compress_ratio": 0.01}, TopK, 0.01),
     ({"compressor": "qsgd", "communicator": "allgather", "quantum_num": 64}, QSGD, 64),
     ({"compressor": "powersgd", "compress_rank": 4}, PowerSGD, 4),
+    # GRACE's TensorFlow side: its keys and defaults.
+    ({"compressor": "adaq", "communicator": "allgather"}, AdaQ, 0.3),
+    ({"compressor": "adaq", "communicator": "allgather", "compress_ratio": 0.05}, AdaQ, 0.05),
+    ({"compressor": "inceptionn", "communicator": "allgather"}, INCEPTIONN, 2e-10),
+    ({"compressor": "inceptionn", "communicator": "allgather", "error_bound": 2**-10}, INCEPTIONN, 2**-10),
+    ({"compressor": "sketch", "communicator": "allgather"}, Sketch, 64),
+    ({"compressor": "sketch", "communicator": "allgather", "quantiles": 256}, Sketch, 256),
 ])
 def test_each_knob_takes_gracess_key_and_default(params, kind, knob):
     grc = grace_from_params(params)
@@ -59,7 +70,8 @@ def test_each_knob_takes_gracess_key_and_default(params, kind, knob):
 
 def test_every_name_gracess_helper_knows_builds_a_bundle():
     assert set(COMPRESSORS) == {"none", "fp16", "topk", "randomk", "dgc", "threshold", "qsgd", "terngrad",
-                                "natural", "signsgd", "signum", "efsignsgd", "onebit", "powersgd", "bf16"}
+                                "natural", "signsgd", "signum", "efsignsgd", "onebit", "powersgd",
+                                "adaq", "inceptionn", "sketch", "u8bit", "bf16"}
     assert set(MEMORIES) == {"none", "residual", "dgc", "efsignsgd", "powersgd"}
     assert set(COMMUNICATORS) == {"allreduce", "allgather", "broadcast"}
     for name in COMPRESSORS:
@@ -70,6 +82,7 @@ def test_every_name_gracess_helper_knows_builds_a_bundle():
         assert isinstance(grc, Grace)
     assert isinstance(grace_from_params({"compressor": "fp16"}).compressor, FP16)
     assert isinstance(grace_from_params({"compressor": "bf16"}).compressor, BF16)
+    assert isinstance(grace_from_params({"compressor": "u8bit", "communicator": "allgather"}).compressor, U8bit)
     assert isinstance(grace_from_params({"compressor": "topk", "communicator": "broadcast"}).communicator,
                       Broadcast)
 
