@@ -159,11 +159,12 @@ class Entry:
 ENTRIES: list[Entry] = [
     Entry(NoCompression, "NoCompression", NoCompression, {}, "core", (
         Case("NoCompression", pair(NoCompression, NoMemory), routes={"allreduce"}),)),
+    # Both are summed in 16 bits, in the backend's order: the workers hold them to the rounding of
+    # such a sum (zoo_worker.compare_with_rule) rather than to the case's tolerances.
     Entry(FP16, "FP16", FP16, {}, "core", (
-        Case("FP16", pair(FP16, NoMemory), rtol=2e-3, atol=1e-4, routes={"allreduce"}),)),
-    # The backend rounds the sum to bfloat16 once; the rule sums the bf16 values in the model's dtype.
+        Case("FP16", pair(FP16, NoMemory), routes={"allreduce"}),)),
     Entry(BF16, "BF16", BF16, {}, "core", (
-        Case("BF16", against(BF16Reference, BF16, NoMemory), rtol=2**-7, atol=1e-12, routes={"allreduce"}),)),
+        Case("BF16", against(BF16Reference, BF16, NoMemory), routes={"allreduce"}),)),
     Entry(TopK, "TopK(0.1)", lambda: TopK(0.1), {"ratio": knob_values(DENSITY)}, "core", (
         Case("TopK+Residual", pair(lambda: TopK(0.1), Residual), routes={"allgather"}),
         # EF21 applies its running estimate g <- g + mean_r D(sent_r): the twin's memory.aggregated does it.

@@ -69,6 +69,27 @@ def twin_step_sent(twin, memory, grad: torch.Tensor, name: str, communicator, de
 SUMMED_ROUTES = ("dense", "dense-fallback", "allreduce")
 
 
+def compare_with_rule(rec: Recorder, label: str, actual: torch.Tensor, combined: torch.Tensor, twin_memory,
+                      name: str, route: str, dtypes: list[torch.dtype], contributions: list[torch.Tensor],
+                      step: int, case) -> torch.Tensor:
+    """Check ``actual`` against the rule's ``combined`` as the twin's memory turns it into the
+    gradient, and return that. Where the backend sums in 16 bits (a 16-bit model, or a payload
+    such as FP16's or BF16's) it sums in its own order and precision: held to
+    :func:`summed_bound` instead of the case's tolerances. ``dtypes``: the model's, then the payload's."""
+    narrow = route in SUMMED_ROUTES and any(torch.finfo(d).bits <= 16 for d in dtypes)
+    probe = copy.deepcopy(twin_memory) if narrow else None
+    expected = twin_memory.aggregated(name, combined)
+    if probe is None:
+        rec.close(actual, expected, label, case.rtol, case.atol)
+        return expected
+    bound = summed_bound(contributions, expected, dtypes, step,
+                         lambda t: copy.deepcopy(probe).aggregated(name, t))
+    excess = (actual.double() - expected.double()).abs() - bound
+    rec.check(f"{label} (within the rounding of a 16-bit sum)", bool((excess <= 0).all()),
+              f"max excess over the bound {excess.max().item():.3e}")
+    return expected
+
+
 def summed_bound(contributions: list[torch.Tensor], expected: torch.Tensor, dtypes: list[torch.dtype],
                  step: int, shifted) -> torch.Tensor:
     """How far, element by element, a sum the backend computes in a 16-bit dtype may lie from the
@@ -110,8 +131,6 @@ def run_case(rec: Recorder, case, dtype: torch.dtype) -> None:
         for name, p in model.named_parameters():
             contribution, sent, route, dtypes = twin_step_sent(twin, twin_memory, local[name], name, communicator,
                                                                getattr(compression, "dense_fallback", True))
-            # In a 16-bit dtype the backend's sum rounds in its own order: held to a bound instead.
-            probe = copy.deepcopy(twin_memory) if dtype != torch.float32 and route in SUMMED_ROUTES else None
             expected_bytes += sent
             routes.add(route)
             contributions = gather_from_ranks(contribution)
@@ -119,16 +138,8 @@ def run_case(rec: Recorder, case, dtype: torch.dtype) -> None:
             # Dense tensors are averaged whatever the compressor's rule; as the bundle does, the
             # memory then turns the aggregate into the gradient (EF21, EF-signSGD).
             combined = mean_rule(contributions) if route.startswith("dense") else case.rule(contributions)
-            expected = twin_memory.aggregated(name, combined)
-            label = f"{case.label}: step {step} {name}"
-            if probe is None:
-                rec.close(p.grad, expected, label, case.rtol, case.atol)
-            else:
-                bound = summed_bound(contributions, expected, [dtype, *dtypes], step,
-                                     lambda t, probe=probe, name=name: copy.deepcopy(probe).aggregated(name, t))
-                excess = (p.grad.double() - expected.double()).abs() - bound
-                rec.check(f"{label} (within the rounding of a 16-bit sum)", bool((excess <= 0).all()),
-                          f"max excess over the bound {excess.max().item():.3e}")
+            compare_with_rule(rec, f"{case.label}: step {step} {name}", p.grad, combined, twin_memory, name, route,
+                              [dtype, *dtypes], contributions, step, case)
             rec.check(f"{case.label}: step {step} {name} shape and dtype",
                       p.grad.shape == p.shape and p.grad.dtype == p.dtype)
         twin.end_step()
