@@ -98,7 +98,7 @@ def main() -> None:
     torch.manual_seed(args.seed)
 
     model = DigitsCNN()
-    schedule = Legacy.from_strings(TopK(), args.legacy_by, group_compressions=args.group_compressions,
+    schedule = Legacy.from_flags(TopK(), args.legacy_by, group_compressions=args.group_compressions,
                                    group_splits=args.group_splits if args.legacy_by != "epoch" else "",
                                    epochs=args.epochs)
     compression = Grace(schedule, memory=NoMemory() if args.no_memory else Residual())

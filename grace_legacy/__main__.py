@@ -6,7 +6,7 @@
         --by layer --group-splits 50 --layer-factors 10,1
 
 The schedule is given either in the LEGACY reference flags (``--by``, ``--group-compressions``,
-``--group-splits``, ``--epochs``) or as a budget: ``--budget V`` (a uniform knob value, in the
+``--group-splits``, ``--epochs``) or as a budget: ``--budget V`` (a uniform parameter value, in the
 units of ``--group-compressions``) with a shape (``--layer-factors``, ``--phase-factors``), scaled
 by ``Legacy.budget_matched`` to send as many bytes as the uniform value would. Neither: the
 compressor at GRACE's default for its parameter (``grace_from_params``'s).
@@ -46,13 +46,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a compressor name as grace_from_params takes it (default: topk)")
     p.add_argument("--by", choices=["uniform", *Legacy.MODES],
                    help="LEGACY mode (reference flag legacy_by; default layer); needs --group-compressions or --budget")
-    p.add_argument("--group-compressions", help="knob values per size group, ';' between phases; a density "
+    p.add_argument("--group-compressions", help="parameter values per size group, ';' between phases; a density "
                                                  "in percent (reference flag)")
     p.add_argument("--group-splits", default="", help="size-group thresholds in elements, comma-separated")
     p.add_argument("--epochs", type=int, help="training epochs (phases are equal shares of them)")
-    p.add_argument("--budget", type=float, help="match the bytes of this uniform knob value (a density in percent)")
-    p.add_argument("--layer-factors", help="with --budget: relative knob per size group, comma-separated")
-    p.add_argument("--phase-factors", help="with --budget: relative knob per phase, comma-separated")
+    p.add_argument("--budget", type=float, help="match the bytes of this uniform value (a density in percent)")
+    p.add_argument("--layer-factors", help="with --budget: relative parameter per size group, comma-separated")
+    p.add_argument("--phase-factors", help="with --budget: relative parameter per phase, comma-separated")
     p.add_argument("--workers", type=int, help="number of ranks: counts tensors the dense fallback sends dense "
                                                "as dense (omit to ignore the fallback)")
     p.add_argument("--plot", metavar="FILE.png", help="also draw bytes per size group and phase")
@@ -72,18 +72,18 @@ def build_compression(args: argparse.Namespace, parser: argparse.ArgumentParser,
             if value is not None:
                 parser.error(f"{flag} describes a LEGACY schedule: give --group-compressions or --budget too")
         return base
-    if base.knob is None:
+    if base.parameter is None:
         parser.error(f"--compressor {args.compressor} has no parameter to schedule; use one of "
-                     f"{', '.join(n for n, b in COMPRESSORS.items() if b(DEFAULTS, False).knob)}")
+                     f"{', '.join(n for n, b in COMPRESSORS.items() if b(DEFAULTS, False).parameter)}")
     by = args.by or "layer"
     if args.group_compressions is not None:
         if args.layer_factors or args.phase_factors:
             parser.error("--layer-factors/--phase-factors shape a --budget; with --group-compressions give values")
-        return Legacy.from_strings(base, by, group_compressions=args.group_compressions,
+        return Legacy.from_flags(base, by, group_compressions=args.group_compressions,
                                    group_splits=args.group_splits, epochs=args.epochs)
     if by == "uniform":
         parser.error("--budget needs --by layer, epoch or both (a uniform schedule is the budget itself)")
-    target = args.budget / 100 if base.knob.name == "ratio" else args.budget
+    target = args.budget / 100 if base.parameter.name == "ratio" else args.budget
     return Legacy.budget_matched(
         base, target, by=by, sizes=[s.numel() for s in shapes],
         splits=_numbers(args.group_splits, int, "--group-splits") or None,
@@ -110,7 +110,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(err))
     print(f"{compression!r}" + (f" on {args.workers} workers" if args.workers else ""))
     if isinstance(compression, Legacy):
-        flags = compression.to_strings()
+        flags = compression.to_flags()
         print("reference flags: " + " ".join(f"--{k.replace('_', '-')} {v!r}" if isinstance(v, str) else
                                              f"--{k.replace('_', '-')} {v}" for k, v in flags.items()))
     if args.plot:

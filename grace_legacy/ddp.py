@@ -188,7 +188,7 @@ class GraceState:
             if flagged:
                 # GradScaler skips the whole step, so no tensor's memory or schedule may keep it.
                 for name in self._order:
-                    self.grace.discard(name)
+                    self.grace.undo(name)
             self.grace.end_step(self.backend)
         except BaseException as error:
             for _, _, future in step.buckets:

@@ -16,7 +16,7 @@ cycle for the bundle that runs the compression (for a bare compressor, the bundl
 * After every reset (ranks lost or added), synchronization sends rank 0's shared state (its
   configuration and compressor state, not its residuals) to every rank, and each rank continues
   from it with :meth:`Grace.rejoin`: progress, decisions and the step
-  counters behind every generator are rank 0's, so every rank picks the same knob and draws
+  counters behind every generator are rank 0's, so every rank picks the same parameter and draws
   alike; the error-feedback residuals stay with the process that owns them.
 
 Why survivors keep their residuals: a residual is gradient its process computed and has not yet
@@ -77,7 +77,7 @@ class CompressionStateHandler(_hvd_state.StateHandler):
 
     def restore(self) -> None:
         bundle = self._bundle()
-        bundle.abandon_step()
+        bundle.undo_step()
         if self._saved is None:
             return
         state = copy.deepcopy(self._saved)

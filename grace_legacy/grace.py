@@ -8,18 +8,20 @@ from typing import Any
 import torch
 
 from grace_legacy.communicators import Allgather, Allreduce
-from grace_legacy.communicators.flight import Member
-from grace_legacy.communicators.fusion import BucketPlan, FusedExchange, default_bucket_bytes
+from grace_legacy.communicators.buckets import BucketFiller, BucketPlan, default_bucket_bytes
+from grace_legacy.communicators.exchange import Parcel
 from grace_legacy.compressors import NoCompression
-from grace_legacy.core import wire
 from grace_legacy.core.backend import Backend, Pending
 from grace_legacy.core.communicator import Communicator
 from grace_legacy.core.compressor import Compressor, Payload
-from grace_legacy.core.cost import gather_costs_more
 from grace_legacy.core.memory import Memory
-from grace_legacy.core.saved_state import refuse_other_configuration, saved_configuration
 from grace_legacy.core.seeds import derived_seed
-from grace_legacy.core.stall import RanksStalled, resolve_stall_timeout
+from grace_legacy.core.state import refuse_other_configuration, saved_configuration
+from grace_legacy.runtime import wire
+from grace_legacy.runtime.cost import gather_costs_more
+from grace_legacy.runtime.stall import RanksStalled, resolve_stall_timeout
+from grace_legacy.runtime.traffic import TrafficStats
+from grace_legacy.schedules.base import Schedule
 
 _DENSE = NoCompression()
 
@@ -49,17 +51,17 @@ class Grace:
     compressors whose aggregate is a mean (not SignSGD's vote, which a dense mean would change).
 
     ``bucket_bytes``: tensors are sent in fused buckets of up to this many dense bytes, one
-    collective per kind per bucket (:mod:`grace_legacy.communicators.fusion`), once
+    collective per kind per bucket (:mod:`grace_legacy.communicators.buckets`), once
     :meth:`plan_buckets` has been told the tensors (``hvd.DistributedOptimizer`` does). ``None``
     takes :func:`default_bucket_bytes`: ``HOROVOD_FUSION_THRESHOLD`` as Horovod reads it, at most
     16 MiB; ``0`` sends every tensor on its own. A communicator that cannot be fused
     (``Broadcast``) always sends per tensor.
 
     ``stall_timeout``: seconds a rank waits for one collective before it raises
-    :class:`~grace_legacy.core.stall.RanksStalled`, naming the gradient and the ranks it waits for
+    :class:`~grace_legacy.runtime.stall.RanksStalled`, naming the gradient and the ranks it waits for
     (a rank stopped or hung without dying would otherwise keep the others waiting forever).
     ``None`` takes ``GRACE_LEGACY_STALL_TIMEOUT`` from the environment, else 1800 s
-    (:data:`~grace_legacy.core.stall.DEFAULT_STALL_TIMEOUT_S`).
+    (:data:`~grace_legacy.runtime.stall.DEFAULT_STALL_TIMEOUT_S`).
     """
 
     def __init__(self, compressor: Compressor, memory: Memory | None = None,
@@ -84,9 +86,13 @@ class Grace:
         self.dense_fallback = bool(dense_fallback)
         self.stall_timeout = resolve_stall_timeout(stall_timeout)
         self.bucket_bytes = default_bucket_bytes() if bucket_bytes is None else bucket_bytes
-        self._fusion: FusedExchange | None = None
+        self._filler: BucketFiller | None = None
         self._gather_cost: dict[tuple, bool] = {}
         self.compressor = compressor
+        self._schedule = compressor if isinstance(compressor, Schedule) else None
+        #: the bytes this rank sent, by route (and by a schedule's groups and phases): :attr:`stats`
+        self.traffic = TrafficStats()
+        compressor.ledger = self.traffic
         self.memory = memory if memory is not None else compressor.recommended_memory()
         compressor.check_memory(self.memory)
         self.memory.check_compressor(compressor)
@@ -104,7 +110,7 @@ class Grace:
         # the tensor held one. Only looked at, all at once, in nonfinite_names: a check per tensor
         # would cost several small tensor operations each.
         self._extremes: dict[str, list[torch.Tensor]] = {}
-        # The tensors started in the current step (what abandon_step rolls back).
+        # The tensors started in the current step (what undo_step rolls back).
         self._started: set[str] = set()
         # (rank, size) of the process set this bundle ran on, and the one a loaded state expects.
         self._placement: tuple[int, int] | None = None
@@ -114,7 +120,7 @@ class Grace:
         """Fuse the tensors named in ``sizes`` ((name, dense bytes), in expected arrival order)
         into buckets of up to :attr:`bucket_bytes`. Every rank must give the same list."""
         fusable = self.communicator is None or self.communicator.fusable
-        self._fusion = FusedExchange(BucketPlan(sizes, self.bucket_bytes)) if fusable and self.bucket_bytes else None
+        self._filler = BucketFiller(BucketPlan(sizes, self.bucket_bytes)) if fusable and self.bucket_bytes else None
 
     def _gathers_more_than_dense(self, concrete: Compressor, tensor: torch.Tensor, world_size: int) -> bool:
         key = (id(concrete), tensor.shape, tensor.dtype, world_size)
@@ -136,7 +142,7 @@ class Grace:
 
         ``overwrite``: the caller will not read ``tensor`` again, so the memory may build the
         compensated gradient in its storage (:meth:`Memory.compensate_into`)."""
-        self.enter(backend)
+        self.join_world(backend)
         # A sparsifier or a sign may drop an inf; the flag makes sure every rank still sees it.
         # Finite state can still overflow (momentum, an fp16 sum), so the compensated gradient is
         # always looked at; the raw one too (first: compensate may write over it) unless the
@@ -148,7 +154,7 @@ class Grace:
         compensated = (self.memory.compensate_into if overwrite else self.memory.compensate)(tensor, name)
         if watch and (compensated is not tensor or self.memory.keeps_nonfinite):
             self._watch(name, compensated)
-        concrete = self.compressor.resolve(compensated, name) if tensor.numel() else None
+        concrete = self.compressor.compressor_for(compensated, name) if tensor.numel() else None
         route = "dense"
         if concrete is not None:
             gathered = self.communicator.carries_non_additive if self.communicator else not concrete.additive
@@ -164,14 +170,15 @@ class Grace:
             communicator = self.communicator or (_ALLREDUCE if concrete.additive else _ALLGATHER)
             route = communicator.route
 
-        def learn(final_payload: Payload, final_ctx: Any) -> None:
+        def update_memory(final_payload: Payload, final_ctx: Any) -> None:
             self.memory.update(compensated, name, concrete, final_payload, final_ctx)
 
-        if self._fusion is not None and name in self._fusion.plan.bucket_of:
-            member = Member(name, payload, ctx, concrete, gathered=communicator.carries_non_additive, learn=learn)
-            inner = self._fusion.add(member, backend, average)
+        if self._filler is not None and name in self._filler.plan.bucket_of:
+            parcel = Parcel(name, payload, ctx, concrete, gathered=communicator.carries_non_additive,
+                            update_memory=update_memory)
+            inner = self._filler.add(parcel, backend, average)
         else:
-            inner = communicator.start(payload, ctx, name, concrete, backend, average, on_final_payload=learn)
+            inner = communicator.start(payload, ctx, name, concrete, backend, average, on_final_payload=update_memory)
 
         def finish() -> torch.Tensor:
             try:
@@ -182,13 +189,20 @@ class Grace:
             # A compressor can overflow finite input (FP16 beyond 65504); the step is skipped then too.
             if not inner.finite:
                 self._watch(name, result)
-            self.compressor.observe(name, result)
+            if self._schedule is not None:
+                self._schedule.observe(name, result)
             # Recorded on arrival: a multi-round payload's later rounds are only sent in inner().
-            self.compressor.record_traffic(name, tensor, inner.bytes_sent, route)
+            self.record_traffic(name, tensor, inner.bytes_sent, route)
             return result
 
         self._started.add(name)
         return Pending(finish, inner.bytes_sent)
+
+    def record_traffic(self, name: str, tensor: torch.Tensor, sent_bytes: int, route: str) -> None:
+        """Count ``sent_bytes`` handed to the collectives for ``tensor`` (under a schedule's labels)."""
+        labels = self._schedule.traffic_labels(name, tensor) if self._schedule is not None else None
+        self.traffic.record(dense_bytes=tensor.numel() * tensor.element_size(), sent_bytes=sent_bytes,
+                            route=route, labels=labels)
 
     def _watch(self, name: str, tensor: torch.Tensor) -> None:
         """Remember ``tensor``'s extremes for :meth:`nonfinite_names`: the minimum and maximum are
@@ -199,11 +213,11 @@ class Grace:
 
     def _carried_with(self, name: str) -> list[str]:
         """``name`` and the tensors fused with it."""
-        if self._fusion is None or name not in self._fusion.plan.bucket_of:
+        if self._filler is None or name not in self._filler.plan.bucket_of:
             return [name]
-        return [name, *(n for n in self._fusion.plan.buckets[self._fusion.plan.bucket_of[name]] if n != name)]
+        return [name, *(n for n in self._filler.plan.buckets[self._filler.plan.bucket_of[name]] if n != name)]
 
-    def enter(self, backend: Backend) -> bool:
+    def join_world(self, backend: Backend) -> bool:
         """Take this rank's place in ``backend``'s world before sending: ``True`` when the place
         is new (the first step, or the first since the world changed), when whoever runs the
         bundle should check again that the ranks agree (the distributed optimizer does).
@@ -230,9 +244,9 @@ class Grace:
 
     # -- elastic training (horovod.elastic; see grace_legacy.elastic) ---------------------------
     def _leave_world(self) -> None:
-        self.abandon_step()
+        self.undo_step()
         if not self.memory.survives_world_change:
-            self.memory.forget()
+            self.memory.reset()
 
     def shared_state(self) -> dict[str, Any]:
         """What :meth:`rejoin` takes from the rank every rank follows: the configuration and the
@@ -249,7 +263,7 @@ class Grace:
         residuals, so a survivor still delivers the gradient it has not sent yet (a newcomer's
         are empty), and its byte counts. A memory whose state is a function of the whole world
         (EF21's estimate of the mean; ``Memory.survives_world_change``) starts afresh on every
-        rank. The next :meth:`enter` takes the new rank and size wherever they are.
+        rank. The next :meth:`join_world` takes the new rank and size wherever they are.
         Raises ``ValueError`` if ``shared`` was saved by another configuration."""
         saved = saved_configuration(shared, "Grace.rejoin")
         refuse_other_configuration("Grace.rejoin", saved, self.configuration())
@@ -280,50 +294,50 @@ class Grace:
             backend.wait(backend.allreduce_async(flags, "nonfinite-flags", average=False))
         return {n for n, flagged in zip(names, summed.tolist(), strict=True) if flagged > 0}
 
-    def discard(self, name: str) -> None:
+    def undo(self, name: str) -> None:
         """Undo this step's changes to ``name``'s memory and compressor state (skipped step)."""
-        self.memory.rollback(name)
-        self.compressor.rollback(name)
+        self.memory.undo(name)
+        self.compressor.undo(name)
 
     def describe(self) -> dict[str, str]:
         """What every rank must agree on, as text (see :mod:`grace_legacy.consistency`)."""
-        progress = getattr(self.compressor, "progress", None)
+        progress = self._schedule.progress if self._schedule is not None else None
         return {"compressor": repr(self.compressor), "memory": repr(self.memory),
                 "communicator": repr(self.communicator), "dense_fallback": str(self.dense_fallback),
-                "buckets": (f"{len(self._fusion.plan.buckets)} of up to {self.bucket_bytes} bytes "
-                            f"(digest {derived_seed(self._fusion.plan.buckets):016x})") if self._fusion else "none",
+                "buckets": (f"{len(self._filler.plan.buckets)} of up to {self.bucket_bytes} bytes "
+                            f"(digest {derived_seed(self._filler.plan.buckets):016x})") if self._filler else "none",
                 "schedule progress (epochs)": "none" if progress is None else str(progress)}
 
     def set_epoch(self, epoch: int) -> None:
         """Enter epoch ``epoch``, like ``DistributedSampler.set_epoch`` (schedules change phase)."""
-        self.compressor.set_epoch(epoch)
+        if self._schedule is not None:
+            self._schedule.set_epoch(epoch)
 
     def unlaunched(self) -> set[str]:
         """The tensors started this step whose collectives this rank has not launched (their
         fused bucket still waits for other members): waiting for those would never end."""
-        return self._fusion.unlaunched() if self._fusion is not None else set()
+        return self._filler.unlaunched() if self._filler is not None else set()
 
-    def abandon_step(self) -> None:
+    def undo_step(self) -> None:
         """Forget the step under way as if it had not begun: the distributed optimizer calls this
         when Horovod drops its pending gradients (``load_state_dict`` in mid-step). Buckets still
         collecting members are emptied, and every started tensor's memory and compressor state is
-        rolled back to the end of the last step, as for a skipped step (:meth:`discard`: the byte
+        rolled back to the end of the last step, as for a skipped step (:meth:`undo`: the byte
         counts and the per-tensor step counters that seed random draws keep the dropped step,
         whose collectives did run). The caller first waits for the collectives this rank launched
         (:meth:`unlaunched` tells which it did not), so that none of them is still in flight under
         a name the next step uses again."""
-        if self._fusion is not None:
-            self._fusion.abandon()
+        if self._filler is not None:
+            self._filler.abandon()
         for name in self._started:
-            self.discard(name)
+            self.undo(name)
         self._started.clear()
         self._extremes.clear()
 
     def end_step(self, backend: Backend | None = None) -> None:
         """Count one synchronized optimizer step (the distributed optimizer calls this)."""
         self._started.clear()
-        self.memory.commit()
-        self.compressor.commit()
+        self.memory.end_step()
         self.compressor.end_step(backend)
 
     @property
@@ -331,7 +345,7 @@ class Grace:
         return self.compressor.stats
 
     def reset_stats(self) -> None:
-        self.compressor.reset_stats()
+        self.traffic.reset()
 
     # -- checkpoints ------------------------------------------------------------------------
     def configuration(self) -> dict[str, str]:
@@ -370,7 +384,8 @@ class Grace:
         """
         placement = self._placement or self._expected_placement
         return {"config": self.configuration(), "placement": None if placement is None else list(placement),
-                "compressor": self.compressor.state_dict(), "memory": self.memory.state_dict()}
+                "compressor": self.compressor.state_dict(), "memory": self.memory.state_dict(),
+                "traffic": self.traffic.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state``, this rank's :meth:`state_dict` of an earlier run.
@@ -386,6 +401,7 @@ class Grace:
         self._placement = None
         self.compressor.load_state_dict(state["compressor"])
         self.memory.load_state_dict(state["memory"])
+        self.traffic.load_state_dict(state["traffic"])
 
     def __repr__(self) -> str:
         return f"Grace({self.compressor!r}, memory={self.memory!r}, communicator={self.communicator!r})"

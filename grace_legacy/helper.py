@@ -16,7 +16,7 @@ The keys and defaults are GRACE's:
 * ``world_size``: ignored (GRACE needed it; the backend knows the number of ranks).
 
 Four more keys, those of the LEGACY reference implementation, turn on a LEGACY schedule of the
-compressor's parameter (:meth:`Legacy.from_strings`): ``legacy_by`` (``"uniform"``, ``"layer"``,
+compressor's parameter (:meth:`Legacy.from_flags`): ``legacy_by`` (``"uniform"``, ``"layer"``,
 ``"epoch"`` or ``"both"``), ``group_compressions`` (percent for a density), ``group_splits`` and
 ``epochs``. The schedule then sets the parameter, so ``compress_ratio`` (or ``quantum_num``,
 ``threshold``, ``compress_rank``) is not used.
@@ -63,27 +63,27 @@ DEFAULTS: dict[str, Any] = {
 #: The LEGACY reference implementation's flags.
 LEGACY_KEYS = ("legacy_by", "group_compressions", "group_splits", "epochs")
 
-# Each compressor: how to build it from the parameters, with its knob (``knob=True``) or without
+# Each compressor: how to build it from the parameters, with its parameter (``parameter=True``) or without
 # it, for LEGACY to set.
 _Build = Callable[[Mapping[str, Any], bool], Compressor]
 COMPRESSORS: dict[str, _Build] = {
-    "none": lambda p, knob: NoCompression(),
-    "fp16": lambda p, knob: FP16(),
-    "topk": lambda p, knob: TopK(p["compress_ratio"] if knob else None),
-    "randomk": lambda p, knob: RandomK(p["compress_ratio"] if knob else None),
-    "dgc": lambda p, knob: DGC(p["compress_ratio"] if knob else None),
-    "threshold": lambda p, knob: Threshold(p["threshold"] if knob else None),
-    "qsgd": lambda p, knob: QSGD(p["quantum_num"] if knob else None),
-    "terngrad": lambda p, knob: TernGrad(),
-    "natural": lambda p, knob: Natural(),
-    "signsgd": lambda p, knob: SignSGD(),
-    "signum": lambda p, knob: Signum(p["momentum"]),
-    "efsignsgd": lambda p, knob: EFSignSGD(p["lr"]),
-    "onebit": lambda p, knob: OneBit(),
-    "powersgd": lambda p, knob: PowerSGD(p["compress_rank"] if knob else None),
+    "none": lambda p, parameter: NoCompression(),
+    "fp16": lambda p, parameter: FP16(),
+    "topk": lambda p, parameter: TopK(p["compress_ratio"] if parameter else None),
+    "randomk": lambda p, parameter: RandomK(p["compress_ratio"] if parameter else None),
+    "dgc": lambda p, parameter: DGC(p["compress_ratio"] if parameter else None),
+    "threshold": lambda p, parameter: Threshold(p["threshold"] if parameter else None),
+    "qsgd": lambda p, parameter: QSGD(p["quantum_num"] if parameter else None),
+    "terngrad": lambda p, parameter: TernGrad(),
+    "natural": lambda p, parameter: Natural(),
+    "signsgd": lambda p, parameter: SignSGD(),
+    "signum": lambda p, parameter: Signum(p["momentum"]),
+    "efsignsgd": lambda p, parameter: EFSignSGD(p["lr"]),
+    "onebit": lambda p, parameter: OneBit(),
+    "powersgd": lambda p, parameter: PowerSGD(p["compress_rank"] if parameter else None),
 }
-#: The key that sets each compressor's knob (the parameter LEGACY schedules).
-KNOB_KEYS = {"topk": "compress_ratio", "randomk": "compress_ratio", "dgc": "compress_ratio",
+#: The key that sets each compressor's parameter (the parameter LEGACY schedules).
+PARAMETER_KEYS = {"topk": "compress_ratio", "randomk": "compress_ratio", "dgc": "compress_ratio",
              "threshold": "threshold", "qsgd": "quantum_num", "powersgd": "compress_rank"}
 MEMORIES: dict[str, Callable[[Mapping[str, Any]], Memory]] = {
     "none": lambda p: NoMemory(),
@@ -104,17 +104,18 @@ def _choice(params: Mapping[str, Any], key: str, table: Mapping[str, Any]) -> An
     return table[name]
 
 
-def compressor_from_name(name: str, value: Any = None, *, with_knob: bool = True) -> Compressor:
-    """The compressor GRACE calls ``name``, at knob ``value`` (GRACE's default when ``None``), or
-    without its knob (``with_knob=False``) for a schedule to set."""
+def compressor_from_name(name: str, value: Any = None, *, with_value: bool = True) -> Compressor:
+    """The compressor GRACE calls ``name``, at parameter ``value`` (GRACE's default when ``None``), or
+    without its parameter (``with_value=False``) for a schedule to set."""
     if name not in COMPRESSORS:
         raise ValueError(f"compressor {name!r} is not known; accepted: {', '.join(map(repr, COMPRESSORS))}")
     params = dict(DEFAULTS)
     if value is not None:
-        if name not in KNOB_KEYS:
-            raise ValueError(f"compressor {name!r} has no parameter to set; these have one: {', '.join(KNOB_KEYS)}")
-        params[KNOB_KEYS[name]] = value
-    return COMPRESSORS[name](params, with_knob)
+        if name not in PARAMETER_KEYS:
+            raise ValueError(f"compressor {name!r} has no parameter to set; these have one: "
+                             f"{', '.join(PARAMETER_KEYS)}")
+        params[PARAMETER_KEYS[name]] = value
+    return COMPRESSORS[name](params, with_value)
 
 
 def _legacy(base: Compressor, params: Mapping[str, Any]) -> Legacy:
@@ -128,15 +129,15 @@ def _legacy(base: Compressor, params: Mapping[str, Any]) -> Legacy:
     if by not in ("uniform", *Legacy.MODES):
         raise ValueError(f"grace_from_params: legacy_by={by!r} is not known; accepted: 'uniform', "
                          f"{', '.join(map(repr, Legacy.MODES))}")
-    if base.knob is None:
+    if base.parameter is None:
         raise ValueError(f"grace_from_params: compressor={params['compressor']!r} has no parameter for LEGACY "
                          f"to schedule; use one of "
-                         f"{', '.join(repr(n) for n, build in COMPRESSORS.items() if build(DEFAULTS, False).knob)}")
+                         f"{', '.join(repr(n) for n, make in COMPRESSORS.items() if make(DEFAULTS, False).parameter)}")
     splits = given.get("group_splits", "")
     if isinstance(splits, (list, tuple)):
         splits = ",".join(str(s) for s in splits)
     epochs = given.get("epochs")
-    return Legacy.from_strings(base, by, group_compressions=str(given["group_compressions"]),
+    return Legacy.from_flags(base, by, group_compressions=str(given["group_compressions"]),
                                group_splits=str(splits), epochs=None if epochs is None else int(epochs))
 
 

@@ -10,7 +10,7 @@ the ``Grace`` bundle, which picks the collective the payload needs. Horovod 0.28
 what ``Grace.start`` returns.
 
 Two checks guard every run. The ranks compare a digest of their parameters (names, shapes,
-dtypes), compression set-up (compressor, memory and communicator with their knobs and seeds,
+dtypes), compression set-up (compressor, memory and communicator with their parameters and seeds,
 buckets) and schedule (:mod:`grace_legacy.consistency`) when the optimizer is built, before the
 user's ``broadcast_parameters`` could hang on a different model (not under elastic
 ``horovodrun``, where collectives belong inside ``hvd.elastic.run``), and again before the first
@@ -31,7 +31,7 @@ after failure of Process N"; MPI: ``mpirun`` aborts the job), and a surviving ra
 waiting in a collective gets "Horovod has been shut down" from Horovod, because Gloo sees the
 dead peer's closed connection at once. A rank that stays alive but stops taking part (stopped,
 hung) cannot be seen that way: every wait of this integration ends after the bundle's
-``stall_timeout`` with :class:`~grace_legacy.core.stall.RanksStalled`, naming the gradient and the
+``stall_timeout`` with :class:`~grace_legacy.runtime.stall.RanksStalled`, naming the gradient and the
 ranks it waits for (:mod:`grace_legacy.backends.board`; the construction opens the board).
 
 ``import grace_legacy`` calls :func:`install`, so the stock ``hvd.DistributedOptimizer`` accepts
@@ -109,7 +109,7 @@ def _verify_ranks_agree(self: Any, when: str) -> None:
 
 
 def _grace_allreduce_grad_async(self: Any, p: torch.Tensor) -> tuple[Any, None]:
-    if self._grace.enter(self._grace_backend):
+    if self._grace.join_world(self._grace_backend):
         if _elastic_worker():
             # A new world (the first, or one after a reset): its members post to a new board.
             self._grace_backend.open_board()
@@ -184,13 +184,13 @@ def _grace_synchronize(self: Any) -> None:
         if flagged:
             # GradScaler skips the whole step, so no tensor's memory or schedule may keep it.
             for name in by_name:
-                self._grace.discard(name)
+                self._grace.undo(name)
     self._grace.end_step(self._grace_backend)
 
 
 def _grace_load_state_dict(self: Any, *args: Any, **kwargs: Any) -> None:
     """Horovod's ``load_state_dict``, which drops the gradients of a step under way; the step is
-    abandoned here too (:meth:`Grace.abandon_step`) after waiting for the collectives this rank
+    abandoned here too (:meth:`Grace.undo_step`) after waiting for the collectives this rank
     launched, so that none is still in flight when the next step reuses its name."""
     if self._handles:
         unlaunched = self._grace.unlaunched()
@@ -205,7 +205,7 @@ def _grace_load_state_dict(self: Any, *args: Any, **kwargs: Any) -> None:
                     if "was not created or has been cleared" not in str(err):
                         raise
                     break
-        self._grace.abandon_step()
+        self._grace.undo_step()
     _hvd_optimizer._DistributedOptimizer.load_state_dict(self, *args, **kwargs)
 
 

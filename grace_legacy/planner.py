@@ -1,8 +1,8 @@
 """What a compression set-up will send, before training: per phase and size group, the tensors,
-their elements, the knob value and the bytes per step against a dense allreduce, and the volume
+their elements, the parameter value and the bytes per step against a dense allreduce, and the volume
 over the whole run.
 
-The bytes are :func:`grace_legacy.core.cost.bytes_sent`, the formula the bundle's own dense
+The bytes are :func:`grace_legacy.runtime.cost.bytes_sent`, the formula the bundle's own dense
 fallback and budget matching use, computed from the same payload description and wire layout
 that sending uses; so the planned volume is what ``compression.stats["volume"]`` reports after a
 run (every tensor sent once per step, phases weighted by their share of the run).
@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from grace_legacy.core.compressor import Compressor
-from grace_legacy.core.cost import bytes_sent
+from grace_legacy.runtime.cost import bytes_sent
 from grace_legacy.schedules.legacy import Legacy
 
 
@@ -32,10 +32,10 @@ class Cell:
     group: int
     tensors: int
     elements: int
-    knob: Any
+    parameter: Any
     bytes_sent: int
     bytes_dense: int
-    #: Tensors the dense fallback sends dense although the knob compresses them.
+    #: Tensors the dense fallback sends dense although the parameter compresses them.
     fallback: int = 0
 
     @property
@@ -109,7 +109,7 @@ def _phase_labels(schedule: Legacy | None) -> list[str]:
 
 def plan(compression: Compressor, shapes: Iterable[Any], *, world_size: int | None = None,
          dtype: torch.dtype = torch.float32) -> Plan:
-    """The plan of ``compression`` (a compressor with its knob, or a :class:`Legacy` schedule)
+    """The plan of ``compression`` (a compressor with its parameter, or a :class:`Legacy` schedule)
     over tensors ``shapes`` (element counts, shapes, or (name, shape) pairs). ``world_size``
     counts what the dense fallback would send dense as dense (leave ``None`` to ignore it)."""
     sizes = [torch.Size(s[1]) if isinstance(s, tuple) and len(s) == 2 and isinstance(s[0], str)
@@ -120,7 +120,7 @@ def plan(compression: Compressor, shapes: Iterable[Any], *, world_size: int | No
     schedule = compression if isinstance(compression, Legacy) else None
     if schedule is None:
         compression.check_ready()
-    knob = compression.knob if schedule is None else schedule.base.knob
+    parameter = compression.parameter if schedule is None else schedule.base.parameter
     element = torch.empty((), dtype=dtype).element_size()
     groups = len(schedule.splits) + 1 if schedule else 1
     phases = schedule.phases if schedule else 1
@@ -130,10 +130,10 @@ def plan(compression: Compressor, shapes: Iterable[Any], *, world_size: int | No
             members = [s for s in sizes if (schedule.group_of(s.numel()) if schedule else 0) == group]
             if schedule is not None:
                 value = schedule.table[phase][group]
-                concrete = schedule.concrete(value)
+                concrete = schedule.configured(value)
             else:
-                value = compression.knob_value if knob else None
-                concrete = None if knob is not None and knob.is_dense(value) else compression
+                value = compression.value if parameter else None
+                concrete = None if parameter is not None and parameter.is_dense(value) else compression
             sent = [bytes_sent(concrete, s, dtype, world_size) for s in members]
             fallback = 0 if concrete is None or world_size is None else sum(
                 b != bytes_sent(concrete, s, dtype) for b, s in zip(sent, members, strict=True))
@@ -141,11 +141,11 @@ def plan(compression: Compressor, shapes: Iterable[Any], *, world_size: int | No
                               sum(s.numel() * element for s in members), fallback))
     return Plan(cells, schedule.phase_weights() if schedule else [1.0],
                 _group_labels(schedule.splits if schedule else []), _phase_labels(schedule),
-                knob.name if knob else "-")
+                parameter.name if parameter else "-")
 
 
 def _show_knob(cell: Cell, knob_name: str) -> str:
-    value = cell.knob
+    value = cell.parameter
     if value is None:
         return "dense"
     text = f"{value:.4g} ({value * 100:.4g}%)" if knob_name == "ratio" else f"{value:g}"

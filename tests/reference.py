@@ -61,8 +61,8 @@ class Case:
 
 
 class RuleTwin:
-    """A twin that picks the knob from a rule written out in the test (not from ``Legacy``):
-    ``choose(numel, step) -> value or None`` (None: dense). Copies made with ``with_knob`` share
+    """A twin that picks the parameter from a rule written out in the test (not from ``Legacy``):
+    ``choose(numel, step) -> value or None`` (None: dense). Copies made with ``with_value`` share
     the base's step counters and generators, as ``Legacy``'s do, so the draws line up."""
 
     def __init__(self, base, choose: Callable[[int, int], Any]) -> None:
@@ -74,13 +74,13 @@ class RuleTwin:
         for c in self.configured.values():
             c.set_rank(rank)
 
-    def resolve(self, tensor: torch.Tensor, name: str):
+    def compressor_for(self, tensor: torch.Tensor, name: str):
         value = self.choose(tensor.numel(), self.step)
         if value is None:
             return None
         if value not in self.configured:
-            self.configured[value] = self.base.with_knob(value)
-        return self.configured[value].resolve(tensor, name)
+            self.configured[value] = self.base.with_value(value)
+        return self.configured[value].compressor_for(tensor, name)
 
     def end_step(self) -> None:
         self.step += 1

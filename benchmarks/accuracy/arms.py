@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from grace_legacy import QSGD, Accordion, DGCWarmup, Grace, Legacy, LGreCo, NoMemory, Residual, TopK
-from grace_legacy.core.cost import bytes_sent
+from grace_legacy.runtime.cost import bytes_sent
 
 from .tasks import Task
 
@@ -82,9 +82,9 @@ def _dgc_warmup(run: Run) -> Grace:
     numels = [p.numel() for p in run.model.parameters()]
 
     def run_bytes(schedule: DGCWarmup | None, density: float) -> float:
-        knobs = [schedule.knob_at(e) for e in range(run.epochs)] if schedule else [density]
-        return sum(bytes_sent(TopK(knob), n, torch.float32, run.world_size)
-                   for knob in knobs for n in numels) / len(knobs)
+        parameters = [schedule.knob_at(e) for e in range(run.epochs)] if schedule else [density]
+        return sum(bytes_sent(TopK(parameter), n, torch.float32, run.world_size)
+                   for parameter in parameters for n in numels) / len(parameters)
 
     budget = run_bytes(None, DENSITY)
     low, high = DENSITY / 100, DENSITY

@@ -15,8 +15,8 @@ PowerSGD runs with its error feedback in every arm (as PowerSGD, L-GreCo and Acc
 it); QSGD, unbiased, without.
 
 Uniform arms matched in bytes: for each fixed schedule, the uniform value whose expected bytes per
-step over the run (:func:`expected_volume`, from :func:`grace_legacy.core.cost.bytes_sent`, the
-dense fallback counted) come closest to the schedule's is trained too. The knobs are integers, so
+step over the run (:func:`expected_volume`, from :func:`grace_legacy.runtime.cost.bytes_sent`, the
+dense fallback counted) come closest to the schedule's is trained too. The parameters are integers, so
 the match is the nearest, not exact; both volumes are measured and reported.
 """
 
@@ -31,7 +31,7 @@ from torch import nn
 
 from grace_legacy import QSGD, Accordion, Grace, Legacy, LGreCo, NoMemory, PowerSGD, PowerSGDMemory
 from grace_legacy.core.compressor import Compressor
-from grace_legacy.core.cost import bytes_sent
+from grace_legacy.runtime.cost import bytes_sent
 
 from .arms import Arm, Run
 from .resnets import PAPER_SPLITS, WIDTH_DIVISOR, ResNet9, ResNet18, group_sizes, scaled_splits
@@ -49,7 +49,7 @@ class Table:
     setup: str                                   # the rebuttal's setting, in words
     build: Callable[[], nn.Module]
     task: Task
-    knob: str                                    # "s" or "r", for arm names
+    parameter: str                                    # "s" or "r", for arm names
     paper_uniform: int
     candidates: list[int]                        # uniform values a schedule may be matched to
     uniform: Callable[[int, Run], Any]           # value -> compression
@@ -58,7 +58,7 @@ class Table:
     adaptive: tuple[str, ...] = ()               # arms whose bytes only a run can tell
 
     def uniform_name(self, value: int) -> str:
-        return f"uniform {self.knob}={value}"
+        return f"uniform {self.parameter}={value}"
 
     def uniform_arm(self, value: int) -> Arm:
         return Arm(self.uniform_name(value), "uniform", False, lambda run: self.uniform(value, run))
@@ -138,7 +138,7 @@ def expected_volume(compressor: Compressor, model: nn.Module, epochs: int, world
     for epoch in range(epochs):
         compressor.set_epoch(epoch)
         for name, p in model.named_parameters():
-            concrete = compressor.resolve(p.detach(), name)
+            concrete = compressor.compressor_for(p.detach(), name)
             sent += bytes_sent(concrete, p.shape, p.dtype, world_size)
             dense += p.numel() * p.element_size()
     return sent / dense

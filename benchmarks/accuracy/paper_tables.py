@@ -114,7 +114,7 @@ def _section(table, result: dict[str, Any], seeds: int) -> list[str]:
         lines.append(f"| {g['group']} | {span(g['paper'])} | {span(g['scaled'])} | {g['tensors']} | "
                      f"{g['elements']:,} ({g['elements'] / total:.1%}) |")
     lines += ["", "Uniform matched to each fixed schedule's expected bytes per step (cost model, the dense fallback "
-              "counted; the knob is an integer, so the nearest):", "",
+              "counted; the parameter is an integer, so the nearest):", "",
               "| schedule | expected volume | matched uniform | its expected volume |", "|---|---|---|---|"]
     for arm, m in result["matching"]["matches"].items():
         lines.append(f"| {arm} | {m['expected_volume']:.4f} | {table.uniform_name(m['uniform'])} | "

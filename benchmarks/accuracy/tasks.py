@@ -6,7 +6,7 @@
 * ``charlm``: a character-level LSTM on Python's own standard-library sources, validation
   perplexity (lower is better) on the last 10% of the text.
 
-Each task gives a model builder, its data split by rank, and the knobs the study's schedules use
+Each task gives a model builder, its data split by rank, and the parameters the study's schedules use
 (the size split between "small" and "large" tensors).
 """
 

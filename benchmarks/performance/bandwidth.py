@@ -185,7 +185,7 @@ def time_topk_passes(parameters: list[Any], barrier: Any, hvd: Any) -> dict[str,
     import torch
 
     from grace_legacy import TopK
-    from grace_legacy.core.recycle import zeroed
+    from grace_legacy.runtime.buffers import zeroed
 
     generator = torch.Generator().manual_seed(hvd.rank())
     grads = [torch.randn(p.shape, generator=generator) for p in parameters]

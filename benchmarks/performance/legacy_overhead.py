@@ -64,7 +64,7 @@ def resolve_cost(arms: dict, model, repetitions: int = 200) -> dict[str, float]:
         for _ in range(repetitions):
             start = time.perf_counter_ns()
             for name, p in params:
-                compressor.resolve(p, name)
+                compressor.compressor_for(p, name)
             best = min(best, (time.perf_counter_ns() - start) / len(params))
         costs[arm] = best
     return costs

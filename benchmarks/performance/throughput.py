@@ -130,7 +130,7 @@ def cases(quick: bool) -> list[tuple[str, Callable, Callable]]:
 
 def library_round_trip(compressor, grads: list[tuple[str, torch.Tensor]]) -> None:
     for name, grad in grads:
-        chosen = compressor.resolve(grad, name)
+        chosen = compressor.compressor_for(grad, name)
         if chosen is None:
             continue
         payload, ctx = chosen.compress(grad, name)

@@ -9,7 +9,7 @@ import horovod.torch as hvd
 import torch
 
 from grace_legacy.backends.board import BoardAddress, ProgressBoard, host_address
-from grace_legacy.core.stall import RanksStalled, resolve_stall_timeout
+from grace_legacy.runtime.stall import RanksStalled, resolve_stall_timeout
 
 #: The first and the longest sleep between two polls of an unfinished collective. The sleeps
 #: double from the first to the longest, so a wait notices its result at most about as late as
@@ -45,8 +45,8 @@ class HorovodBackend:
     then meet under one name, and Horovod reports the mismatched operation instead of waiting
     for a name nobody else sends.
 
-    :meth:`wait` raises :class:`~grace_legacy.core.stall.RanksStalled` once it has waited
-    ``stall_timeout`` seconds (:func:`~grace_legacy.core.stall.resolve_stall_timeout`: the argument, else
+    :meth:`wait` raises :class:`~grace_legacy.runtime.stall.RanksStalled` once it has waited
+    ``stall_timeout`` seconds (:func:`~grace_legacy.runtime.stall.resolve_stall_timeout`: the argument, else
     ``GRACE_LEGACY_STALL_TIMEOUT``, else the default) for one collective, naming the ranks it
     waits for when :meth:`open_board` has opened a progress board
     (:mod:`grace_legacy.backends.board`).
@@ -101,7 +101,7 @@ class HorovodBackend:
                                                   process_set=self.process_set), f"bc{root_rank}.{name}")
 
     def wait(self, handle: Any) -> torch.Tensor:
-        """:func:`synchronize`, raising :class:`~grace_legacy.core.stall.RanksStalled` after
+        """:func:`synchronize`, raising :class:`~grace_legacy.runtime.stall.RanksStalled` after
         ``stall_timeout_s`` plus the board's listening time, during which the result may still
         arrive. While it waits longer than the board's beat interval it posts a beat each interval,
         so that ranks waiting with it can tell that it is alive."""

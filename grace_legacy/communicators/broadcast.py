@@ -7,15 +7,15 @@ from typing import Any
 
 import torch
 
-from grace_legacy.core import wire
 from grace_legacy.core.backend import Backend, Pending
 from grace_legacy.core.communicator import Communicator
 from grace_legacy.core.compressor import Compressor, Payload
+from grace_legacy.runtime import wire
 
 
 class Broadcast(Communicator):
     """``P`` broadcasts, rank ``r`` the root of the ``r``-th, each carrying that rank's packed
-    payload (:mod:`grace_legacy.core.wire`); then the compressor aggregates the ``P`` payloads, exactly
+    payload (:mod:`grace_legacy.runtime.wire`); then the compressor aggregates the ``P`` payloads, exactly
     as after :class:`~grace_legacy.communicators.Allgather`. Single-round compressors only.
 
     A broadcast's receivers must pass a buffer of the root's length, which they cannot know when

@@ -7,8 +7,8 @@ from typing import Any
 import torch
 
 from grace_legacy.core.compressor import Compressor, Payload
-from grace_legacy.core.recycle import MMAP_CEILING, Recycler
-from grace_legacy.core.validation import check_gradient
+from grace_legacy.runtime.buffers import MMAP_CEILING, BufferPool
+from grace_legacy.runtime.validation import check_gradient
 
 
 class NoCompression(Compressor):
@@ -42,10 +42,10 @@ class FP16(Compressor):
     def __init__(self) -> None:
         super().__init__()
         # Outputs above glibc's largest mmap threshold, one per size, used again once the caller
-        # has let go of them (grace_legacy.core.recycle): each fresh one is a new mapping whose
+        # has let go of them (grace_legacy.runtime.buffers): each fresh one is a new mapping whose
         # pages fault at every step. Smaller ones come warm from the heap, and a kept one, cold,
         # would cost more than it saves.
-        self._outputs = Recycler(min_bytes=MMAP_CEILING)
+        self._outputs = BufferPool(min_bytes=MMAP_CEILING)
 
     def compress(self, tensor: torch.Tensor, name: str) -> tuple[Payload, Any]:
         check_gradient(tensor, "FP16")

@@ -11,12 +11,12 @@ import torch
 from grace_legacy.compressors.entries import kept_count
 from grace_legacy.compressors.kernels import selection
 from grace_legacy.compressors.kernels.selection import top_k_at_or_above
+from grace_legacy.compressors.sparse import SparseContext, index_dtype
 from grace_legacy.compressors.topk import TopK
 from grace_legacy.core.compressor import Payload
 from grace_legacy.core.memory import Memory
-from grace_legacy.core.sparse import SparseContext, index_dtype
-from grace_legacy.core.validation import ArgumentTypeError, check_gradient
 from grace_legacy.memories.dgc import DGCMemory
+from grace_legacy.runtime.validation import ArgumentTypeError, check_gradient
 
 
 class DGC(TopK):

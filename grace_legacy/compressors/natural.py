@@ -18,7 +18,7 @@ from grace_legacy.compressors.quantization import (
 )
 from grace_legacy.core.compressor import Compressor, Payload
 from grace_legacy.core.memory import Memory, NoMemory
-from grace_legacy.core.validation import check_gradient
+from grace_legacy.runtime.validation import check_gradient
 
 #: Exponents a code byte covers below the tensor's top exponent.
 NATURAL_SPAN = 127
@@ -74,7 +74,7 @@ class Natural(Compressor):
 
     Bytes: ``2 + n`` rounded up to a multiple of 8. Any floating dtype; pure tensor arithmetic
     (``frexp`` and integer shifts), so it runs on CPU and GPU alike (one host sync per tensor
-    decides whether the rare below-range rule is needed at all). No knob.
+    decides whether the rare below-range rule is needed at all). No parameter.
     """
 
     def __init__(self, seed: int = 0) -> None:

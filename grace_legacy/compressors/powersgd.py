@@ -8,12 +8,12 @@ from typing import Any
 import torch
 
 from grace_legacy.core.compressor import Compressor, Payload
-from grace_legacy.core.journal import StepJournal
-from grace_legacy.core.knob import Knob
-from grace_legacy.core.validation import check_gradient
+from grace_legacy.core.parameter import ScheduledParameter
+from grace_legacy.core.state import UndoLog
 from grace_legacy.memories.powersgd import PowerSGDMemory
+from grace_legacy.runtime.validation import check_gradient
 
-RANK = Knob("rank", low=1, integer=True)
+RANK = ScheduledParameter("rank", low=1, integer=True)
 
 
 def matrix_shape(shape: torch.Size) -> tuple[int, int]:
@@ -62,7 +62,7 @@ class PowerSGD(Compressor):
     Bytes: ``(n + m) * r`` elements per matrix per step, in two allreduces.
     """
 
-    knob = RANK
+    parameter = RANK
     additive = True
     rounds = 2
 
@@ -70,19 +70,19 @@ class PowerSGD(Compressor):
         super().__init__()
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise TypeError(f"PowerSGD: seed must be an int, got {seed!r}")
-        self._set_knob(rank)
+        self._set_value(rank)
         self.seed = seed
-        # Shared with with_knob copies (a shallow copy keeps the dict), like the step counters.
+        # Shared with with_value copies (a shallow copy keeps the dict), like the step counters.
         self._warm_q: dict[str, torch.Tensor] = {}
-        self._journal = StepJournal()
+        self.undo_log = UndoLog()
 
     @property
     def rank_r(self) -> int | None:
         """The approximation rank (``rank`` is this process's rank among the workers)."""
-        return self.knob_value
+        return self.value
 
-    def resolve(self, tensor: torch.Tensor, name: str) -> Compressor | None:
-        chosen = super().resolve(tensor, name)
+    def compressor_for(self, tensor: torch.Tensor, name: str) -> Compressor | None:
+        chosen = super().compressor_for(tensor, name)
         if chosen is None or tensor.dim() < 2:
             return None
         n, m = matrix_shape(tensor.shape)
@@ -118,7 +118,7 @@ class PowerSGD(Compressor):
         return [(ctx.p_hat.t() @ ctx.matrix).t().contiguous()], ctx
 
     def end_exchange(self, reduced: Payload, ctx: PowerContext) -> None:
-        self._journal.remember(self._warm_q, ctx.name)
+        self.undo_log.remember(self._warm_q, ctx.name)
         self._warm_q[ctx.name] = reduced[0].clone()
 
     def decompress(self, payload: Payload, ctx: PowerContext) -> torch.Tensor:

@@ -19,11 +19,11 @@ from grace_legacy.compressors.quantization import (
     work_dtype,
 )
 from grace_legacy.core.compressor import Compressor, Payload
-from grace_legacy.core.knob import Knob
 from grace_legacy.core.memory import Memory, NoMemory
-from grace_legacy.core.validation import check_gradient
+from grace_legacy.core.parameter import ScheduledParameter
+from grace_legacy.runtime.validation import check_gradient
 
-LEVELS = Knob("levels", low=1, high=2**31 - 1, integer=True)
+LEVELS = ScheduledParameter("levels", low=1, high=2**31 - 1, integer=True)
 
 
 #: The most levels QSGD accepts: signed levels travel as at most int32.
@@ -89,19 +89,19 @@ class QSGD(Compressor):
     a multiple of 8. A zero tensor sends norm 0 and levels 0 and decodes to zeros.
 
     Any floating dtype. With more than ``2**24`` levels the arithmetic runs in float64, because
-    float32 no longer holds every level exactly. ``levels`` is the knob ``Legacy`` schedules.
+    float32 no longer holds every level exactly. ``levels`` is the parameter ``Legacy`` schedules.
     """
 
-    knob = LEVELS
+    parameter = LEVELS
 
     def __init__(self, levels: int | None = None, seed: int = 0) -> None:
         super().__init__()
-        self._set_knob(levels)
+        self._set_value(levels)
         self.seed = check_seed(seed, "QSGD")
 
     @property
     def levels(self) -> int | None:
-        return self.knob_value
+        return self.value
 
     def _work(self, dtype: torch.dtype) -> torch.dtype:
         return torch.float64 if self.levels > 2**24 else work_dtype(dtype)

@@ -8,10 +8,10 @@ import numpy as np
 import torch
 
 from grace_legacy.compressors.entries import DENSITY, kept_count
+from grace_legacy.compressors.sparse import SparseContext, densify
 from grace_legacy.core.compressor import Compressor, Payload
-from grace_legacy.core.sparse import SparseContext, densify
-from grace_legacy.core.validation import check_gradient
 from grace_legacy.memories.residual import Residual
+from grace_legacy.runtime.validation import check_gradient
 
 
 def uniform_subset(n: int, k: int, generator: torch.Generator) -> torch.Tensor:
@@ -45,7 +45,7 @@ class RandomK(Compressor):
     tensor's compressions and is saved by :meth:`state_dict`. Pairs with ``Residual``.
     """
 
-    knob = DENSITY
+    parameter = DENSITY
     additive = True
     sends_entries = True
 
@@ -53,12 +53,12 @@ class RandomK(Compressor):
         super().__init__()
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise TypeError(f"RandomK: seed must be an int, got {seed!r}")
-        self._set_knob(ratio)
+        self._set_value(ratio)
         self.seed = seed
 
     @property
     def ratio(self) -> float | None:
-        return self.knob_value
+        return self.value
 
     def indices(self, name: str, step: int, numel: int) -> torch.Tensor:
         """The indices kept for tensor ``name`` at its ``step``-th compression (int64, distinct,

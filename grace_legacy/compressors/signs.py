@@ -5,7 +5,7 @@ Every element travels as one bit, packed 8 to a byte (:mod:`grace_legacy.compres
 can be summed by an allreduce (a sum of packed bytes is not a sum of signs, and the scalars
 differ per rank), so all four are gathered; their sizes depend only on ``n``, so
 ``uniform_payload`` holds and the gather carries no size header. On the wire (see
-:mod:`grace_legacy.core.wire`) a tensor's buffer is padded to a multiple of 8 bytes.
+:mod:`grace_legacy.runtime.wire`) a tensor's buffer is padded to a multiple of 8 bytes.
 
 The bit of an entry ``x`` is ``x >= 0``, in all four compressors:
 
@@ -30,7 +30,7 @@ import torch
 
 from grace_legacy.compressors.kernels import sign_passes
 from grace_legacy.compressors.kernels.bits import pack_bits, unpack_bits
-from grace_legacy.core.validation import check_gradient
+from grace_legacy.runtime.validation import check_gradient
 
 SUPPORTED_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 

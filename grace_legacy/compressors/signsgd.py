@@ -12,10 +12,10 @@ from grace_legacy.compressors.kernels import sign_passes
 from grace_legacy.compressors.kernels.bits import packed_length, unpack_bits
 from grace_legacy.compressors.signs import SignContext, accumulator_dtype, choose, pack_signs, sign_context
 from grace_legacy.core.compressor import Compressor, Payload
-from grace_legacy.core.journal import StepJournal
-from grace_legacy.core.knob import Knob
+from grace_legacy.core.parameter import ScheduledParameter
+from grace_legacy.core.state import UndoLog
 
-MOMENTUM = Knob("momentum", low=0.0, high=1.0, low_inclusive=True, high_inclusive=False)
+MOMENTUM = ScheduledParameter("momentum", low=0.0, high=1.0, low_inclusive=True, high_inclusive=False)
 
 
 def majority_vote(payloads: Sequence[Payload], ctx: SignContext) -> torch.Tensor:
@@ -54,7 +54,7 @@ class SignSGD(_MajorityVote):
 
     Each rank sends ``s = sign(g)`` (``+1`` where ``g >= 0``, see the module docstring), packed:
     ``[bits]``, ``ceil(n / 8)`` ``uint8`` bytes, i.e. 1/8 byte per element. The synchronized
-    gradient is the vote ``sign(sum_r s_r)``, in {-1, 0, +1}, 0 on ties. No knob, no memory.
+    gradient is the vote ``sign(sum_r s_r)``, in {-1, 0, +1}, 0 on ties. No parameter, no memory.
     """
 
     def compress(self, tensor: torch.Tensor, name: str) -> tuple[Payload, Any]:
@@ -81,7 +81,7 @@ class Signum(_MajorityVote):
             raise TypeError(f"Signum: momentum must be {MOMENTUM.describe_range()}, got None")
         self.momentum: float = MOMENTUM.check(momentum, "Signum")
         self.momentum_buffers: dict[str, torch.Tensor] = {}
-        self._journal = StepJournal()
+        self.undo_log = UndoLog()
 
     def compress(self, tensor: torch.Tensor, name: str) -> tuple[Payload, Any]:
         ctx = sign_context(tensor, "Signum")
@@ -90,7 +90,7 @@ class Signum(_MajorityVote):
         if previous is not None and (previous.shape != tensor.shape or previous.dtype != accumulator):
             raise ValueError(f"Signum: tensor {name!r} changed from {tuple(previous.shape)} {previous.dtype} "
                              f"momentum to a {tuple(tensor.shape)} {tensor.dtype} gradient")
-        self._journal.remember(self.momentum_buffers, name)
+        self.undo_log.remember(self.momentum_buffers, name)
         if previous is None:
             previous = torch.zeros(tensor.shape, dtype=accumulator, device=tensor.device)
         # Out of place, so that a skipped step can put the old buffer back.

@@ -22,7 +22,7 @@ from grace_legacy.compressors.quantization import (
 )
 from grace_legacy.core.compressor import Compressor, Payload
 from grace_legacy.core.memory import Memory, NoMemory
-from grace_legacy.core.validation import check_gradient
+from grace_legacy.runtime.validation import check_gradient
 
 #: TernGrad clips at ``CLIP_SIGMAS`` standard deviations, as Wen et al. do.
 CLIP_SIGMAS = 2.5
@@ -43,7 +43,7 @@ class TernGrad(Compressor):
 
     Payload: ``[s, t]``: ``s`` as one float32 (rounded up for float64 gradients) and ``t`` as int8
     in ``{-1, 0, 1}``: 1 byte per element, packed as ``4 + n`` rounded up to a multiple of 8.
-    A zero tensor sends ``s = 0`` and decodes to zeros. Any floating dtype. No knob.
+    A zero tensor sends ``s = 0`` and decodes to zeros. Any floating dtype. No parameter.
     """
 
     def __init__(self, seed: int = 0) -> None:

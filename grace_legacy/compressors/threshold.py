@@ -8,14 +8,14 @@ import torch
 
 from grace_legacy.compressors.entries import EntrySparsifier
 from grace_legacy.compressors.kernels.selection import entries_at_or_above
+from grace_legacy.compressors.sparse import SparseContext, index_dtype
 from grace_legacy.core.compressor import Payload
-from grace_legacy.core.knob import Knob
 from grace_legacy.core.memory import Memory
-from grace_legacy.core.sparse import SparseContext, index_dtype
-from grace_legacy.core.validation import check_gradient
+from grace_legacy.core.parameter import ScheduledParameter
 from grace_legacy.memories.residual import Residual
+from grace_legacy.runtime.validation import check_gradient
 
-THRESHOLD = Knob("threshold", low=0.0, high=None, low_inclusive=False, high_inclusive=False, dense=None)
+THRESHOLD = ScheduledParameter("threshold", low=0.0, high=None, low_inclusive=False, high_inclusive=False, dense=None)
 
 
 class Threshold(EntrySparsifier):
@@ -35,16 +35,16 @@ class Threshold(EntrySparsifier):
     size, so budget matching refuses this compressor.
     """
 
-    knob = THRESHOLD
+    parameter = THRESHOLD
     uniform_payload = False
 
     def __init__(self, threshold: float | None = None) -> None:
         super().__init__()
-        self._set_knob(threshold)
+        self._set_value(threshold)
 
     @property
     def threshold(self) -> float | None:
-        return self.knob_value
+        return self.value
 
     def compress(self, tensor: torch.Tensor, name: str) -> tuple[Payload, Any]:
         check_gradient(tensor, "Threshold")

@@ -8,10 +8,10 @@ import torch
 
 from grace_legacy.compressors.entries import DENSITY, EntrySparsifier, kept_count
 from grace_legacy.compressors.kernels.selection import top_k_indices
+from grace_legacy.compressors.sparse import SparseContext, index_dtype
 from grace_legacy.core.compressor import Payload
-from grace_legacy.core.sparse import SparseContext, index_dtype
-from grace_legacy.core.validation import check_gradient
 from grace_legacy.memories.residual import Residual
+from grace_legacy.runtime.validation import check_gradient
 
 
 class TopK(EntrySparsifier):
@@ -26,16 +26,16 @@ class TopK(EntrySparsifier):
     candidate pass instead of a selection over every entry.
     """
 
-    knob = DENSITY
+    parameter = DENSITY
     delivers_nonfinite = True  # NaN and infinity are the largest magnitudes: always kept
 
     def __init__(self, ratio: float | None = None) -> None:
         super().__init__()
-        self._set_knob(ratio)
+        self._set_value(ratio)
 
     @property
     def ratio(self) -> float | None:
-        return self.knob_value
+        return self.value
 
     def compress(self, tensor: torch.Tensor, name: str) -> tuple[Payload, Any]:
         check_gradient(tensor, "TopK")

@@ -3,7 +3,7 @@
 Data flows one way through a training step, for every gradient tensor ``g`` named ``name``:
 
     compensated = memory.compensate(g, name)            # e.g. g + e  (error feedback)
-    c           = compressor.resolve(compensated, name) # which concrete compressor acts now
+    c           = compressor.compressor_for(compensated, name) # which concrete compressor acts now
     payload, ctx = c.compress(compensated, name)         # list of tensors + rank-local context
     memory.update(compensated, name, c, payload, ctx)    # e.g. e <- compensated - D(payload)
     pending     = communicator.start(payload, ctx, name, c, backend, average)
@@ -18,7 +18,7 @@ package imports nothing else of grace_legacy, so every other layer can import it
 from grace_legacy.core.backend import Backend, Pending
 from grace_legacy.core.communicator import Communicator
 from grace_legacy.core.compressor import Compressor, Payload
-from grace_legacy.core.knob import Knob
 from grace_legacy.core.memory import Memory, NoMemory
+from grace_legacy.core.parameter import ScheduledParameter
 
-__all__ = ["Backend", "Communicator", "Compressor", "Knob", "Memory", "NoMemory", "Payload", "Pending"]
+__all__ = ["Backend", "Communicator", "Compressor", "ScheduledParameter", "Memory", "NoMemory", "Payload", "Pending"]

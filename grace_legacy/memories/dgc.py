@@ -9,8 +9,8 @@ from typing import Any
 import torch
 
 from grace_legacy.core.compressor import Compressor, Payload
-from grace_legacy.core.journal import StepJournal
 from grace_legacy.core.memory import Memory
+from grace_legacy.core.state import UndoLog
 
 
 class DGCMemory(Memory):
@@ -55,7 +55,7 @@ class DGCMemory(Memory):
         self.clip = None if clip is None else float(clip)
         self.velocities: dict[str, torch.Tensor] = {}
         self.accumulations: dict[str, torch.Tensor] = {}
-        self._journal = StepJournal()
+        self.undo_log = UndoLog()
 
     def clipped(self, tensor: torch.Tensor) -> torch.Tensor:
         """``tensor * min(1, clip / ||tensor||_2)``; the tensor itself without ``clip``."""
@@ -80,8 +80,8 @@ class DGCMemory(Memory):
         # allreduce in flight) when update runs, so no tensor handed out is ever written again.
         u = u * self.momentum + self.clipped(tensor)
         v = v + u
-        self._journal.remember(self.velocities, name)
-        self._journal.remember(self.accumulations, name)
+        self.undo_log.remember(self.velocities, name)
+        self.undo_log.remember(self.accumulations, name)
         self.velocities[name] = u
         self.accumulations[name] = v
         return v

@@ -7,8 +7,8 @@ from typing import Any
 import torch
 
 from grace_legacy.core.compressor import Compressor, Payload
-from grace_legacy.core.journal import StepJournal
 from grace_legacy.core.memory import Memory
+from grace_legacy.core.state import UndoLog
 
 
 class EF21(Memory):
@@ -47,7 +47,7 @@ class EF21(Memory):
     def __init__(self) -> None:
         self.local: dict[str, torch.Tensor] = {}
         self.estimates: dict[str, torch.Tensor] = {}
-        self._journal = StepJournal()
+        self.undo_log = UndoLog()
 
     def compensate(self, tensor: torch.Tensor, name: str) -> torch.Tensor:
         local = self.local.get(name)
@@ -62,7 +62,7 @@ class EF21(Memory):
                payload: Payload, ctx: Any) -> None:
         sent = compressor.decompress(payload, ctx)
         local = self.local.get(name)
-        self._journal.remember(self.local, name)
+        self.undo_log.remember(self.local, name)
         # Out of place (and a copy the first time): the decompressed payload may be a view of
         # what is on the wire, and g_i must not change with it.
         self.local[name] = sent.clone() if local is None else local + sent
@@ -70,7 +70,7 @@ class EF21(Memory):
     def aggregated(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
         estimate = self.estimates.get(name)
         estimate = tensor.clone() if estimate is None else estimate + tensor
-        self._journal.remember(self.estimates, name)
+        self.undo_log.remember(self.estimates, name)
         self.estimates[name] = estimate
         # A copy: Horovod installs the result as p.grad with set_, and in-place changes to p.grad
         # (clipping, zero_grad(set_to_none=False)) must not reach g.

@@ -6,15 +6,15 @@ from typing import Any
 
 import torch
 
-from grace_legacy.core.knob import Knob
+from grace_legacy.core.parameter import ScheduledParameter
 from grace_legacy.memories.residual import Residual
 
-LEARNING_RATE = Knob("lr", low=0.0, low_inclusive=False, high_inclusive=False)
+LEARNING_RATE = ScheduledParameter("lr", low=0.0, low_inclusive=False, high_inclusive=False)
 
 
 def check_learning_rate(lr: Any, owner: str) -> float:
     """``lr`` as a float if it is a finite number > 0, else a ``TypeError``/``ValueError`` naming ``owner``."""
-    if lr is None:  # Knob.check lets None through (it means "dense" for a knob); here it is a mistake
+    if lr is None:  # ScheduledParameter.check lets None through (it means "dense" there); here it is a mistake
         raise TypeError(f"{owner}: lr must be {LEARNING_RATE.describe_range()} (the optimizer's learning "
                         f"rate), got None")
     return LEARNING_RATE.check(lr, owner)

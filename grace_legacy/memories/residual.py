@@ -7,8 +7,8 @@ from typing import Any
 import torch
 
 from grace_legacy.core.compressor import Compressor, Payload
-from grace_legacy.core.journal import StepJournal
 from grace_legacy.core.memory import Memory
+from grace_legacy.core.state import UndoLog
 
 
 class Residual(Memory):
@@ -35,7 +35,7 @@ class Residual(Memory):
 
     def __init__(self) -> None:
         self.residuals: dict[str, torch.Tensor] = {}
-        self._journal = StepJournal()
+        self.undo_log = UndoLog()
         # The g + e that compensate made this step, which no one else holds (see update).
         self._made: dict[str, torch.Tensor] = {}
 
@@ -66,7 +66,7 @@ class Residual(Memory):
 
     def update(self, compensated: torch.Tensor, name: str, compressor: Compressor,
                payload: Payload, ctx: Any) -> None:
-        self._journal.remember(self.residuals, name)
+        self.undo_log.remember(self.residuals, name)
         made = self._made.pop(name, None)
         if compressor.lossless:
             self.residuals.pop(name, None)
@@ -79,8 +79,8 @@ class Residual(Memory):
             return
         self.residuals[name] = compensated - compressor.decompress(payload, ctx)
 
-    def commit(self) -> None:
-        super().commit()
+    def end_step(self, backend=None) -> None:
+        super().end_step(backend)
         self._made.clear()
 
     def state_dict(self) -> dict[str, Any]:

@@ -5,56 +5,62 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Protocol, TypeVar
 
 import torch
 
 from grace_legacy.core.compressor import Compressor
-from grace_legacy.core.cost import bytes_sent
-
-if TYPE_CHECKING:
-    from grace_legacy.schedules.legacy import Legacy
+from grace_legacy.runtime.cost import bytes_sent
 
 
-def budget_matched(cls: type[Legacy], base: Compressor, target: Any, *, by: str, sizes: Iterable[int] | Any,
+class Table(Protocol):
+    """What budget matching asks of a LEGACY schedule it builds."""
+
+    def group_of(self, numel: int) -> int: ...
+    def phase_weights(self) -> list[float]: ...
+    def configured_at(self, phase: int, group: int) -> Compressor | None: ...
+
+
+S = TypeVar("S", bound=Table)
+
+
+def budget_matched(make: Callable[..., S], base: Compressor, target: Any, *, by: str, sizes: Iterable[int] | Any,
                    splits: Sequence[int] | None = None, layer_factors: Sequence[float] | None = None,
                    phase_factors: Sequence[float] | None = None, epochs: int | None = None,
                    boundaries: Sequence[int] | None = None, steps_per_epoch: int | None = None,
                    dtype: torch.dtype = torch.float32, tolerance: float = 0.01,
-                   world_size: int | None = None) -> Legacy:
-    """A schedule of a given *shape* that sends as many bytes over the run as ``base`` at the
-    uniform knob ``target`` would.
+                   world_size: int | None = None) -> S:
+    """A schedule (built by ``make(base, by, values, **options)``) of a given *shape* that sends as
+    many bytes over the run as ``base`` at the uniform value ``target`` would.
 
-    The shape is relative: ``layer_factors[g]`` multiplies the knob of size group ``g`` and
+    The shape is relative: ``layer_factors[g]`` multiplies the parameter of size group ``g`` and
     ``phase_factors[p]`` that of phase ``p`` (e.g. ``layer_factors=[10, 1]``: small layers get
     10x the density of large ones; ``phase_factors=[2, 1, 0.5]``). The schedule is
 
-        value(p, g) = c * phase_factors[p] * layer_factors[g]    (dense once past the knob's range)
+        value(p, g) = c * phase_factors[p] * layer_factors[g]    (dense once past the parameter's range)
 
     with the scale ``c`` found by bisection so that
 
         sum_p w_p * sum_l B(n_l, value(p, g(n_l)))  ==  sum_l B(n_l, target)
 
     where ``B(n, v)`` is the exact number of bytes a rank hands to the backend for a tensor of
-    ``n`` elements at knob ``v`` on the default route (:func:`grace_legacy.core.cost.bytes_sent`),
+    ``n`` elements at parameter ``v`` on the default route (:func:`grace_legacy.runtime.cost.bytes_sent`),
     ``n_l`` ranges over the model's tensors (``sizes``: element counts, or
     ``model.named_parameters()``) and ``w_p`` is phase ``p``'s share of the run. Give
     ``world_size`` (the number of ranks) to count tensors that the bundle's dense fallback
     sends dense as dense, as they will be. Raises ``ValueError`` if no scale meets the budget
     within ``tolerance`` (relative).
     """
-    knob = base.knob
-    if knob is None or knob.integer or knob.high is None:
-        raise ValueError(f"Legacy.budget_matched: needs a bounded continuous knob whose bytes grow with it (a "
-                         f"density); {type(base).__name__}'s knob is "
-                         f"{f'{knob.name}, {knob.describe_range()}' if knob else 'missing'}")
-    target = knob.check(target, "Legacy.budget_matched(target)")
+    parameter = base.parameter
+    if parameter is None or parameter.integer or parameter.high is None:
+        raise ValueError(f"Legacy.budget_matched: needs a bounded continuous parameter whose bytes grow with it (a "
+                         f"density); {type(base).__name__}'s parameter is "
+                         f"{f'{parameter.name}, {parameter.describe_range()}' if parameter else 'missing'}")
+    target = parameter.check(target, "Legacy.budget_matched(target)")
     numels = [int(s[1].numel()) if isinstance(s, tuple) else int(s) for s in sizes]
     if not numels:
         raise ValueError("Legacy.budget_matched: sizes is empty")
-    if by not in cls.MODES:
-        raise ValueError(f"Legacy.budget_matched: by must be one of {cls.MODES}, got {by!r}")
     layer_factors = list(layer_factors) if layer_factors is not None else [1.0] * (len(splits or []) + 1)
     phase_factors = list(phase_factors) if phase_factors is not None else [1.0]
     if by == "epoch":
@@ -64,10 +70,10 @@ def budget_matched(cls: type[Legacy], base: Compressor, target: Any, *, by: str,
     for argument, factors in (("layer_factors", layer_factors), ("phase_factors", phase_factors)):
         if not factors or any(not isinstance(f, numbers.Real) or not f > 0 for f in factors):
             raise ValueError(f"Legacy.budget_matched: {argument} must be positive numbers, got {factors}")
-    def build(scale: float) -> Legacy:
+    def build(scale: float) -> S:
         def value(p: int, g: int) -> Any:
             v = scale * phase_factors[p] * layer_factors[g]
-            return knob.dense if knob.high is not None and v >= knob.high else v
+            return parameter.dense if parameter.high is not None and v >= parameter.high else v
 
         table = [[value(p, g) for g in range(len(layer_factors))] for p in range(len(phase_factors))]
         values: Any = table if by == "both" else (table[0] if by == "layer" else [row[0] for row in table])
@@ -76,13 +82,13 @@ def budget_matched(cls: type[Legacy], base: Compressor, target: Any, *, by: str,
             kwargs["splits"] = splits or []
         if by != "layer":
             kwargs.update(epochs=epochs, boundaries=boundaries)
-        return cls(base, by, values, **kwargs)
+        return make(base, by, values, **kwargs)
 
-    def run_bytes(schedule: Legacy) -> float:
-        return sum(weight * bytes_sent(schedule._concrete(phase, schedule.group_of(n)), n, dtype, world_size)
+    def run_bytes(schedule: S) -> float:
+        return sum(weight * bytes_sent(schedule.configured_at(phase, schedule.group_of(n)), n, dtype, world_size)
                    for phase, weight in enumerate(schedule.phase_weights()) for n in numels)
 
-    uniform = None if knob.is_dense(target) else base.with_knob(target)
+    uniform = None if parameter.is_dense(target) else base.with_value(target)
     try:
         budget = sum(bytes_sent(uniform, n, dtype, world_size) for n in numels)
     except NotImplementedError as err:
@@ -90,7 +96,7 @@ def budget_matched(cls: type[Legacy], base: Compressor, target: Any, *, by: str,
                          f"can be matched ({err})") from None
     smallest = min(f * g for f in phase_factors for g in layer_factors)
     low = 0.0
-    high = knob.high / smallest
+    high = parameter.high / smallest
     best, best_error = None, math.inf
     for _ in range(200):
         scale = (low + high) / 2

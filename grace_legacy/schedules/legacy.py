@@ -1,7 +1,7 @@
 """LEGACY: set any compressor's parameter from the layer's size and the training phase.
 
-``Legacy(base, by=..., values=...)`` wraps a compressor built without its knob (``TopK()``,
-``QSGD()``, ``PowerSGD()``) and, for every tensor at every step, picks the knob from a table:
+``Legacy(base, by=..., values=...)`` wraps a compressor built without its parameter (``TopK()``,
+``QSGD()``, ``PowerSGD()``) and, for every tensor at every step, picks the parameter from a table:
 
 * ``by="layer"``: ``splits = [s_0 < s_1 < ...]`` cut tensors into size groups. A tensor of ``n``
   elements is in group ``i``, the first with ``n < s_i`` (the last group if none), and uses
@@ -11,9 +11,9 @@
   ``boundaries = [b_0 < b_1 < ...]`` (``P - 1`` of them) phase ``i`` is the first with ``e < b_i``.
 * ``by="both"``: ``values`` is a ``P x G`` table, one row per phase, one column per size group.
 
-A value of ``None``, or the knob's own "dense" value (density ``1.0``), sends the tensor
+A value of ``None``, or the parameter's own "dense" value (density ``1.0``), sends the tensor
 uncompressed through a plain allreduce. The choice depends only on the tensor's size and on
-training progress, which every rank shares, so every rank picks the same knob with no
+training progress, which every rank shares, so every rank picks the same parameter with no
 communication and no computation beyond a table lookup.
 
 Progress is the epoch given to :meth:`Legacy.set_epoch` (as with ``DistributedSampler``), or,
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import warnings
 from collections.abc import Sequence
 from fractions import Fraction
 from typing import Any
@@ -32,10 +33,10 @@ from typing import Any
 import torch
 
 from grace_legacy.core.compressor import Compressor
-from grace_legacy.core.validation import check_positive_int, is_int
-from grace_legacy.schedules.base import KnobSchedule
-from grace_legacy.schedules.budget import budget_matched
-from grace_legacy.schedules.flags import from_flags, to_flags
+from grace_legacy.runtime.validation import check_positive_int, is_int
+from grace_legacy.schedules.base import Schedule
+from grace_legacy.schedules.budget import budget_matched as match_budget
+from grace_legacy.schedules.flags import format_flags, parse_flags
 
 
 def _check_increasing_positive(values: Any, argument: str) -> list[int]:
@@ -49,14 +50,14 @@ def _check_increasing_positive(values: Any, argument: str) -> list[int]:
     return values
 
 
-class Legacy(KnobSchedule):
-    """Wraps ``base`` and schedules its knob by layer size (``by="layer"``), training phase
+class Legacy(Schedule):
+    """Wraps ``base`` and schedules its parameter by layer size (``by="layer"``), training phase
     (``by="epoch"``) or both (``by="both"``); see the module docstring for the rules.
 
     Args:
-        base: a compressor with a knob, built without a value for it (``TopK()``).
+        base: a compressor with a parameter, built without a value for it (``TopK()``).
         by: ``"layer"``, ``"epoch"`` or ``"both"``.
-        values: the knob values: a list (``layer``: one per size group; ``epoch``: one per phase)
+        values: the parameter values: a list (``layer``: one per size group; ``epoch``: one per phase)
             or, for ``both``, a list of rows (one per phase) of one value per size group.
         splits: size-group thresholds in elements (``layer``/``both``).
         epochs: total training epochs, for equal phases (``epoch``/``both``).
@@ -101,7 +102,7 @@ class Legacy(KnobSchedule):
         def where(p: int, g: int) -> str:
             return {"both": f"values[{p}][{g}]", "layer": f"values[{g}]", "epoch": f"values[{p}]"}[by]
 
-        self.table: list[list[Any]] = [[base.knob.check(v, f"Legacy({where(p, g)})") for g, v in enumerate(row)]
+        self.table: list[list[Any]] = [[base.parameter.check(v, f"Legacy({where(p, g)})") for g, v in enumerate(row)]
                                        for p, row in enumerate(rows)]
         self.phases = len(self.table)
 
@@ -132,8 +133,8 @@ class Legacy(KnobSchedule):
         self._phase_now: tuple[tuple[int, int], int] | None = None
         self._group_by_numel: dict[int, int] = {}
 
-    def with_knob(self, value: Any) -> Compressor:
-        raise ValueError("Legacy sets its base's knob itself; change values= instead")
+    def with_value(self, value: Any) -> Compressor:
+        raise ValueError("Legacy sets its base's parameter itself; change values= instead")
 
     # -- the rules ------------------------------------------------------------------------------
     def group_of(self, numel: int) -> int:
@@ -162,15 +163,16 @@ class Legacy(KnobSchedule):
             group = self._group_by_numel[numel] = self.group_of(numel)
         return group
 
-    def knob_for(self, numel: int, progress: Fraction | int | None = None) -> Any:
-        """The knob value for a tensor of ``numel`` elements at ``progress`` (default: now)."""
+    def value_at(self, numel: int, progress: Fraction | int | None = None) -> Any:
+        """The parameter value for a tensor of ``numel`` elements at ``progress`` (default: now)."""
         phase = self.phase_of(self.progress if progress is None else progress)
         return self.table[phase][self.group_of(numel)]
 
-    def _concrete(self, phase: int, group: int) -> Compressor | None:
-        return self.concrete(self.table[phase][group])
+    def configured_at(self, phase: int, group: int) -> Compressor | None:
+        """The configured base for size group ``group`` in phase ``phase``; ``None`` where dense."""
+        return self.configured(self.table[phase][group])
 
-    def knob_for_tensor(self, tensor: torch.Tensor, name: str) -> Any:
+    def value_for(self, tensor: torch.Tensor, name: str) -> Any:
         return self.table[self.current_phase()][self._group_of_numel(tensor.numel())]
 
     def traffic_labels(self, name: str, tensor: torch.Tensor) -> dict[str, Any]:
@@ -196,10 +198,38 @@ class Legacy(KnobSchedule):
             parts.append(f"steps_per_epoch={self.steps_per_epoch}")
         return f"Legacy({', '.join(parts)})"
 
-    # -- other ways to build one (each in its own module; the functions take the class first) ----
-    from_strings = classmethod(from_flags)
-    to_strings = to_flags
-    budget_matched = classmethod(budget_matched)
+    # -- other ways to build one ------------------------------------------------------------------
+    @classmethod
+    def from_flags(cls, base: Compressor, by: str, group_compressions: str, group_splits: str = "",
+                   epochs: int | None = None, **kwargs: Any) -> Legacy:
+        """The schedule the reference implementation's flags describe (:mod:`grace_legacy.schedules.flags`):
+        ``group_compressions`` comma-separated, densities in *percent* (``"1,0.1"`` is 0.01 and
+        0.001; ``100`` is dense), other parameters in their own units, ``none`` for uncompressed,
+        ``;`` between the phases of ``by="both"``; ``group_splits`` comma-separated element counts;
+        ``by="uniform"`` uses the first value everywhere. ``kwargs`` go to :class:`Legacy`."""
+        mode, values, options = parse_flags(base, by, group_compressions, group_splits, epochs)
+        return cls(base, mode, values, **options, **kwargs)
+
+    @classmethod
+    def from_strings(cls, *args: Any, **kwargs: Any) -> Legacy:
+        """The name :meth:`from_flags` had in earlier releases."""
+        warnings.warn("Legacy.from_strings is called Legacy.from_flags now", DeprecationWarning, stacklevel=2)
+        return cls.from_flags(*args, **kwargs)
+
+    def to_flags(self) -> dict[str, Any]:
+        """This schedule's reference flags: ``Legacy.from_flags(base, **schedule.to_flags())`` rebuilds it."""
+        return format_flags(self.base.parameter.name == "ratio", self.by, self.table, self.splits, self.epochs)
+
+    @classmethod
+    def budget_matched(cls, base: Compressor, target: Any, *, by: str, **options: Any) -> Legacy:
+        """A schedule of a given shape that sends as many bytes over the run as ``base`` at the
+        uniform value ``target`` (:func:`grace_legacy.schedules.budget.budget_matched`, whose
+        keyword arguments ``options`` are: ``sizes``, ``splits``, ``layer_factors``,
+        ``phase_factors``, ``epochs``, ``boundaries``, ``steps_per_epoch``, ``dtype``,
+        ``tolerance``, ``world_size``)."""
+        if by not in cls.MODES:
+            raise ValueError(f"Legacy.budget_matched: by must be one of {cls.MODES}, got {by!r}")
+        return match_budget(cls, base, target, by=by, **options)
 
     def phase_weights(self) -> list[float]:
         """Each phase's share of the run (equal phases, or from ``boundaries`` and ``epochs``)."""

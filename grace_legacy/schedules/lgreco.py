@@ -1,4 +1,4 @@
-"""L-GreCo: a knob per tensor, chosen by a dynamic program over measured compression errors to send
+"""L-GreCo: a parameter per tensor, chosen by a dynamic program over measured compression errors to send
 as few bytes as possible for no more error than a uniform setting. Rank 0 measures and solves,
 and broadcasts its choices, so ranks agree whatever each one measured."""
 
@@ -16,11 +16,11 @@ import torch
 
 from grace_legacy.core.backend import Backend
 from grace_legacy.core.compressor import Compressor
-from grace_legacy.core.cost import REFERENCE_SHAPE, bytes_sent
-from grace_legacy.core.journal import StepJournal
-from grace_legacy.core.validation import check_positive_int, checked_knob_value, is_int, positive_number
+from grace_legacy.core.state import UndoLog
+from grace_legacy.runtime.cost import REFERENCE_SHAPE, bytes_sent
+from grace_legacy.runtime.validation import check_positive_int, checked_value, is_int, positive_number
 from grace_legacy.schedules.accumulator import GradientAccumulator
-from grace_legacy.schedules.base import KnobSchedule
+from grace_legacy.schedules.base import Schedule
 from grace_legacy.schedules.history import (
     DEFAULT_HISTORY,
     bounded_records,
@@ -116,16 +116,16 @@ def choose_layerwise(errors: Sequence[Sequence[float]], sizes: Sequence[Sequence
     return chosen
 
 
-class LGreCo(KnobSchedule):
+class LGreCo(Schedule):
     """L-GreCo (Markov, Alimohammadi, Frantar and Alistarh, "L-GreCo: Layerwise-Adaptive Gradient
-    Compression for Efficient and Accurate Deep Learning", MLSys 2024): a knob per tensor, chosen
+    Compression for Efficient and Accurate Deep Learning", MLSys 2024): a parameter per tensor, chosen
     to send as few bytes as possible for no more compression error than a uniform setting.
 
     Every ``interval`` optimizer steps, for each tensor ``l`` and each value ``c`` in ``choices``:
 
         G_l      = sum of the aggregated gradient of l over the interval's steps (finite ones)
-        e_l(c)   = || G_l - D(C_c(G_l)) ||^2          the base at knob c, applied to G_l
-        s_l(c)   = bytes a rank sends for l at knob c (``grace.bytes_sent``: exact, not estimated)
+        e_l(c)   = || G_l - D(C_c(G_l)) ||^2          the base at parameter c, applied to G_l
+        s_l(c)   = bytes a rank sends for l at parameter c (``grace.bytes_sent``: exact, not estimated)
 
         minimise  sum_l s_l(c_l)   subject to   sum_l e_l(c_l) <= budget * sum_l e_l(reference)
 
@@ -146,7 +146,7 @@ class LGreCo(KnobSchedule):
     rooted at rank 0 *of the backend* whatever the process set. Without a backend (one
     process) the rank solves alone.
 
-    Any knob whose payload size the base can predict: Top-k, Random-k and DGC (density), QSGD
+    Any parameter whose payload size the base can predict: Top-k, Random-k and DGC (density), QSGD
     (levels: those of one integer width cost the same bytes, and the program then takes the most
     accurate, so mix widths, e.g. ``[4, 127, 1000]``), PowerSGD (rank; its error is that of one
     power iteration from the current warm start, or from a fresh random ``Q`` for a rank not in
@@ -163,17 +163,17 @@ class LGreCo(KnobSchedule):
     def __init__(self, base: Compressor, choices: Sequence[Any], *, reference: Any, interval: int,
                  budget: float = 1.0, resolution: int = 1000, history: int | None = DEFAULT_HISTORY) -> None:
         super().__init__(base)
-        knob = base.knob
+        parameter = base.parameter
         if not isinstance(choices, Sequence) or isinstance(choices, str) or len(choices) < 2:
-            raise ValueError(f"LGreCo: choices must be a list of at least two {knob.name} values, got {choices!r}")
-        checked = [checked_knob_value(knob, c, f"LGreCo(choices[{i}])") for i, c in enumerate(choices)]
-        keys = ["dense" if knob.is_dense(c) else c for c in checked]
+            raise ValueError(f"LGreCo: choices must be a list of at least two {parameter.name} values, got {choices!r}")
+        checked = [checked_value(parameter, c, f"LGreCo(choices[{i}])") for i, c in enumerate(choices)]
+        keys = ["dense" if parameter.is_dense(c) else c for c in checked]
         if len(set(keys)) != len(keys):
             raise ValueError(f"LGreCo: choices must be distinct (None and the dense value are the same), "
                              f"got {checked!r}")
-        reference = checked_knob_value(knob, reference, "LGreCo(reference)")
+        reference = checked_value(parameter, reference, "LGreCo(reference)")
         matches = [i for i, c in enumerate(checked)
-                   if c == reference or (knob.is_dense(c) and knob.is_dense(reference))]
+                   if c == reference or (parameter.is_dense(c) and parameter.is_dense(reference))]
         if not matches:
             raise ValueError(f"LGreCo: reference={reference!r} must be one of choices={checked!r}")
         self.choices = checked
@@ -186,12 +186,12 @@ class LGreCo(KnobSchedule):
         self._configure(checked)
         for c in checked:
             try:
-                bytes_sent(self.concrete(c), REFERENCE_SHAPE, torch.float32)
+                bytes_sent(self.configured(c), REFERENCE_SHAPE, torch.float32)
             except NotImplementedError as err:
                 raise ValueError(f"LGreCo: base {type(base).__name__} cannot predict its payload size, which "
                                  f"L-GreCo minimises ({err})") from None
-        self._journal = StepJournal()
-        self._accumulated = GradientAccumulator(self._journal)
+        self.undo_log = UndoLog()
+        self._accumulated = GradientAccumulator(self.undo_log)
         self._layouts: dict[str, tuple[torch.Size, torch.dtype]] = {}
         self._choice: dict[str, int] = {}
         self._history: dict[str, deque[tuple[int, Any]]] = {}
@@ -202,10 +202,10 @@ class LGreCo(KnobSchedule):
 
     # -- decisions ------------------------------------------------------------------------------
     def choice_of(self, name: str) -> Any:
-        """The knob value of tensor ``name`` until the next solve."""
+        """The parameter value of tensor ``name`` until the next solve."""
         return self.choices[self._choice.get(name, self.reference_index)]
 
-    def knob_for_tensor(self, tensor: torch.Tensor, name: str) -> Any:
+    def value_for(self, tensor: torch.Tensor, name: str) -> Any:
         return self.choice_of(name)
 
     def traffic_labels(self, name: str, tensor: torch.Tensor) -> dict[str, Hashable]:
@@ -220,14 +220,14 @@ class LGreCo(KnobSchedule):
         """``e_l(c)`` and ``s_l(c)`` of every choice for the accumulated gradient of each of
         ``names``, on a deep copy of the base (the real one's state does not move)."""
         probe = copy.deepcopy(self.base)
-        configured = [None if self.base.knob.is_dense(c) else probe.with_knob(c) for c in self.choices]
+        configured = [None if self.base.parameter.is_dense(c) else probe.with_value(c) for c in self.choices]
         errors, sizes = [], []
         for name in names:
             g = self._accumulated.sums[name]
             shape, dtype = self._layouts[name]
             e_row, s_row = [], []
             for concrete in configured:
-                chosen = None if concrete is None else concrete.resolve(g, name)
+                chosen = None if concrete is None else concrete.compressor_for(g, name)
                 if chosen is None:
                     e_row.append(0.0)
                     s_row.append(bytes_sent(None, shape, dtype))

@@ -1,5 +1,5 @@
 """Over real horovodrun -np 4, Gloo and MPI: DGC's warm-up (DGC densities and QSGD levels),
-Accordion and L-GreCo are exact on the wire at the knob each chose, every rank makes the same
+Accordion and L-GreCo are exact on the wire at the parameter each chose, every rank makes the same
 decisions, and L-GreCo's broadcast overrides ranks whose own state would decide otherwise, also
 on a process set that leaves global rank 0 out."""
 

@@ -1,6 +1,6 @@
 """The adaptive schedules: DGC's warm-up sequence, Accordion's regime switches on a synthetic
 sequence of aggregated gradients, L-GreCo's dynamic program against brute force, and what all
-three share with Legacy (state, validation, memories, knobs, rank agreement)."""
+three share with Legacy (state, validation, memories, parameters, rank agreement)."""
 
 import itertools
 import math
@@ -42,7 +42,7 @@ def test_dgc_paper_sequence_at_every_epoch(epoch):
     schedule.set_epoch(epoch)
     expected = PAPER[min(epoch, 4)]
     assert schedule.knob_at(epoch) == expected
-    assert schedule.resolve(torch.zeros(1000), "w").ratio == expected
+    assert schedule.compressor_for(torch.zeros(1000), "w").ratio == expected
     assert schedule.stats["warmup"]["current"] == expected
 
 
@@ -59,7 +59,7 @@ def test_dgc_counted_steps_change_exactly_at_epoch_boundaries(steps_per_epoch):
     schedule = DGCWarmup(TopK(), target=0.001, warmup_epochs=4, coeff=0.25, steps_per_epoch=steps_per_epoch)
     seen = []
     for _ in range(6 * steps_per_epoch):
-        seen.append(schedule.resolve(torch.zeros(100), "w").ratio)
+        seen.append(schedule.compressor_for(torch.zeros(100), "w").ratio)
         schedule.end_step()
     assert seen == [PAPER[min(s // steps_per_epoch, 4)] for s in range(6 * steps_per_epoch)]
     schedule.set_epoch(1)
@@ -78,9 +78,10 @@ def test_dgc_warmup_schedules_integer_and_increasing_knobs():
 
 def test_dgc_stats_break_bytes_down_by_phase():
     schedule = DGCWarmup(TopK(), target=0.001, warmup_epochs=2, coeff=0.25)
+    bundle = Grace(schedule)
     for epoch in range(4):
         schedule.set_epoch(epoch)
-        schedule.record_traffic("w", torch.zeros(1000), 10 * (epoch + 1), "allgather")
+        bundle.record_traffic("w", torch.zeros(1000), 10 * (epoch + 1), "allgather")
     stats = schedule.stats
     assert {p: stats["phase"][p]["bytes_sent"] for p in stats["phase"]} == {0: 10, 1: 20, 2: 70}
     assert stats["warmup"] == {"values": [0.25, 0.0625, 0.001], "epoch": 3, "phase": 2, "current": 0.001}
@@ -111,11 +112,10 @@ def drive_accordion(schedule, steps=range(16)):
     seen = {"a": [], "b": []}
     for step in steps:
         for name, values in (("a", A), ("b", B)):
-            seen[name].append(schedule.resolve(torch.zeros(1000), name).ratio)
+            seen[name].append(schedule.compressor_for(torch.zeros(1000), name).ratio)
             schedule.observe(name, spike(values[step]))
         if step == 12:
-            schedule.rollback("b")  # a skipped step: its observation must leave no trace
-        schedule.commit()
+            schedule.undo("b")  # a skipped step: its observation must leave no trace
         schedule.end_step()
         if step == 7:
             schedule.notify_lr_drop()
@@ -154,12 +154,13 @@ def test_accordion_ratio_at_eta_is_critical_and_just_below_is_not():
 
 def test_accordion_regime_breakdown_in_stats():
     schedule = make_accordion()
+    bundle = Grace(schedule)
     for step in range(16):
         for name, values in (("a", A), ("b", B)):
-            schedule.record_traffic(name, torch.zeros(10), 40 if schedule.value_of(name) == LOW else 8, "allgather")
+            bundle.record_traffic(name, torch.zeros(10), 40 if schedule.value_of(name) == LOW else 8, "allgather")
             schedule.observe(name, spike(values[step]))
         if step == 12:
-            schedule.rollback("b")
+            schedule.undo("b")
         schedule.end_step()
         if step == 7:
             schedule.notify_lr_drop()
@@ -328,7 +329,7 @@ def test_lgreco_takes_the_most_accurate_of_values_that_cost_the_same():
 
 def test_lgreco_measures_without_moving_the_base():
     schedule = LGreCo(RandomK(seed=3), [0.5, 0.1], reference=0.1, interval=1)
-    schedule.resolve(torch.zeros(100), "w").compress(torch.randn(100), "w")
+    schedule.compressor_for(torch.zeros(100), "w").compress(torch.randn(100), "w")
     before = schedule.base.state_dict()
     schedule.observe("w", torch.randn(100))
     schedule.end_step()
@@ -372,7 +373,7 @@ def test_lgreco_ranks_take_rank_0s_choices_even_when_their_own_differ():
         assert own != rank0_applied  # the broadcast, not the local state, decided
 
 
-# -- shared: state, validation, knobs, memories --------------------------------------------------
+# -- shared: state, validation, parameters, memories --------------------------------------------------
 
 
 def lgreco_inputs(step):
@@ -387,15 +388,15 @@ SCHEDULES = {
 }
 
 
-def run_steps(schedule, inputs, steps):
+def run_steps(bundle, inputs, steps):
+    schedule = bundle.compressor
     decisions = []
     for step in steps:
         grads = inputs(step)
-        decisions.append({n: schedule.knob_for_tensor(g, n) for n, g in grads.items()})
+        decisions.append({n: schedule.value_for(g, n) for n, g in grads.items()})
         for name, g in grads.items():
-            schedule.record_traffic(name, g, 8, "allgather")
+            bundle.record_traffic(name, g, 8, "allgather")
             schedule.observe(name, g)
-        schedule.commit()
         schedule.end_step()
     return decisions
 
@@ -410,9 +411,9 @@ def without_timing(stats):
 @pytest.mark.parametrize("kind", sorted(SCHEDULES))
 def test_state_dict_round_trip_continues_the_same_decisions(kind):
     make, inputs = SCHEDULES[kind]
-    original = make()
+    original = Grace(make())
     run_steps(original, inputs, range(5))
-    restored = make()
+    restored = Grace(make())
     restored.load_state_dict(original.state_dict())
     assert repr(restored) == repr(original)
     assert without_timing(restored.stats) == without_timing(original.stats)
@@ -423,13 +424,13 @@ def test_state_dict_round_trip_continues_the_same_decisions(kind):
 @pytest.mark.parametrize("kind", sorted(SCHEDULES))
 def test_repr_names_the_configuration_and_the_decisions(kind):
     make, inputs = SCHEDULES[kind]
-    a, b = make(), make()
+    a, b = Grace(make()), Grace(make())
     assert repr(a) == repr(b)
     run_steps(a, inputs, range(6))
     run_steps(b, inputs, range(6))
     assert repr(a) == repr(b)
     if kind != "dgc":
-        assert repr(a) != repr(make()), "the decisions should show in the description"
+        assert repr(a.compressor) != repr(make()), "the decisions should show in the description"
 
 
 @pytest.mark.parametrize("make,argument", [
@@ -497,15 +498,15 @@ def schedules_of(make_base, values, warmup):
 
 @pytest.mark.parametrize("make_base,values,warmup", KNOBS)
 def test_every_schedule_sets_any_knob(make_base, values, warmup):
-    knob = make_base().knob.name
+    parameter = make_base().parameter.name
     for schedule in schedules_of(make_base, values, warmup):
         allowed = schedule.values if isinstance(schedule, DGCWarmup) else values
-        chosen = schedule.resolve(torch.randn(16, 12), "w")
-        assert chosen.knob_value in allowed and chosen.knob.name == knob, schedule
+        chosen = schedule.compressor_for(torch.randn(16, 12), "w")
+        assert chosen.value in allowed and chosen.parameter.name == parameter, schedule
         for _ in range(3):  # through a solve and a detection
             schedule.observe("w", torch.randn(16, 12))
             schedule.end_step()
-        assert schedule.resolve(torch.randn(16, 12), "w").knob_value in allowed
+        assert schedule.compressor_for(torch.randn(16, 12), "w").value in allowed
 
 
 MEMORIES = [NoMemory, Residual, EF21, DGCMemory]
@@ -549,14 +550,14 @@ def test_powersgd_memory_and_power_sgd_knob():
 def test_rollback_undoes_an_observation_and_reaches_the_base():
     schedule = LGreCo(PowerSGD(), [4, 1], reference=1, interval=5)
     schedule.observe("w", torch.ones(6, 4))
-    schedule.commit()
+    schedule.end_step()
     before = schedule.state_dict()["accumulated"]
     schedule.observe("w", torch.full((6, 4), 7.0))
-    concrete = schedule.resolve(torch.ones(6, 4), "w")
+    concrete = schedule.compressor_for(torch.ones(6, 4), "w")
     payload, ctx = concrete.compress(torch.ones(6, 4), "w")
     payload, ctx = concrete.next_round(payload, ctx)
     concrete.end_exchange(payload, ctx)
-    schedule.rollback("w")
+    schedule.undo("w")
     after = schedule.state_dict()
     assert torch.equal(after["accumulated"]["sums"]["w"], before["sums"]["w"])
     assert after["accumulated"]["counts"] == before["counts"]

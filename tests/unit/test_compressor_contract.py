@@ -72,7 +72,7 @@ def compressed(entry: Entry, shape: tuple[int, ...], dtype: torch.dtype, rank: i
     compressor = entry.typical()
     compressor.set_rank(rank)
     tensor = torch.randn(shape, generator=torch.Generator().manual_seed(rank + 1), dtype=torch.float64).to(dtype)
-    concrete = compressor.resolve(tensor, "w")
+    concrete = compressor.compressor_for(tensor, "w")
     if concrete is None:
         return tensor, None, None, None
     payload, ctx = concrete.compress(tensor, "w")

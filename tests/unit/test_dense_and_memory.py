@@ -18,7 +18,7 @@ def test_fp16_round_trip_keeps_dtype_and_shape_and_equals_plain_casts(dtype):
 
 
 def test_fp16_large_output_is_reused_only_once_the_caller_let_go():
-    from grace_legacy.core.recycle import MMAP_CEILING
+    from grace_legacy.runtime.buffers import MMAP_CEILING
 
     compressor = FP16()
     x = torch.randn(MMAP_CEILING // 4 // 64 + 1, 64)

@@ -65,8 +65,8 @@ def test_a_bundle_notices_a_new_rank_or_size_without_being_told():
     train(kept, 0, 2)
     train(forgotten, 0, 2)
     residual = kept[1].memory.state_dict()["residuals"]
-    entered = run_ranks(1, lambda backend: [kept[1].enter(backend), forgotten[1].enter(backend),
-                                            kept[1].enter(backend)])
+    entered = run_ranks(1, lambda backend: [kept[1].join_world(backend), forgotten[1].join_world(backend),
+                                            kept[1].join_world(backend)])
     assert entered == [[True, True, False]]
     assert differences(kept[1].memory.state_dict()["residuals"], residual) == []
     assert forgotten[1].memory.state_dict()["local"] == {} and forgotten[1].memory.state_dict()["estimates"] == {}

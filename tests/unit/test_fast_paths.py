@@ -21,12 +21,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from grace_legacy import DGC, Grace, Legacy, NoMemory, RandomK, Residual, Threshold, TopK
-from grace_legacy.communicators.flight import Flight, Member
+from grace_legacy.communicators.exchange import BucketExchange, Parcel
 from grace_legacy.compressors.kernels.selection import SMALL, entries_at_or_above, magnitude_bound
 from grace_legacy.compressors.randomk import uniform_subset
-from grace_legacy.core import wire
-from grace_legacy.core.sparse import SparseContext, scatter_sum, scatter_sum_many
-from grace_legacy.core.validation import nonfinite_flag
+from grace_legacy.compressors.sparse import SparseContext, scatter_sum, scatter_sum_many
+from grace_legacy.runtime import wire
+from grace_legacy.runtime.validation import nonfinite_flag
 from tests.helpers import bits, run_ranks
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
@@ -79,7 +79,7 @@ def test_residual_in_place_equals_the_subtraction_bit_for_bit(kind, ratio, n, dt
         reference = expected_compensated - sent
         before = g.clone()
         memory.update(compensated, "w", compressor, payload, ctx)
-        memory.commit()
+        memory.end_step()
         assert torch.equal(g, before), "the gradient itself must never be written into"
         if step > 0:  # compensate made g + e: the in-place path was taken
             assert memory.residuals["w"] is compensated
@@ -105,7 +105,7 @@ def test_rollback_after_the_in_place_update_restores_the_old_residual():
     compensated = memory.compensate(torch.randn(50), "w")
     memory.update(compensated, "w", compressor, *compressor.compress(compensated, "w"))
     assert memory.residuals["w"] is compensated
-    memory.rollback("w")
+    memory.undo("w")
     assert memory.residuals["w"] is old and torch.equal(old, kept)
 
 
@@ -143,12 +143,12 @@ def test_legacy_phase_cache_follows_every_change_of_progress(steps_per_epoch, ep
         else:
             schedule.set_epoch(move)
         phase = schedule.phase_of(schedule.progress)
-        assert schedule.knob_for_tensor(small, "s") == values[phase][0]
-        assert schedule.knob_for_tensor(large, "l") == values[phase][1]
+        assert schedule.value_for(small, "s") == values[phase][0]
+        assert schedule.value_for(large, "l") == values[phase][1]
         assert schedule.traffic_labels("l", large) == {"group": 1, "phase": phase}
     state = schedule.state_dict()
     fresh = Legacy(TopK(), by="both", values=values, splits=[100], epochs=epochs, steps_per_epoch=steps_per_epoch)
-    fresh.knob_for_tensor(small, "s")  # fill the cache at progress 0 before loading
+    fresh.value_for(small, "s")  # fill the cache at progress 0 before loading
     fresh.load_state_dict(state)
     assert fresh.current_phase() == schedule.phase_of(schedule.progress)
 
@@ -255,7 +255,7 @@ def test_an_integer_knob_refuses_a_fraction_whose_float_is_an_integer():
 
     with pytest.raises(ValueError, match="rank"):
         PowerSGD(rank=Fraction(2**53 + 1, 2))
-    assert PowerSGD(rank=Fraction(8, 2)).knob_value == 4
+    assert PowerSGD(rank=Fraction(8, 2)).value == 4
 
 
 @given(members=st.lists(st.tuples(st.lists(st.tuples(st.integers(0, 9), st.sampled_from(
@@ -380,9 +380,9 @@ def test_a_bucket_goes_by_part_only_when_that_sends_the_same_bytes_and_aggregate
         monkeypatch.setattr(wire, packing, spy(packing))
 
     def body(backend):
-        members = [Member(n, payload, ctx, compressor, gathered=True)
+        members = [Parcel(n, payload, ctx, compressor, gathered=True)
                    for n, (payload, ctx) in payloads(backend.rank()).items()]
-        Flight("bucket", members, backend, average=True)
+        BucketExchange("bucket", members, backend, average=True)
         return {m.name: m.pending() for m in members}, sum(m.pending.bytes_sent for m in members), list(backend.calls)
 
     ranks = run_ranks(world, body)

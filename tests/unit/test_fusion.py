@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from grace_legacy import FP16, Grace, Legacy, PowerSGD, PowerSGDMemory, RandomK, Residual, Threshold, TopK
-from grace_legacy.communicators.fusion import BUCKET_BYTES_CAP, BucketPlan, default_bucket_bytes
-from grace_legacy.core.cost import gather_costs_more
+from grace_legacy.communicators.buckets import BUCKET_BYTES_CAP, BucketPlan, default_bucket_bytes
+from grace_legacy.runtime.cost import gather_costs_more
 from tests.helpers import run_ranks
 
 SHAPES = {"conv": (8, 4, 3), "fc1": (60, 40), "bias1": (60,), "fc2": (10, 60), "bias2": (10,), "scale": ()}
@@ -179,7 +179,7 @@ def test_exactly_the_tensors_whose_gradient_or_sum_is_not_finite_are_named(kind,
                 assert flagged == {name for name, r in results.items() if not bool(torch.isfinite(r).all())}
             named.append(flagged)
             for name in flagged:
-                bundle.discard(name)
+                bundle.undo(name)
             bundle.end_step()
         return named
 

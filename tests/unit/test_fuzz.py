@@ -2,10 +2,10 @@
 
 Three promises, checked by hypothesis over shapes (0-dim to 4-D, 1 to 10^6 elements, large ones
 rare), contents (zeros, constants, subnormals, huge values, inf and NaN), memory layouts
-(contiguous, transposed, strided), the four gradient dtypes and knob values:
+(contiguous, transposed, strided), the four gradient dtypes and parameter values:
 
 * compress -> decompress (and a bundle's round trip through its collectives) returns a tensor
-  of the input's shape and dtype, whatever the knob, the values or the layout;
+  of the input's shape and dtype, whatever the parameter, the values or the layout;
 * a gradient of any other dtype (integers, bool, complex, float8) or an empty one is refused
   with a ``TypeError`` (the dtype) or ``ValueError`` (empty) that says so;
 * an invalid argument is refused at construction: a value of the wrong *type* (a string, a
@@ -48,10 +48,10 @@ from grace_legacy.compressors.qsgd import LEVELS
 from grace_legacy.compressors.signsgd import MOMENTUM
 from grace_legacy.compressors.threshold import THRESHOLD
 from grace_legacy.core.compressor import Compressor
-from grace_legacy.core.knob import Knob
+from grace_legacy.core.parameter import ScheduledParameter
 from grace_legacy.memories.efsignsgd import LEARNING_RATE
 from tests.helpers import ThreadBackend, World
-from tests.registry import ENTRIES, Entry, knob_values
+from tests.registry import ENTRIES, Entry, parameter_values
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
 REFUSED_DTYPES = [torch.int8, torch.int32, torch.int64, torch.uint8, torch.bool, torch.complex64,
@@ -140,9 +140,9 @@ def _legacy(entry: Entry) -> Spec:
     def build(small: Any, large: Any, split: int) -> Compressor:
         return Legacy(entry.compressor(), by="layer", values=[small, large], splits=[split])
 
-    values = st.one_of(st.none(), knob_values(entry.compressor.knob))
+    values = st.one_of(st.none(), parameter_values(entry.compressor.parameter))
     return Spec(f"Legacy({entry.name})", build, {"small": values, "large": values, "split": st.integers(1, 10**6)},
-                lambda: build(None, entry.typical().knob_value, 1000))
+                lambda: build(None, entry.typical().value, 1000))
 
 
 def _warmup(target: float, epoch: int) -> Compressor:
@@ -157,8 +157,8 @@ def _lgreco() -> Compressor:
     return LGreCo(PowerSGD(), [1, 4, None], reference=4, interval=2)
 
 
-#: Every registered compressor alone, each one with a knob inside Legacy, and the adaptive schedules.
-SPECS = [_alone(entry) for entry in ENTRIES] + [_legacy(entry) for entry in ENTRIES if entry.compressor.knob] + [
+#: Every registered compressor alone, each one with a parameter inside Legacy, and the adaptive schedules.
+SPECS = [_alone(entry) for entry in ENTRIES] + [_legacy(entry) for entry in ENTRIES if entry.compressor.parameter] + [
     Spec("DGCWarmup(TopK)", _warmup, {"target": st.floats(1e-9, 1.0, exclude_max=True), "epoch": st.integers(0, 6)},
          lambda: _warmup(0.01, 1)),
     Spec("Accordion(QSGD)", _accordion, {}, _accordion),
@@ -184,7 +184,7 @@ def compressors(draw: st.DrawFn) -> tuple[str, Compressor]:
 def round_trip(compressor: Compressor, tensor: torch.Tensor, name: str) -> list[torch.Tensor]:
     """What the compressor alone decodes for ``tensor``, every way it can: decompress and, for
     single-round compressors, the aggregate of two ranks' payloads. Empty if it sends it dense."""
-    concrete = compressor.resolve(tensor, name)
+    concrete = compressor.compressor_for(tensor, name)
     if concrete is None:
         return []
     payload, ctx = concrete.compress(tensor, name)
@@ -255,25 +255,26 @@ def test_a_dense_legacy_value_still_refuses_an_integer_gradient():
 # -- invalid arguments --------------------------------------------------------------------------
 
 
-def knob_accepts(knob: Knob, value: Any) -> bool:
-    """An independent oracle for the documented rule: an integer knob takes whole numbers, compared
-    exactly (so any int, however large); any other knob takes the value as a float, which must be
+def knob_accepts(parameter: ScheduledParameter, value: Any) -> bool:
+    """An independent oracle for the documented rule: an integer parameter takes whole numbers, compared
+    exactly (so any int, however large); any other parameter takes the value as a float, which must be
     finite (an int or fraction too large for a float is refused). Then the range."""
     try:
         number = Fraction(value)
-        if not knob.integer:
+        if not parameter.integer:
             converted = float(value)
             if not math.isfinite(converted):
                 return False
             number = Fraction(converted)
     except (ValueError, OverflowError, TypeError):  # NaN, infinities, overflow
         return False
-    if knob.integer and number.denominator != 1:
+    if parameter.integer and number.denominator != 1:
         return False
-    if knob.low is not None and (number < Fraction(knob.low) or (number == knob.low and not knob.low_inclusive)):
+    if parameter.low is not None and (number < Fraction(parameter.low)
+                                      or (number == parameter.low and not parameter.low_inclusive)):
         return False
-    return not (knob.high is not None
-                and (number > Fraction(knob.high) or (number == knob.high and not knob.high_inclusive)))
+    return not (parameter.high is not None
+                and (number > Fraction(parameter.high) or (number == parameter.high and not parameter.high_inclusive)))
 
 
 # Numbers of every kind: floats with NaN and infinities, ints far beyond a float's range,
@@ -295,16 +296,16 @@ wrong_types = st.one_of(
     st.floats(0.1, 0.5).map(torch.tensor), st.just(object()),
 )
 
-# (label, knob, constructor from the one argument fuzzed)
-# (label, knob, constructor from the one argument fuzzed): every registered compressor's knob,
+# (label, parameter, constructor from the one argument fuzzed)
+# (label, parameter, constructor from the one argument fuzzed): every registered compressor's parameter,
 # then the other numeric arguments.
-KNOB_ARGUMENTS: list[tuple[str, Knob, Callable[[Any], Any]]] = [
-    (f"{entry.name}: {entry.compressor.knob.name}", entry.compressor.knob, entry.compressor)
-    for entry in ENTRIES if entry.compressor.knob
+KNOB_ARGUMENTS: list[tuple[str, ScheduledParameter, Callable[[Any], Any]]] = [
+    (f"{entry.name}: {entry.compressor.parameter.name}", entry.compressor.parameter, entry.compressor)
+    for entry in ENTRIES if entry.compressor.parameter
 ] + [
     ("Signum: momentum", MOMENTUM, Signum),
     ("EFSignSGD: lr", LEARNING_RATE, EFSignSGD),
-    ("DGC: sample_ratio", Knob("sample_ratio", low=0.0, high=1.0, low_inclusive=False),
+    ("DGC: sample_ratio", ScheduledParameter("sample_ratio", low=0.0, high=1.0, low_inclusive=False),
      lambda v: DGC(0.1, sample_ratio=v)),
     ("Legacy(values[0]): ratio", DENSITY, lambda v: Legacy(TopK(), by="layer", values=[v])),
     ("Legacy(values[1]): levels", LEVELS, lambda v: Legacy(QSGD(), by="epoch", values=[8, v], epochs=2)),
@@ -326,12 +327,12 @@ def _usable(label: str, built: Any) -> None:
 @given(st.sampled_from(KNOB_ARGUMENTS), numbers_of_any_kind)
 @fuzz_settings(300)
 def test_numbers_out_of_range_raise_value_error(argument, value):
-    label, knob, build = argument
-    if knob_accepts(knob, value):
+    label, parameter, build = argument
+    if knob_accepts(parameter, value):
         try:
             built = build(value)
         except ValueError as err:
-            # Only the schedules' own rules may refuse a value the knob accepts (a warm-up target
+            # Only the schedules' own rules may refuse a value the parameter accepts (a warm-up target
             # must compress; Accordion's low must differ from high and send more bytes).
             assert label.startswith(("DGCWarmup", "Accordion", "LGreCo")), (label, value, err)
             return
@@ -340,24 +341,24 @@ def test_numbers_out_of_range_raise_value_error(argument, value):
     with pytest.raises(ValueError) as caught:
         build(value)
     assert not isinstance(caught.value, TypeError), f"{label}: {value!r} is a number, refused as a type"
-    assert knob.name in str(caught.value), (label, str(caught.value))
+    assert parameter.name in str(caught.value), (label, str(caught.value))
 
 
 @given(st.sampled_from(KNOB_ARGUMENTS), wrong_types)
 @fuzz_settings(200)
 def test_wrong_types_raise_type_error(argument, value):
-    label, knob, build = argument
+    label, parameter, build = argument
     with pytest.raises(TypeError) as caught:
         build(value)
-    assert knob.name in str(caught.value), (label, str(caught.value))
+    assert parameter.name in str(caught.value), (label, str(caught.value))
 
 
-@pytest.mark.parametrize("base", [entry.compressor for entry in ENTRIES if entry.compressor.knob],
+@pytest.mark.parametrize("base", [entry.compressor for entry in ENTRIES if entry.compressor.parameter],
                          ids=lambda base: base.__name__)
 def test_none_is_unset_alone_and_dense_in_a_schedule(base):
     with pytest.raises(ValueError, match=r"was built without its \w+: pass one"):
         base(None).compress(torch.randn(5, 7), "w")
-    assert Legacy(base(), by="layer", values=[None]).resolve(torch.randn(5, 7), "w") is None
+    assert Legacy(base(), by="layer", values=[None]).compressor_for(torch.randn(5, 7), "w") is None
 
 
 @pytest.mark.parametrize("build", [Signum, EFSignSGD, lambda v: DGC(0.1, sample_ratio=v)])
@@ -367,17 +368,17 @@ def test_none_is_a_type_error_where_a_number_is_needed(build):
 
 
 @pytest.mark.parametrize("value", [10**400, -(10**400), Fraction(10**400, 3)])
-@pytest.mark.parametrize("knob", [DENSITY, THRESHOLD, LEVELS, RANK, MOMENTUM, LEARNING_RATE],
+@pytest.mark.parametrize("parameter", [DENSITY, THRESHOLD, LEVELS, RANK, MOMENTUM, LEARNING_RATE],
                          ids=lambda k: k.name)
-def test_numbers_beyond_a_float_are_a_value_error_not_an_overflow(knob, value):
-    # Regression: Knob.check called float() on them and let OverflowError escape.
-    if knob.integer and knob.high is None and value == int(value) > 0:
-        # An unbounded integer knob (PowerSGD's rank) compares ints exactly: any rank is valid
+def test_numbers_beyond_a_float_are_a_value_error_not_an_overflow(parameter, value):
+    # Regression: ScheduledParameter.check called float() on them and let OverflowError escape.
+    if parameter.integer and parameter.high is None and value == int(value) > 0:
+        # An unbounded integer parameter (PowerSGD's rank) compares ints exactly: any rank is valid
         # (one beyond a tensor's dimensions sends it dense).
-        assert knob.check(value, "Owner") == value
+        assert parameter.check(value, "Owner") == value
         return
-    with pytest.raises(ValueError, match=knob.name) as caught:
-        knob.check(value, "Owner")
+    with pytest.raises(ValueError, match=parameter.name) as caught:
+        parameter.check(value, "Owner")
     assert not isinstance(caught.value, OverflowError)
 
 

@@ -39,7 +39,7 @@ def test_defaults_are_gracess_no_compression_no_memory_allreduce():
     assert isinstance(grc.communicator, Allreduce)
 
 
-@pytest.mark.parametrize(("params", "kind", "knob"), [
+@pytest.mark.parametrize(("params", "kind", "parameter"), [
     ({"compressor": "topk", "communicator": "allgather"}, TopK, 0.3),
     ({"compressor": "randomk", "communicator": "allgather"}, RandomK, 0.3),
     ({"compressor": "dgc", "communicator": "allgather"}, DGC, 0.3),
@@ -50,10 +50,10 @@ def test_defaults_are_gracess_no_compression_no_memory_allreduce():
     ({"compressor": "qsgd", "communicator": "allgather", "quantum_num": 64}, QSGD, 64),
     ({"compressor": "powersgd", "compress_rank": 4}, PowerSGD, 4),
 ])
-def test_each_knob_takes_gracess_key_and_default(params, kind, knob):
+def test_each_knob_takes_gracess_key_and_default(params, kind, parameter):
     grc = grace_from_params(params)
     assert type(grc.compressor) is kind
-    assert grc.compressor.knob_value == knob
+    assert grc.compressor.value == parameter
 
 
 def test_every_name_gracess_helper_knows_builds_a_bundle():
@@ -117,7 +117,7 @@ def test_legacy_keys_build_the_reference_schedule():
     assert isinstance(schedule, Legacy)
     assert schedule.by == "both" and schedule.splits == [1000, 100000] and schedule.epochs == 90
     assert schedule.table == [[1.0, 0.1, 0.01], [0.1, 0.01, 0.001]]
-    assert schedule.to_strings() == {"by": "both", "group_compressions": "100,10,1;10,1,0.1",
+    assert schedule.to_flags() == {"by": "both", "group_compressions": "100,10,1;10,1,0.1",
                                      "group_splits": "1000,100000", "epochs": 90}
     qsgd = grace_from_params({"compressor": "qsgd", "communicator": "allgather", "legacy_by": "epoch",
                               "group_compressions": "4,16", "epochs": 10}).compressor
@@ -164,7 +164,7 @@ def test_compressor_from_name_sets_the_knob_or_leaves_it_to_a_schedule():
     assert compressor_from_name("topk").ratio == 0.3
     assert compressor_from_name("topk", 0.01).ratio == 0.01
     assert compressor_from_name("qsgd", 16).levels == 16
-    assert compressor_from_name("powersgd", with_knob=False).knob_value is None
+    assert compressor_from_name("powersgd", with_value=False).value is None
     with pytest.raises(ValueError, match="has no parameter to set"):
         compressor_from_name("signsgd", 1)
     with pytest.raises(ValueError, match="accepted: 'none'"):

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from grace_legacy import FP16, Grace, Legacy, NoMemory, RandomK, Residual, TopK
-from grace_legacy.core.cost import bytes_sent
+from grace_legacy.runtime.cost import bytes_sent
 
 SPLITS = [10_000, 1_000_000]
 
@@ -20,7 +20,7 @@ def layer_schedule():
 def test_layer_rule_at_every_split(numel, group):
     schedule = layer_schedule()
     assert schedule.group_of(numel) == group
-    assert schedule.knob_for(numel) == [1.0, 0.01, 0.001][group]
+    assert schedule.value_at(numel) == [1.0, 0.01, 0.001][group]
 
 
 @pytest.mark.parametrize("epoch,phase", [(0, 0), (29, 0), (30, 1), (31, 1), (59, 1), (60, 2), (89, 2), (90, 2),
@@ -29,7 +29,7 @@ def test_equal_phases_at_every_edge(epoch, phase):
     schedule = Legacy(TopK(), by="epoch", values=[0.01, 0.005, 0.001], epochs=90)
     assert schedule.phase_of(epoch) == phase
     schedule.set_epoch(epoch)
-    assert schedule.knob_for(123) == [0.01, 0.005, 0.001][phase]
+    assert schedule.value_at(123) == [0.01, 0.005, 0.001][phase]
 
 
 def test_equal_phases_follow_the_reference_rule_exactly():
@@ -52,12 +52,12 @@ def test_steps_per_epoch_counts_steps_and_set_epoch_stays_compatible():
     schedule = Legacy(TopK(), by="epoch", values=[0.1, 0.01], epochs=2, steps_per_epoch=4)
     seen = []
     for _ in range(10):
-        seen.append(schedule.knob_for(100))
+        seen.append(schedule.value_at(100))
         schedule.end_step()
     assert seen == [0.1] * 4 + [0.01] * 6
     assert schedule.epoch == 2
     schedule.set_epoch(0)
-    assert schedule.steps == 0 and schedule.knob_for(100) == 0.1
+    assert schedule.steps == 0 and schedule.value_at(100) == 0.1
 
 
 def test_fractional_progress_with_more_phases_than_epochs():
@@ -67,23 +67,23 @@ def test_fractional_progress_with_more_phases_than_epochs():
 
 def test_both_is_a_phase_by_group_table():
     schedule = Legacy(TopK(), by="both", values=[[1.0, 0.01], [1.0, 0.001]], splits=[10_000], epochs=90)
-    assert schedule.knob_for(9_999, 0) == 1.0 and schedule.knob_for(10_000, 0) == 0.01
-    assert schedule.knob_for(9_999, 45) == 1.0 and schedule.knob_for(10_000, 45) == 0.001
-    assert schedule.knob_for(10_000, 44) == 0.01
+    assert schedule.value_at(9_999, 0) == 1.0 and schedule.value_at(10_000, 0) == 0.01
+    assert schedule.value_at(9_999, 45) == 1.0 and schedule.value_at(10_000, 45) == 0.001
+    assert schedule.value_at(10_000, 44) == 0.01
 
 
 def test_dense_values_take_the_dense_route():
     schedule = Legacy(TopK(), by="layer", values=[None, 1.0, 0.1], splits=[10, 100])
-    assert schedule.resolve(torch.zeros(5), "a") is None
-    assert schedule.resolve(torch.zeros(50), "b") is None
-    chosen = schedule.resolve(torch.zeros(500), "c")
+    assert schedule.compressor_for(torch.zeros(5), "a") is None
+    assert schedule.compressor_for(torch.zeros(50), "b") is None
+    chosen = schedule.compressor_for(torch.zeros(500), "c")
     assert isinstance(chosen, TopK) and chosen.ratio == 0.1
 
 
 def test_schedules_any_knob_and_its_memory():
     schedule = Legacy(RandomK(seed=3), by="layer", values=[0.5, 0.1], splits=[100])
     assert schedule.additive and isinstance(Grace(schedule).memory, Residual)
-    assert schedule.resolve(torch.zeros(1000), "w").ratio == 0.1
+    assert schedule.compressor_for(torch.zeros(1000), "w").ratio == 0.1
     Grace(schedule, memory=NoMemory())
 
 
@@ -136,41 +136,43 @@ def test_invalid_base_and_types():
     ("layer", "none,0.1", "600", None, [None, 0.001]),
 ])
 def test_from_strings_reads_the_reference_format_and_round_trips(by, text, splits, epochs, expected):
-    schedule = Legacy.from_strings(TopK(), by, group_compressions=text, group_splits=splits, epochs=epochs)
+    schedule = Legacy.from_flags(TopK(), by, group_compressions=text, group_splits=splits, epochs=epochs)
     table = schedule.table if by == "both" else ([r[0] for r in schedule.table] if by == "epoch" else schedule.table[0])
     assert table == expected
-    again = Legacy.from_strings(TopK(), **schedule.to_strings())
+    again = Legacy.from_flags(TopK(), **schedule.to_flags())
     assert again.table == schedule.table and again.splits == schedule.splits and again.epochs == schedule.epochs
 
 
 def test_from_strings_uniform_uses_the_first_value():
-    schedule = Legacy.from_strings(TopK(), "uniform", group_compressions="0.1,5", group_splits="100")
-    assert schedule.knob_for(10) == schedule.knob_for(10**7) == 0.001
+    schedule = Legacy.from_flags(TopK(), "uniform", group_compressions="0.1,5", group_splits="100")
+    assert schedule.value_at(10) == schedule.value_at(10**7) == 0.001
 
 
 @pytest.mark.parametrize("text", ["1,abc", "", "1;2"])
 def test_from_strings_rejects_bad_text(text):
     with pytest.raises(ValueError, match="group_compressions"):
-        Legacy.from_strings(TopK(), "layer", group_compressions=text, group_splits="")
+        Legacy.from_flags(TopK(), "layer", group_compressions=text, group_splits="")
 
 
 def test_state_dict_restores_progress_and_stats():
     schedule = Legacy(TopK(), by="epoch", values=[0.1, 0.01], epochs=4, steps_per_epoch=3)
+    bundle = Grace(schedule)
     for _ in range(7):
         schedule.end_step()
-    schedule.record_traffic("w", torch.zeros(100), 80, "allgather")
+    bundle.record_traffic("w", torch.zeros(100), 80, "allgather")
     fresh = Legacy(TopK(), by="epoch", values=[0.1, 0.01], epochs=4, steps_per_epoch=3)
-    fresh.load_state_dict(schedule.state_dict())
+    Grace(fresh).load_state_dict(bundle.state_dict())
     assert (fresh.steps, fresh.epoch, fresh.progress) == (7, 2, Fraction(7, 3))
     assert fresh.stats == schedule.stats and fresh.stats["phase"][1]["bytes_sent"] == 80
 
 
 def test_stats_break_down_by_group_and_phase():
     schedule = Legacy(TopK(), by="both", values=[[1.0, 0.1], [1.0, 0.01]], splits=[100], epochs=2)
+    bundle = Grace(schedule)
     for epoch in range(2):
         schedule.set_epoch(epoch)
-        schedule.record_traffic("small", torch.zeros(10), 40, "dense")
-        schedule.record_traffic("large", torch.zeros(1000), 800 // (10**epoch), "allgather")
+        bundle.record_traffic("small", torch.zeros(10), 40, "dense")
+        bundle.record_traffic("large", torch.zeros(1000), 800 // (10**epoch), "allgather")
     stats = schedule.stats
     assert stats["group"][0]["volume"] == 1.0 and stats["group"][1]["bytes_sent"] == 880
     assert stats["phase"][0]["bytes_sent"] == 840 and stats["phase"][1]["bytes_sent"] == 120
@@ -189,7 +191,7 @@ MODEL_SIZES = [64, 576, 64, 36_864, 64, 73_728, 128, 147_456, 128, 8_192, 128, 2
 def test_budget_matched_schedule_spends_the_uniform_budget(by, kwargs, target):
     schedule = Legacy.budget_matched(TopK(), target, by=by, sizes=MODEL_SIZES, **kwargs)
     uniform = sum(bytes_sent(TopK(target), n, torch.float32) for n in MODEL_SIZES)
-    spent = sum(w * bytes_sent(schedule._concrete(p, schedule.group_of(n)), n, torch.float32)
+    spent = sum(w * bytes_sent(schedule.configured_at(p, schedule.group_of(n)), n, torch.float32)
                 for p, w in enumerate(schedule.phase_weights()) for n in MODEL_SIZES)
     assert abs(spent - uniform) / uniform < 0.01
     # The shape is kept: where nothing is clipped, ratios between groups are the factors.
@@ -216,4 +218,4 @@ def test_choice_is_a_function_of_size_and_phase_only(numel, epoch):
     b = Legacy(TopK(), by="both", values=[[1.0, 0.1, 0.01], [0.5, 0.05, 0.005]], splits=SPLITS, epochs=100)
     a.set_epoch(epoch)
     b.set_epoch(epoch)
-    assert a.knob_for(numel) == b.knob_for(numel)
+    assert a.value_at(numel) == b.value_at(numel)

@@ -12,8 +12,8 @@ from torch import nn
 
 from grace_legacy import Legacy, TopK
 from grace_legacy.__main__ import main
-from grace_legacy.core.cost import bytes_sent
 from grace_legacy.planner import model_shapes, plan
+from grace_legacy.runtime.cost import bytes_sent
 
 
 def run(capsys, *argv):
@@ -48,7 +48,7 @@ def test_plan_is_the_library_byte_formula():
     shapes = [torch.Size([64, 3, 3, 3]), torch.Size([64]), torch.Size([1000, 512]), torch.Size([1000])]
     result = plan(schedule, shapes, world_size=8)
     for phase in range(2):
-        expected = sum(bytes_sent(schedule.concrete(schedule.table[phase][schedule.group_of(s.numel())]), s,
+        expected = sum(bytes_sent(schedule.configured(schedule.table[phase][schedule.group_of(s.numel())]), s,
                                   torch.float32, 8) for s in shapes)
         assert result.phase_totals(phase)[0] == expected
     dense = sum(s.numel() * 4 for s in shapes)

@@ -26,9 +26,9 @@ from grace_legacy import QSGD, Grace, Legacy, Natural, NoMemory, TernGrad
 from grace_legacy.compressors.kernels.draws import uniform
 from grace_legacy.compressors.natural import pow2
 from grace_legacy.compressors.qsgd import MAX_LEVELS, level_dtype
-from grace_legacy.core import wire
-from grace_legacy.core.cost import bytes_sent
 from grace_legacy.core.seeds import derived_seed
+from grace_legacy.runtime import wire
+from grace_legacy.runtime.cost import bytes_sent
 
 DELTA = 1e-6
 DRAWS = 2000
@@ -489,13 +489,13 @@ def test_knobless_quantizers_cannot_be_scheduled(compressor):
     with pytest.raises(ValueError, match="no parameter to schedule"):
         Legacy(compressor, by="layer", values=[None, 1], splits=[10])
     with pytest.raises(ValueError, match="no parameter to schedule"):
-        compressor.with_knob(2)
+        compressor.with_value(2)
 
 
 @pytest.mark.parametrize("compressor", [*all_three(), QSGD()], ids=repr)
 def test_unbiased_quantizers_recommend_no_memory(compressor):
     assert isinstance(compressor.recommended_memory(), NoMemory)
-    if compressor.knob_value is not None or compressor.knob is None:
+    if compressor.value is not None or compressor.parameter is None:
         assert isinstance(Grace(compressor).memory, NoMemory)
 
 
@@ -516,9 +516,9 @@ def rebuttal_schedule() -> Legacy:
     (1_000_000, 16), (1_000_001, 16)])
 def test_legacy_qsgd_rebuttal_schedule_at_every_boundary(numel, levels):
     schedule = rebuttal_schedule()
-    assert schedule.knob_for(numel) == levels
+    assert schedule.value_at(numel) == levels
     x = torch.zeros(numel)
-    concrete = schedule.resolve(x, "w")
+    concrete = schedule.compressor_for(x, "w")
     if levels is None:
         assert concrete is None  # dense: Grace sends it with a plain allreduce
         assert bytes_sent(concrete, numel, torch.float32) == 4 * numel
@@ -549,9 +549,9 @@ def test_legacy_qsgd_compresses_with_the_scheduled_levels_and_shares_steps():
 
 
 def test_legacy_qsgd_rebuttal_schedule_from_the_reference_flags():
-    schedule = Legacy.from_strings(QSGD(), "layer", "none,256,64,16", "600,100000,1000000")
+    schedule = Legacy.from_flags(QSGD(), "layer", "none,256,64,16", "600,100000,1000000")
     assert schedule.table == rebuttal_schedule().table == [[None, 256, 64, 16]]
-    assert schedule.to_strings()["group_compressions"] == "none,256,64,16"
+    assert schedule.to_flags()["group_compressions"] == "none,256,64,16"
 
 
 def test_legacy_rejects_invalid_levels_naming_the_entry():

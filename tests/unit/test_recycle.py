@@ -7,9 +7,9 @@ import torch
 
 from grace_legacy import Grace, Residual, TopK
 from grace_legacy.compressors import entries
-from grace_legacy.core import recycle
-from grace_legacy.core.recycle import Recycler
-from grace_legacy.core.sparse import divide_written
+from grace_legacy.compressors.sparse import divide_written
+from grace_legacy.runtime import buffers as recycle
+from grace_legacy.runtime.buffers import BufferPool
 from tests.helpers import run_ranks
 
 
@@ -42,7 +42,7 @@ HOLDERS = {
 
 
 def test_a_buffer_nobody_else_holds_is_zeroed_and_handed_out_again():
-    recycler = Recycler()
+    recycler = BufferPool()
     first = recycler.zeros("b", N, torch.float32, CPU)
     pointer = first.data_ptr()
     first.fill_(3.0)
@@ -62,7 +62,7 @@ def test_zeroed_clears_every_element_to_positive_zero(dtype):
 
 @pytest.mark.parametrize("holder", sorted(HOLDERS))
 def test_a_buffer_the_caller_still_refers_to_is_never_overwritten(holder):
-    recycler = Recycler()
+    recycler = BufferPool()
     buffer = recycler.zeros("b", N, torch.float32, CPU)
     buffer.copy_(torch.arange(float(N)))
     kept = HOLDERS[holder](buffer)
@@ -80,7 +80,7 @@ def test_a_buffer_the_caller_still_refers_to_is_never_overwritten(holder):
 
 @pytest.mark.parametrize("holder", sorted(HOLDERS))
 def test_an_uninitialised_buffer_follows_the_same_rule(holder):
-    recycler = Recycler()
+    recycler = BufferPool()
     buffer = recycler.empty("b", N, torch.float32, CPU)
     buffer.copy_(torch.arange(float(N)))
     kept, pointer = HOLDERS[holder](buffer), buffer.data_ptr()
@@ -100,7 +100,7 @@ def test_a_reused_buffer_is_all_zero_bits_whichever_way_it_is_cleared(monkeypatc
         monkeypatch.setattr(recycle, "_c_memset", lambda: None)
     else:
         assert recycle._c_memset() is not None  # this machine's C library has one
-    recycler = Recycler()
+    recycler = BufferPool()
     first = recycler.zeros("bucket", 1000, dtype, torch.device("cpu"))
     first.fill_(-1)  # every bit pattern set where it matters: -0.0 would not be +0
     first[::2] = -0.0 if dtype.is_floating_point else -1
@@ -112,14 +112,14 @@ def test_a_reused_buffer_is_all_zero_bits_whichever_way_it_is_cleared(monkeypatc
 
 
 def test_another_size_or_dtype_gets_a_new_buffer():
-    recycler = Recycler()
+    recycler = BufferPool()
     recycler.zeros("b", N, torch.float32, CPU)
     assert recycler.zeros("b", N + 1, torch.float32, CPU).shape == (N + 1,)
     assert recycler.zeros("b", N + 1, torch.float64, CPU).dtype == torch.float64
 
 
 def test_buffers_below_the_minimum_are_always_new():
-    recycler = Recycler(min_bytes=4 * N)
+    recycler = BufferPool(min_bytes=4 * N)
     first = recycler.zeros("b", N - 1, torch.float32, CPU)
     first.fill_(1.0)
     pointer = first.data_ptr()

@@ -8,7 +8,7 @@ import inspect
 from collections.abc import Iterable
 
 import grace_legacy
-from grace_legacy import Compressor, KnobSchedule, Memory, TopK
+from grace_legacy import Compressor, Memory, Schedule, TopK
 from tests.registry import ENTRIES, ENTRY_OF, FAMILIES, MEMORIES, SCHEDULES, zoo_cases
 
 
@@ -25,7 +25,7 @@ def public_classes(base: type, names: Iterable[str] = grace_legacy.__all__, name
 def unregistered_compressors(names: Iterable[str] = grace_legacy.__all__,
                              namespace: object = grace_legacy) -> list[str]:
     """The public compressors (schedules aside) that have no registry entry."""
-    compressors = {c for c in public_classes(Compressor, names, namespace) if not issubclass(c, KnobSchedule)}
+    compressors = {c for c in public_classes(Compressor, names, namespace) if not issubclass(c, Schedule)}
     return sorted(c.__name__ for c in compressors if c not in ENTRY_OF)
 
 
@@ -54,7 +54,7 @@ def test_every_public_memory_is_registered():
 
 def test_every_public_schedule_is_registered():
     registered = {type(make().compressor) for _, make in SCHEDULES}
-    missing = sorted(s.__name__ for s in public_classes(KnobSchedule) - registered)
+    missing = sorted(s.__name__ for s in public_classes(Schedule) - registered)
     assert not missing, f"public schedules missing from tests/registry.py SCHEDULES: {missing}"
 
 

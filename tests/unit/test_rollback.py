@@ -18,7 +18,7 @@ SETUPS = compressor_memory_pairs() + [
 def local_step(compressor, memory, grad: torch.Tensor, name: str = "w") -> torch.Tensor:
     """One worker's step, the exchange being with itself (sums of one payload)."""
     compensated = memory.compensate(grad, name)
-    concrete = compressor.resolve(compensated, name)
+    concrete = compressor.compressor_for(compensated, name)
     payload, ctx = concrete.compress(compensated, name)
     for _ in range(1, concrete.rounds):
         payload, ctx = concrete.next_round(payload, ctx)
@@ -49,16 +49,16 @@ def test_a_rolled_back_step_leaves_no_trace(setup, poison):
     torch.manual_seed(0)
     for _ in range(2):
         local_step(compressor, memory, torch.randn(12, 10))
-        memory.commit()
-        compressor.commit()
+        memory.end_step()
+        compressor.end_step()
     before = {**tensors_of(compressor.state_dict(), "c."), **tensors_of(memory.state_dict(), "m.")}
     if not before:
         pytest.skip("keeps no state between steps")
     bad = torch.randn(12, 10)
     bad[3, 4] = poison
     local_step(compressor, memory, bad)
-    memory.rollback("w")
-    compressor.rollback("w")
+    memory.undo("w")
+    compressor.undo("w")
     after = {**tensors_of(compressor.state_dict(), "c."), **tensors_of(memory.state_dict(), "m.")}
     assert after.keys() == before.keys()
     for key in before:
@@ -69,7 +69,7 @@ def test_a_rolled_back_step_leaves_no_trace(setup, poison):
 def test_commit_forgets_what_rollback_would_restore():
     memory = Residual()
     local_step(TopK(0.3), memory, torch.randn(20))
-    memory.commit()
+    memory.end_step()
     kept = memory.residuals["w"]
-    memory.rollback("w")
+    memory.undo("w")
     assert memory.residuals["w"] is kept

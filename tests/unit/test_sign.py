@@ -29,8 +29,8 @@ from grace_legacy.compressors.kernels.bits import (
 )
 from grace_legacy.compressors.signs import SignContext
 from grace_legacy.compressors.signsgd import majority_vote
-from grace_legacy.core import wire
-from grace_legacy.core.cost import bytes_sent
+from grace_legacy.runtime import wire
+from grace_legacy.runtime.cost import bytes_sent
 from tests.helpers import synchronize
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]

@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 from grace_legacy import Grace, RandomK, TopK
 from grace_legacy.compressors.entries import kept_count
-from grace_legacy.core.sparse import SparseContext, densify, index_dtype, scatter_sum
+from grace_legacy.compressors.sparse import SparseContext, densify, index_dtype, scatter_sum
 from tests.helpers import bits
 
 
@@ -147,7 +147,7 @@ def test_randomk_step_counter_survives_state_dict():
 
 def test_with_knob_copies_share_step_counters():
     base = RandomK(seed=0)
-    dense, sparse = base.with_knob(0.5), base.with_knob(0.1)
+    dense, sparse = base.with_value(0.5), base.with_value(0.1)
     dense.compress(torch.randn(10), "w")
     sparse.compress(torch.randn(10), "w")
     assert base.state_dict()["steps"] == {"w": 2}
@@ -183,5 +183,5 @@ def test_bad_tensors_are_refused_clearly(compressor):
 
 
 def test_density_one_means_dense():
-    assert TopK(1.0).resolve(torch.randn(5), "x") is None
-    assert TopK(0.5).resolve(torch.randn(5), "x") is not None
+    assert TopK(1.0).compressor_for(torch.randn(5), "x") is None
+    assert TopK(0.5).compressor_for(torch.randn(5), "x") is not None

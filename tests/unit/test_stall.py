@@ -15,7 +15,7 @@ import pytest
 from grace_legacy import Grace, RanksStalled, TopK
 from grace_legacy.backends import board as board_module
 from grace_legacy.backends.board import BoardAddress, ProgressBoard, host_address
-from grace_legacy.core.stall import DEFAULT_STALL_TIMEOUT_S, STALL_TIMEOUT_ENV, resolve_stall_timeout
+from grace_legacy.runtime.stall import DEFAULT_STALL_TIMEOUT_S, STALL_TIMEOUT_ENV, resolve_stall_timeout
 from tests.helpers import free_port
 
 

@@ -1,4 +1,4 @@
-from grace_legacy.core.stats import TrafficStats
+from grace_legacy.runtime.traffic import TrafficStats
 
 
 def test_totals_routes_and_breakdowns():

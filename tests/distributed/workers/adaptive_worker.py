@@ -2,11 +2,11 @@
 
 Each case trains the harness model through the stock ``hvd.DistributedOptimizer`` and, at every
 step, compares each synchronized gradient with the mean of every rank's twin payload, decoded,
-where the twin compresses this rank's own gradient at the knob chosen *here*:
+where the twin compresses this rank's own gradient at the parameter chosen *here*:
 
 * DGC warm-up: the densities / levels are written out from the formula in the test;
 * Accordion: an independent re-implementation of the rule (accumulated norms of the synchronized
-  gradient, ratio against eta, learning-rate drop) picks the knob, and must also agree with the
+  gradient, ratio against eta, learning-rate drop) picks the parameter, and must also agree with the
   schedule's own choice;
 * L-GreCo: the twin takes the schedule's choice (the schedule's whole point is that choice), and
   rank 0 checks each solve against errors and sizes it computes independently (a sorted top-k and
@@ -46,19 +46,19 @@ class NamedRuleTwin:
         for c in self.configured.values():
             c.set_rank(rank)
 
-    def resolve(self, tensor: torch.Tensor, name: str):
+    def compressor_for(self, tensor: torch.Tensor, name: str):
         value = self.choose(name, tensor.numel())
-        if self.base.knob.is_dense(value):
+        if self.base.parameter.is_dense(value):
             return None
         if value not in self.configured:
-            self.configured[value] = self.base.with_knob(value)
-        return self.configured[value].resolve(tensor, name)
+            self.configured[value] = self.base.with_value(value)
+        return self.configured[value].compressor_for(tensor, name)
 
 
 def run_case(rec: Recorder, label: str, schedule, memory, twin, twin_memory, steps: int, *, before_step=None,
              after_sync=None, rtol=1e-6, atol=1e-7, process_set=hvd.global_process_set,
              dense_fallback: bool = True) -> None:
-    """Train ``steps`` steps; ``before_step(step, decided)`` sees the schedule's knob per parameter
+    """Train ``steps`` steps; ``before_step(step, decided)`` sees the schedule's parameter per parameter
     for the step, ``after_sync(step, model)`` runs once the gradients are synchronized."""
     grace = Grace(schedule, memory=memory, dense_fallback=dense_fallback)
     twin.set_rank(process_set.rank())
@@ -69,7 +69,7 @@ def run_case(rec: Recorder, label: str, schedule, memory, twin, twin_memory, ste
                                    process_set=process_set)
     expected_bytes, routes = 0, set()
     for step in range(steps):
-        decided = {name: schedule.knob_for_tensor(p, name) for name, p in model.named_parameters()}
+        decided = {name: schedule.value_for(p, name) for name, p in model.named_parameters()}
         if before_step is not None:
             before_step(step, decided)
         opt.zero_grad()
@@ -84,9 +84,9 @@ def run_case(rec: Recorder, label: str, schedule, memory, twin, twin_memory, ste
             routes.add(route)
         # One gather per step, of this step's decisions (-1: dense) and every parameter's
         # contribution, all exact in float64: far fewer collectives to wait for.
-        knobs = torch.tensor([-1.0 if v is None else float(v) for v in decided.values()], dtype=torch.float64)
-        flat = torch.cat([knobs, *(c.reshape(-1).double() for c in contributions.values())])
-        sizes = [len(knobs), *(c.numel() for c in contributions.values())]
+        parameters = torch.tensor([-1.0 if v is None else float(v) for v in decided.values()], dtype=torch.float64)
+        flat = torch.cat([parameters, *(c.reshape(-1).double() for c in contributions.values())])
+        sizes = [len(parameters), *(c.numel() for c in contributions.values())]
         per_rank = [torch.split(f, sizes) for f in gather_from_ranks(flat, process_set)]
         rec.check(f"{label}: step {step} every rank made the same decisions",
                   all(torch.equal(parts[0], per_rank[0][0]) for parts in per_rank),
@@ -128,7 +128,7 @@ def dgc_warmup_case(rec: Recorder) -> None:
 
 
 def qsgd_warmup_case(rec: Recorder) -> None:
-    # An integer knob: levels from 64 towards 4 over 2 epochs of one step, rounded to the nearest.
+    # An integer parameter: levels from 64 towards 4 over 2 epochs of one step, rounded to the nearest.
     levels = [math.floor(64 * (4 / 64) ** ((e + 1) / 3) + 0.5) for e in range(2)] + [4]
     now = {"step": 0}
     schedule = DGCWarmup(QSGD(seed=7), target=4, start=64, warmup_epochs=2, steps_per_epoch=1)

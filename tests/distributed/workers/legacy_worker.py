@@ -1,6 +1,6 @@
 """LEGACY checks, run on every rank under horovodrun with Horovod's tensor fusion off.
 
-The knob each parameter should get is computed here from the rules written out literally
+The parameter each parameter should get is computed here from the rules written out literally
 (first group with n < split; first phase with e < (i + 1) * E / P), and the synchronized gradient
 is compared with the mean over ranks of each rank's own top-k at that density. Layers the rule
 leaves dense must equal a plain ``hvd.allreduce`` of the local gradient bit for bit (fusion is off

@@ -29,7 +29,7 @@ def main() -> None:
     torch.manual_seed(0)
     rec = Recorder(args.out)
     net = model()
-    schedule = Legacy.from_strings(TopK(), args.by, group_compressions=args.group_compressions,
+    schedule = Legacy.from_flags(TopK(), args.by, group_compressions=args.group_compressions,
                                    group_splits=args.group_splits, epochs=args.epochs)
     compression = Grace(schedule, memory=Residual())
     opt = hvd.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.01),

@@ -13,8 +13,8 @@ from checks import Recorder, gather_from_ranks, gathered_goes_dense, parse_args
 from harness import STEPS, Net, batch, local_gradients, loss_of
 from zoo import FAMILIES, Observation, cases, mean_rule
 
-from grace_legacy.core import wire
 from grace_legacy.grace import _DENSE
+from grace_legacy.runtime import wire
 
 
 def predicted_packed_bytes(concrete, tensor: torch.Tensor) -> int | None:
@@ -32,7 +32,7 @@ def twin_step(twin, memory, grad: torch.Tensor, name: str, communicator, dense_f
     Bytes are counted with the gather layout, which every non-additive route (Allgather,
     Broadcast) hands to the backend byte for byte."""
     compensated = memory.compensate(grad, name)
-    concrete = twin.resolve(compensated, name)
+    concrete = twin.compressor_for(compensated, name)
     route = "dense"
     if concrete is not None and dense_fallback and concrete.aggregates_by_mean:
         gathered = communicator.carries_non_additive if communicator is not None else not concrete.additive

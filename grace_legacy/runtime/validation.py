@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
-    from grace_legacy.core.knob import Knob
+    from grace_legacy.core.parameter import ScheduledParameter
 
 
 #: The gradient dtypes every compressor encodes. float8 types are floating point too, but
@@ -73,10 +73,10 @@ def check_positive_int(value: Any, argument: str, owner: str) -> int:
     return int(value)
 
 
-def checked_knob_value(knob: Knob, value: Any, where: str) -> Any:
-    """``knob.check(value, where)``, whose type errors are also ``ValueError``s (:class:`ArgumentTypeError`)."""
+def checked_value(parameter: ScheduledParameter, value: Any, where: str) -> Any:
+    """``parameter.check(value, where)``, whose type errors are also ``ValueError``s (:class:`ArgumentTypeError`)."""
     try:
-        return knob.check(value, where)
+        return parameter.check(value, where)
     except TypeError as err:
         raise ArgumentTypeError(str(err)) from None
 

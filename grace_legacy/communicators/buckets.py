@@ -1,9 +1,9 @@
-"""Fused buckets: many tensors' payloads exchanged by one flight (:mod:`~grace_legacy.communicators.flight`)
+"""Fused buckets: many tensors' payloads exchanged by one flight (:mod:`~grace_legacy.communicators.exchange`)
 instead of one each.
 
 A :class:`BucketPlan` groups tensors into buckets that fly together. Bucket membership is fixed
 from the parameter order, never from the order in which gradients happen to arrive, so every rank
-packs the same members in the same order; a bucket takes off as soon as its last member is
+packs the same parcels in the same order; a bucket takes off as soon as its last parcel is
 started, so its communication overlaps the rest of the backward pass."""
 
 from __future__ import annotations
@@ -11,15 +11,15 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-from grace_legacy.communicators.flight import Flight, Member
+from grace_legacy.communicators.exchange import BucketExchange, Parcel
 from grace_legacy.core.backend import Backend, Pending
-from grace_legacy.core.recycle import Recycler
+from grace_legacy.runtime.buffers import BufferPool
 
 #: Horovod's own default fusion threshold, used when the environment sets none.
 _HOROVOD_FUSION_DEFAULT = 64 * 1024 * 1024
 
 #: The largest default bucket. A bucket's aggregate is a buffer of its dense size, made afresh in
-#: any step where the caller still holds the last one (:mod:`grace_legacy.core.recycle`), and glibc
+#: any step where the caller still holds the last one (:mod:`grace_legacy.runtime.buffers`), and glibc
 #: maps any buffer above its largest mmap threshold (32 MiB) anew, faulting in every page; buckets
 #: of 16 MiB mostly reuse heap pages instead (measured by the bandwidth benchmark,
 #: ``benchmarks/results/performance.md``).
@@ -47,7 +47,7 @@ class BucketPlan:
 
     Give the tensors in the order their gradients are expected (reverse registration order is
     a good guess for a backward pass); any order works, but a bucket only takes off when all its
-    members have arrived.
+    parcels have arrived.
     """
 
     def __init__(self, sizes: Sequence[tuple[str, int]], bucket_bytes: int) -> None:
@@ -70,36 +70,36 @@ class BucketPlan:
         return f"BucketPlan({len(self.buckets)} buckets of up to {self.bucket_bytes} bytes)"
 
 
-class FusedExchange:
-    """Collects each bucket's members during a step and launches the bucket once it is full."""
+class BucketFiller:
+    """Collects each bucket's parcels during a step and launches the bucket once it is full."""
 
     def __init__(self, plan: BucketPlan) -> None:
         self.plan = plan
-        self._open: dict[int, dict[str, Member]] = {}
+        self._open: dict[int, dict[str, Parcel]] = {}
         # Each bucket's aggregate buffer, used again by its next flight once the caller has let go.
-        self._recycler = Recycler()
+        self._recycler = BufferPool()
 
-    def add(self, member: Member, backend: Backend, average: bool) -> Pending:
-        index = self.plan.bucket_of[member.name]
+    def add(self, parcel: Parcel, backend: Backend, average: bool) -> Pending:
+        index = self.plan.bucket_of[parcel.name]
         entries = self._open.setdefault(index, {})
-        if member.name in entries:
-            raise RuntimeError(f"the gradient of {member.name!r} was sent twice in one step")
-        entries[member.name] = member
+        if parcel.name in entries:
+            raise RuntimeError(f"the gradient of {parcel.name!r} was sent twice in one step")
+        entries[parcel.name] = parcel
         names = self.plan.buckets[index]
         if len(entries) == len(names):
             del self._open[index]
-            Flight(f"bucket{index}", [entries[n] for n in names], backend, average, self._recycler)
-        return member.pending
+            BucketExchange(f"bucket{index}", [entries[n] for n in names], backend, average, self._recycler)
+        return parcel.pending
 
     def unlaunched(self) -> set[str]:
-        """The members of buckets that have not taken off yet."""
+        """The parcels of buckets that have not taken off yet."""
         return {name for entries in self._open.values() for name in entries}
 
     def abandon(self) -> None:
-        """Drop the members of buckets that have not taken off: the step was abandoned."""
+        """Drop the parcels of buckets that have not taken off: the step was abandoned."""
         self._open.clear()
 
     def waiting(self) -> dict[int, list[str]]:
-        """Buckets started but not complete, with the members still missing."""
+        """Buckets started but not complete, with the parcels still missing."""
         return {index: [n for n in self.plan.buckets[index] if n not in entries]
                 for index, entries in self._open.items()}

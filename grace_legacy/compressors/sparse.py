@@ -2,7 +2,7 @@
 
 Top-k, DGC, Threshold and Random-k decode through :func:`densify`; the gathered ones aggregate
 through the scatter sums here, which a fused bucket also uses to sum all its members at once
-(:mod:`grace_legacy.communicators.flight`). Every sum adds the entries rank by rank into zeros, the
+(:mod:`grace_legacy.communicators.exchange`). Every sum adds the entries rank by rank into zeros, the
 same additions a rank-by-rank sum of decoded tensors makes, so the results are identical to it."""
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ class SparseContext(NamedTuple):
 
 def zeros_for(ctx: SparseContext, out: torch.Tensor | None) -> torch.Tensor:
     """``out``, checked to be a 1-D tensor that can hold ``ctx``'s entries (the caller promises it
-    is all zeros: e.g. from :class:`grace_legacy.core.recycle.Recycler`), or new zeros."""
+    is all zeros: e.g. from :class:`grace_legacy.runtime.buffers.BufferPool`), or new zeros."""
     if out is None:
         return torch.zeros(ctx.numel, dtype=ctx.dtype, device=ctx.device)
     if out.shape != (ctx.numel,) or out.dtype != ctx.dtype or out.device != ctx.device:
@@ -153,7 +153,7 @@ def scatter_sum_columns(values: torch.Tensor, indices: torch.Tensor, counts: Seq
                         out: torch.Tensor | None = None) -> list[torch.Tensor]:
     """:func:`scatter_sum` of consecutive members whose entries lie side by side: ``values`` and
     flat ``indices`` are ``[ranks, sum(counts)]``, member ``j`` owning the next ``counts[j]``
-    columns (as a bucket packed part by part arrives, see :func:`grace_legacy.core.wire.pack_columns`).
+    columns (as a bucket packed part by part arrives, see :func:`grace_legacy.runtime.wire.pack_columns`).
     The outputs, all of ``values``' dtype and device, are slices of one zero buffer, filled by one
     scatter-add of every member's entries shifted by the member's offset in that buffer.
 
@@ -163,7 +163,7 @@ def scatter_sum_columns(values: torch.Tensor, indices: torch.Tensor, counts: Seq
     aside, which torch's kernels do not keep alike).
 
     ``out``: the buffer to fill (1-D, ``sum(ctx.numel)`` zeros of ``values``' dtype and device),
-    e.g. one kept from an earlier step (:mod:`grace_legacy.core.recycle`); ``None`` makes one."""
+    e.g. one kept from an earlier step (:mod:`grace_legacy.runtime.buffers`); ``None`` makes one."""
     starts = _starts(contexts)
     indices = bucket_positions(indices, counts, contexts)
     if out is None:

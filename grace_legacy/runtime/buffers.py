@@ -1,7 +1,7 @@
 """Output buffers used again across steps, but only once nothing outside grace_legacy refers to them.
 
 A fused bucket's synchronized gradients are views of one zeroed buffer of the bucket's dense size
-(:func:`grace_legacy.core.sparse.scatter_sum_columns`). Made afresh every step, that buffer costs
+(:func:`grace_legacy.compressors.sparse.scatter_sum_columns`). Made afresh every step, that buffer costs
 more than the scatter-add it holds: Horovod's optimizer hands its views to the parameters'
 ``.grad``, ``zero_grad()`` frees them all together, glibc gives the freed pages back to the kernel
 once its heap holds more free memory than its trim threshold, and the next step's buffer takes a
@@ -76,7 +76,7 @@ def _references(buffer: torch.Tensor) -> tuple[int, int] | None:
     return sys.getrefcount(storage), _storage_use_count(storage._cdata)
 
 
-class Recycler:
+class BufferPool:
     """One kept CPU buffer per key (a bucket), handed out again zeroed when nobody else holds it.
 
     ``min_bytes``: smaller buffers are always made afresh (see :data:`LARGE`).

@@ -3,7 +3,7 @@ compressor's configuration alone (budget matching, schedules, the dense fallback
 use it), and when a gather moves more than a ring allreduce of the dense tensor.
 
 The prediction is exact, not an estimate: it is computed from the same payload description
-(``Compressor.payload_spec``) and wire layout (:mod:`grace_legacy.core.wire`) that sending uses."""
+(``Compressor.payload_spec``) and wire layout (:mod:`grace_legacy.runtime.wire`) that sending uses."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from grace_legacy.core import wire
+from grace_legacy.runtime import wire
 
 if TYPE_CHECKING:
     from grace_legacy.core.compressor import Compressor

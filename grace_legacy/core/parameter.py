@@ -1,4 +1,4 @@
-"""The one parameter of a compressor that a schedule sets (``Knob``), and its range check."""
+"""The one parameter of a compressor that a schedule sets, and its range check."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 
 
 @dataclass(frozen=True)
-class Knob:
+class ScheduledParameter:
     """The one parameter of a compressor that LEGACY schedules.
 
     ``low``/``high`` bound the accepted range (``None`` = unbounded), ``integer`` asks for whole
@@ -37,7 +37,7 @@ class Knob:
         return f"{kind} in {left}, {right}"
 
     def check(self, value: Any, owner: str) -> Any:
-        """Return ``value`` if it is valid for this knob, else raise naming ``owner``'s argument."""
+        """Return ``value`` if it is valid for this parameter, else raise naming ``owner``'s argument."""
         if value is None:
             return None
         where = f"{owner}: {self.name}"
@@ -70,12 +70,12 @@ class Knob:
         return value is None or (self.dense is not None and value == self.dense)
 
 
-def _finite_float(value: numbers.Real, where: str, knob: Knob) -> float:
-    """``value`` as a finite float, or a ``ValueError`` naming the knob's range."""
+def _finite_float(value: numbers.Real, where: str, parameter: ScheduledParameter) -> float:
+    """``value`` as a finite float, or a ``ValueError`` naming the parameter's range."""
     try:
         converted = float(value)
     except OverflowError:  # an int or Fraction too large for a float
         converted = math.inf
     if not math.isfinite(converted):
-        raise ValueError(f"{where} must be {knob.describe_range()}, got {value!r}")
+        raise ValueError(f"{where} must be {parameter.describe_range()}, got {value!r}")
     return converted
