@@ -18,6 +18,8 @@ compressors, schedules and ``Grace`` bundles when Horovod is installed (see
 whose ``uninstall()`` undoes that). Without Horovod everything else works.
 """
 
+import warnings
+
 from grace_legacy import communicators, compressors, memories, schedules
 from grace_legacy.communicators import *  # noqa: F403  (each subpackage's __all__ is public)
 from grace_legacy.compressors import *  # noqa: F403
@@ -50,6 +52,17 @@ else:
     _install_elastic_state()
 
 __version__ = "0.1.0"
+
+#: Public names of earlier releases: still importable, with a ``DeprecationWarning``.
+_EARLIER_NAMES = {"Knob": ("ScheduledParameter", ScheduledParameter), "KnobSchedule": ("Schedule", schedules.Schedule)}
+
+
+def __getattr__(name: str) -> object:
+    if name in _EARLIER_NAMES:
+        new, value = _EARLIER_NAMES[name]
+        warnings.warn(f"grace_legacy.{name} is called grace_legacy.{new} now", DeprecationWarning, stacklevel=2)
+        return value
+    raise AttributeError(f"module 'grace_legacy' has no attribute {name!r}")
 
 __all__ = sorted([
     "Backend", "Communicator", "Compressor", "Grace", "ScheduledParameter", "LegacyCompressor", "Memory", "Pending",

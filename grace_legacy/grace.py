@@ -111,7 +111,7 @@ class Grace:
         # would cost several small tensor operations each.
         self._extremes: dict[str, list[torch.Tensor]] = {}
         # The tensors started in the current step (what undo_step rolls back).
-        self._started: set[str] = set()
+        self._started: dict[str, Pending] = {}
         # (rank, size) of the process set this bundle ran on, and the one a loaded state expects.
         self._placement: tuple[int, int] | None = None
         self._expected_placement: tuple[int, int] | None = None
@@ -195,7 +195,7 @@ class Grace:
             self.record_traffic(name, tensor, inner.bytes_sent, route)
             return result
 
-        self._started.add(name)
+        self._started[name] = inner
         return Pending(finish, inner.bytes_sent)
 
     def record_traffic(self, name: str, tensor: torch.Tensor, sent_bytes: int, route: str) -> None:
@@ -322,11 +322,21 @@ class Grace:
         """Forget the step under way as if it had not begun: the distributed optimizer calls this
         when Horovod drops its pending gradients (``load_state_dict`` in mid-step). Buckets still
         collecting members are emptied, and every started tensor's memory and compressor state is
-        rolled back to the end of the last step, as for a skipped step (:meth:`undo`: the byte
-        counts and the per-tensor step counters that seed random draws keep the dropped step,
-        whose collectives did run). The caller first waits for the collectives this rank launched
-        (:meth:`unlaunched` tells which it did not), so that none of them is still in flight under
-        a name the next step uses again."""
+        rolled back to the end of the last step, as for a skipped step (:meth:`undo`: the per-tensor
+        step counters that seed random draws keep the dropped step, whose collectives did run).
+
+        First every collective this rank launched in the step is waited for and its result
+        dropped, so that none is still in flight under a name the next step uses again. An error
+        there means the engine failed (the step already raised it): nothing is in flight any
+        more, and it is not raised again. Nothing that arrives reaches the memory, the schedule or
+        the byte counts."""
+        unlaunched = self.unlaunched()
+        for name, inner in self._started.items():
+            if name not in unlaunched:
+                try:
+                    inner()
+                except Exception:  # noqa: BLE001 (the engine's failure, already raised by the step)
+                    break
         if self._filler is not None:
             self._filler.abandon()
         for name in self._started:

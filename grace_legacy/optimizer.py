@@ -49,7 +49,7 @@ import horovod.torch as hvd
 import horovod.torch.optimizer as _hvd_optimizer
 import torch
 from horovod.torch.compression import Compression
-from horovod.torch.mpi_ops import Adasum, Average, HorovodInternalError, Sum, global_process_set
+from horovod.torch.mpi_ops import Adasum, Average, Sum, global_process_set
 
 from grace_legacy.backends.horovod import HorovodBackend
 from grace_legacy.consistency import verify_ranks_agree
@@ -189,22 +189,9 @@ def _grace_synchronize(self: Any) -> None:
 
 
 def _grace_load_state_dict(self: Any, *args: Any, **kwargs: Any) -> None:
-    """Horovod's ``load_state_dict``, which drops the gradients of a step under way; the step is
-    abandoned here too (:meth:`Grace.undo_step`) after waiting for the collectives this rank
-    launched, so that none is still in flight when the next step reuses its name."""
+    """Horovod's ``load_state_dict``, which drops the gradients of a step under way; the bundle
+    drops the step too (:meth:`Grace.undo_step`), first waiting for what this rank launched."""
     if self._handles:
-        unlaunched = self._grace.unlaunched()
-        for p, (handle, _) in self._handles.items():
-            if handle is not None and self._parameter_names[p] not in unlaunched:
-                try:
-                    handle()
-                except HorovodInternalError:
-                    break  # Horovod has shut down (an elastic reset): nothing is in flight any more
-                except ValueError as err:
-                    # The shutdown also clears the handles of the same step: nothing to wait for.
-                    if "was not created or has been cleared" not in str(err):
-                        raise
-                    break
         self._grace.undo_step()
     _hvd_optimizer._DistributedOptimizer.load_state_dict(self, *args, **kwargs)
 

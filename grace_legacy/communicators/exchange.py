@@ -59,6 +59,12 @@ class Parcel:
         raise RuntimeError(f"the gradient of {self.name!r} was waited for before its bucket was complete")
 
 
+def _raising(error: BaseException) -> Callable[[], torch.Tensor]:
+    def finish() -> torch.Tensor:
+        raise error
+    return finish
+
+
 class BucketExchange:
     """The collectives of one set of parcels, launched at construction and finished once."""
 
@@ -69,24 +75,37 @@ class BucketExchange:
         self.recycler = recycler
         self.results: dict[str, torch.Tensor] | None = None
         self._collectives = 0
+        self._failure: BaseException | None = None
         for parcel in self.parcels:
             if parcel.update_memory is not None and parcel.compressor.rounds == 1:
                 parcel.update_memory(parcel.payload, parcel.ctx)
             if parcel.gathered and parcel.compressor.rounds != 1:
                 raise ValueError(f"{parcel.compressor!r} needs {parcel.compressor.rounds} allreduce rounds; "
                                  f"it cannot be gathered")
+        try:
+            self._launch()
+        except BaseException as error:
+            # Launched whole or not at all: waiting for a parcel of a failed launch raises what the
+            # launch raised (the engine's error), never something about a half-built exchange.
+            for parcel in self.parcels:
+                parcel.pending._finish = _raising(error)
+            raise
+        for parcel in self.parcels:
             parcel.pending._finish = self._finisher(parcel.name)
+
+    def _launch(self) -> None:
         gathered = [m for m in self.parcels if m.gathered]
         self._gather = None
         if gathered:
             columns = self._by_part(gathered)
             if columns is not None:
                 packed = wire.pack_columns([m.payload for m in gathered], columns)
-                self._gather = (gathered, columns, backend.allgather_async(packed, self._name(0)))
+                self._gather = (gathered, columns, self.backend.allgather_async(packed, self._name(0)))
             else:
                 # Each parcel's parts and whether it carries a size header: how it is packed and unpacked.
                 layouts = [(m.payload, not m.compressor.uniform_payload) for m in gathered]
-                self._gather = (gathered, layouts, backend.allgather_async(wire.pack_many(layouts), self._name(0)))
+                self._gather = (gathered, layouts,
+                                self.backend.allgather_async(wire.pack_many(layouts), self._name(0)))
         self._reduced = {id(m): list(m.payload) for m in self.parcels if not m.gathered}
         self._reduce = self._launch_reduce([m for m in self.parcels if not m.gathered], round_index=0)
 
@@ -138,8 +157,15 @@ class BucketExchange:
 
     def _finisher(self, name: str) -> Callable[[], torch.Tensor]:
         def finish() -> torch.Tensor:
+            if self._failure is not None:
+                raise self._failure
             if self.results is None:
-                self.results = self._finish_all()
+                try:
+                    self.results = self._finish_all()
+                except BaseException as error:
+                    # Every parcel of the exchange raises the same error: its handles are spent.
+                    self._failure = error
+                    raise
             return self.results[name]
         return finish
 

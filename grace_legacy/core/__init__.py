@@ -3,7 +3,7 @@
 Data flows one way through a training step, for every gradient tensor ``g`` named ``name``:
 
     compensated = memory.compensate(g, name)            # e.g. g + e  (error feedback)
-    c           = compressor.compressor_for(compensated, name) # which concrete compressor acts now
+    c           = compressor.compressor_for(compensated, name)  # None: send it uncompressed
     payload, ctx = c.compress(compensated, name)         # list of tensors + rank-local context
     memory.update(compensated, name, c, payload, ctx)    # e.g. e <- compensated - D(payload)
     pending     = communicator.start(payload, ctx, name, c, backend, average)

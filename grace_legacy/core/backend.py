@@ -37,7 +37,23 @@ class Pending:
 
     def __call__(self) -> torch.Tensor:
         if self._finish is not None:
-            self._result = self._finish()
+            try:
+                self._result = self._finish()
+            except BaseException as error:
+                # A collective that failed stays failed: asking again raises the same error
+                # instead of waiting again on spent handles.
+                self._finish = _Failed(error)
+                raise
             self._finish = None
         assert self._result is not None
         return self._result
+
+
+class _Failed:
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+    def __call__(self) -> torch.Tensor:
+        raise self.error
