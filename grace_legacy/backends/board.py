@@ -1,14 +1,10 @@
 """A progress board: which ranks are alive and waiting in a collective, so that a rank whose
 collective stalls can name the ranks it waits for (docs/DESIGN.md#stall-detection).
 
-The board is a ``torch.distributed.TCPStore`` hosted by the process set's first rank. Nothing is
-posted while collectives complete within :data:`BEAT_AFTER_S`; a rank waiting longer posts a *beat*
-(a counter and the collective's name) every :data:`BEAT_AFTER_S`. A rank whose wait reaches the
-stall timeout reads every beat, keeps waiting (and beating) for :attr:`ProgressBoard.listen_s`, and
-reads again: a rank whose counter did not move is the one waited for (stopped, hung, or busy
-outside the collectives); a host that does not answer within :data:`ANSWER_S` is itself stopped.
-A member reaches the host at the first of :meth:`BoardAddress.candidates` that answers, or works
-without a board, whose stall errors then say they cannot name the ranks.
+A ``torch.distributed.TCPStore`` on the process set's first rank. A rank waiting longer than
+:data:`BEAT_AFTER_S` posts a *beat* (a counter and the collective's name) every :data:`BEAT_AFTER_S`;
+the rank that times out reads the beats twice, :attr:`ProgressBoard.listen_s` apart, and names the
+ranks whose counter did not move, or the host if it does not answer within :data:`ANSWER_S`.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """Collectives through ``torch.distributed`` (Gloo, NCCL or MPI: whatever the process group runs).
 
-``torch.distributed`` matches collectives by the order each rank issues them, so every rank must
-call the ``*_async`` methods and :meth:`TorchDistributedBackend.wait` in the same order; names only
-label errors. An allgather takes rows of different counts from different ranks, as Horovod's does:
-the counts are gathered first, then the rows travel padded to the longest count or exactly, each
-rank broadcasting its own (``variable_gather``; ``"auto"`` pads unless that moves
-:data:`PADDING_LIMIT` times the bytes or more: docs/DESIGN.md#variable-gather).
+Every rank must call the ``*_async`` methods and :meth:`TorchDistributedBackend.wait` in the same
+order (collectives match by issue order; names only label errors). An allgather takes rows of
+different counts from different ranks, as Horovod's does (``variable_gather``:
+docs/DESIGN.md#variable-gather).
 """
 
 from __future__ import annotations
@@ -16,7 +14,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-#: How the rows of an allgather of rows of different counts travel.
+#: How the rows of an allgather of rows of different counts travel: padded to the longest count,
+#: exactly (each rank broadcasting its own), or ``auto``, padded unless that moves PADDING_LIMIT
+#: times the bytes or more.
 VARIABLE_GATHERS = ("auto", "padded", "exact")
 
 #: ``"auto"`` broadcasts exactly when a padded gather would move this many times the bytes or more.

@@ -18,11 +18,9 @@ class Broadcast(Communicator):
     then the compressor aggregates them, exactly as after :class:`~grace_legacy.communicators.Allgather`,
     and ``bytes_sent`` is what an ``Allgather`` would count. Single-round compressors only.
 
-    With ``uniform_payload`` every root's buffer has the local length and the broadcasts start at
-    once. Otherwise (Threshold) the receivers cannot know it: the wire headers (``8 * (1 + parts)``
-    bytes each) go first, in one allgather, and the headerless bodies' broadcasts start when the
-    gradient is collected (``pending()``: waiting earlier would stall the backward pass); an empty
-    body is skipped by all."""
+    With ``uniform_payload`` the broadcasts start at once; otherwise (Threshold) the wire headers go
+    first, in one allgather, and the bodies' broadcasts start when the gradient is collected
+    (``pending()``; an empty body is skipped by all)."""
 
     route = "broadcast"
 

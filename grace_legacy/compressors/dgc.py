@@ -20,19 +20,13 @@ from grace_legacy.runtime.validation import ArgumentTypeError, check_gradient
 
 
 class DGC(TopK):
-    """Deep Gradient Compression's sparsifier (Lin et al., 2018): the entries :class:`TopK` keeps,
-    found from a threshold sampled the DGC way.
-
-    1. Draw ``s = max(min_samples, ceil(sample_ratio * n))`` positions uniformly, with replacement,
-       from :meth:`generator` keyed by ``(seed, rank, name, step)``.
-    2. Take the sample's ``r = ceil(mu + 3 sqrt(mu)) + 1``-th largest magnitude as the threshold,
-       ``mu = k s / n`` (see :mod:`~grace_legacy.compressors.kernels.selection`).
-    3. Select exactly among the entries at or above it
-       (:func:`~grace_legacy.compressors.kernels.selection.top_k_at_or_above`): the set ``torch.topk``
-       picks (ties aside) whatever the estimate.
-
-    A plain ``torch.topk`` where ``s >= n`` or ``r >= s``. Payload and dtypes as :class:`TopK`;
-    recommended memory :class:`~grace_legacy.memories.DGCMemory`."""
+    """Deep Gradient Compression's sparsifier (Lin et al., 2018): the entries :class:`TopK` keeps
+    (payload and dtypes as its), found the DGC way: ``s = max(min_samples, ceil(sample_ratio * n))``
+    positions drawn uniformly with replacement (keyed by ``(seed, rank, name, step)``), the sample's
+    ``r = ceil(mu + 3 sqrt(mu)) + 1``-th largest magnitude as the threshold (``mu = k s / n``), then
+    an exact selection among the entries at or above it
+    (:mod:`~grace_legacy.compressors.kernels.selection`); a plain ``torch.topk`` where ``s >= n`` or
+    ``r >= s``. Recommended memory :class:`~grace_legacy.memories.DGCMemory`."""
 
     def __init__(self, ratio: float | None = None, *, seed: int = 0, sample_ratio: float = 0.01,
                  min_samples: int = 128) -> None:

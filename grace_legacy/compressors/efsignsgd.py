@@ -15,9 +15,9 @@ from grace_legacy.memories.efsignsgd import EFSignSGDMemory, check_learning_rate
 
 
 class EFSignSGD(Compressor):
-    """EF-signSGD (Karimireddy et al., 2019; GRACE's ``efsignsgd``). Its memory,
-    :class:`~grace_legacy.memories.EFSignSGDMemory` with the same ``lr`` (the only one accepted, and
-    the default), hands over ``p = lr * g + e``; this sends
+    """EF-signSGD (Karimireddy et al., 2019; GRACE's ``efsignsgd``). Its memory (only, and by default,
+    :class:`~grace_legacy.memories.EFSignSGDMemory` with the same ``lr``) hands over ``p = lr g + e``;
+    this sends
 
         C(p) = (||p||_1 / n) * sign(p)
 

@@ -15,9 +15,8 @@ from grace_legacy.memories.residual import Residual
 
 
 class OneBit(Compressor):
-    """1-bit SGD (Seide et al., 2014; GRACE's ``onebit``), meant to run with error feedback
-    (``Residual``, the recommended memory). One bit per entry gives its side, two scalars each
-    side's mean:
+    """1-bit SGD (Seide et al., 2014; GRACE's ``onebit``), meant for error feedback (``Residual``):
+    one bit per entry gives its side, two scalars each side's mean:
 
         mu_+ = mean{x_i : x_i >= 0},   mu_- = mean{x_i : x_i < 0}   (0 for an empty side)
         D(x)_i = mu_+ if x_i >= 0 else mu_-

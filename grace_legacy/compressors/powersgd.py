@@ -46,11 +46,10 @@ class PowerSGD(Compressor):
         Q_w = M_w^T P^                  allreduce 2: m*r values
         M'  = P^ (sum_w Q_w)^T          the aggregate (divided by the world size for op=Average)
 
-    ``sum_w Q_w`` warm-starts the next step; ``PowerSGDMemory`` keeps ``M_w - P^ Q_w^T``. The first
-    ``Q`` is drawn from ``N(0, 1)`` keyed by ``(seed, name, 0)`` without the rank, so every rank
-    starts alike; a change of rank (a schedule) draws a new one keyed by the step. Sent dense: tensors
-    of fewer than 2 dimensions and matrices with ``(n + m) * r >= n * m``. fp16/bf16 gradients are
-    factored and sent in fp32 (QR needs it) and returned in their dtype."""
+    ``sum_w Q_w`` warm-starts the next step. The first ``Q`` is drawn from ``N(0, 1)`` keyed by
+    ``(seed, name, step)`` without the rank, so every rank starts alike (again at a change of rank).
+    Sent dense: tensors of fewer than 2 dimensions and matrices with ``(n + m) * r >= n * m``.
+    fp16/bf16 gradients are factored and sent in fp32 (QR needs it) and returned in their dtype."""
 
     parameter = RANK
     additive = True

@@ -3,9 +3,8 @@ every element at random to one of two neighbouring grid points with the probabil
 the expected value the input (unbiased, so their recommended memory is ``NoMemory``).
 
 * Draws: :func:`~grace_legacy.compressors.kernels.draws.uniform` of ``derived_seed(seed, rank,
-  name, step)``, the same numbers on every device. On a CPU each quantizer is one compiled pass
-  after its scale, giving the tensor formulas' codes for the same scale bit for bit; QSGD's norm
-  may differ between the two in its last float32 bit (another summation order).
+  name, step)``. A CPU's compiled pass and the tensor formulas give the same codes for the same
+  scale; QSGD's norm may differ between them in its last float32 bit.
 * Arithmetic in float64 for float64 gradients, else float32 (which holds float16 and bfloat16
   exactly); ``decompress`` rounds to the gradient's dtype (float16 beyond 65504 becomes inf).
 * QSGD's and TernGrad's scale travels as float32 rounded *up*, so no probability exceeds 1 and the
@@ -13,9 +12,7 @@ the expected value the input (unbiased, so their recommended memory is ``NoMemor
   float32's range, decodes to NaN everywhere, so a loss scaler sees the overflow (Natural marks
   such elements one by one).
 * Unbiased up to the draws' resolution (2**-24 in float32, 2**-53 in float64) and one division's
-  rounding per element.
-* Payloads differ between ranks (each its own scale) and are gathered, without a size header: the
-  scalar first, then the elements, padded only at the end to a multiple of 8 bytes."""
+  rounding per element. Payloads (the scalar, then the elements) are gathered without a header."""
 
 from __future__ import annotations
 

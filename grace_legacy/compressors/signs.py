@@ -1,16 +1,10 @@
 """What the 1-bit compressors (signSGD, Signum, EF-signSGD, 1-bit SGD) share: one bit per element,
-``x >= 0``, packed 8 to a byte (``ceil(n / 8)`` bytes) beside each compressor's few scalars; gathered
-(packed bits do not sum) without a size header.
-
-* ``+0.0`` and ``-0.0`` read as positive: an entry that is zero on every rank votes +1 in
-  signSGD/Signum, decodes to ``+scale`` in EF-signSGD (its error feedback returns the difference)
-  and joins 1-bit SGD's non-negative side.
-* ``NaN`` reads as negative, ``+-inf`` as its sign. EF-signSGD and 1-bit SGD carry a non-finite
-  value on in their scalars; signSGD and Signum send no magnitude, so only the bundle's non-finite
-  flags show an overflow to an AMP ``GradScaler``.
-
-Gradients may be fp32, fp64, fp16 or bf16 (half-precision sums and momenta accumulate in fp32);
-``decompress`` and ``aggregate`` return the gradient's dtype.
+``x >= 0``, packed 8 to a byte (``ceil(n / 8)`` bytes) beside each compressor's few scalars, gathered
+without a header. ``+-0.0`` read as positive (a zero votes +1, decodes to ``+scale`` or joins the
+non-negative side); ``NaN`` as negative, ``+-inf`` as its sign. EF-signSGD and 1-bit SGD carry a
+non-finite value on in their scalars; signSGD and Signum send no magnitude, so only the bundle's
+non-finite flags show an overflow. Gradients may be fp32, fp64, fp16 or bf16 (half-precision sums
+and momenta accumulate in fp32); results have the gradient's dtype.
 """
 
 from __future__ import annotations

@@ -70,14 +70,10 @@ class _EarlierNames:
 
 
 class Compressor(_EarlierNames, Stateful, ABC):
-    """Turns a gradient into a payload (a list of tensors, the only thing sent) and back.
-
-    Subclasses implement :meth:`compress`, :meth:`decompress` and :meth:`payload_spec`, and describe
-    their payload by the class attributes below (the contract and what relies on each:
-    docs/IMPLEMENTING.md). Randomness comes only from :meth:`generator` or :meth:`step_seed`, keyed
-    by ``(seed, rank, name, step)``, never from the global RNG: a run is reproducible and any rank's
-    draws can be replayed.
-    """
+    """Turns a gradient into a payload (a list of tensors, the only thing sent) and back. Subclasses
+    implement :meth:`compress`, :meth:`decompress` and :meth:`payload_spec` and describe their payload
+    by the class attributes below (the contract: docs/IMPLEMENTING.md). Randomness comes only from
+    :meth:`generator` or :meth:`step_seed`, keyed by ``(seed, rank, name, step)``: reproducible."""
 
     #: the one parameter a schedule may set (Top-k's density), or None; ``self._set_value`` sets it
     parameter: ClassVar[ScheduledParameter | None] = None
@@ -185,9 +181,8 @@ class Compressor(_EarlierNames, Stateful, ABC):
                 f"{type(self).__name__}({self.parameter.name}=...), or wrap it in Legacy(...) which sets it")
 
     def compressor_for(self, tensor: torch.Tensor, name: str) -> Compressor | None:
-        """The compressor that encodes ``tensor`` now, or ``None`` when it is sent uncompressed
-        (a dense value of the parameter). Depends only on what every rank shares (shape, name,
-        training progress), so all ranks take the same route for the same tensor."""
+        """The compressor that encodes ``tensor`` now, or ``None`` to send it uncompressed; decided
+        only from what every rank shares (shape, name, progress), so all ranks take one route."""
         self.check_ready()
         if self.parameter is not None and self.parameter.is_dense(self._value):
             return None
@@ -247,9 +242,8 @@ class Compressor(_EarlierNames, Stateful, ABC):
         self._steps.update(state["steps"])
 
     def rejoin_state(self, shared: dict[str, Any], own: dict[str, Any]) -> dict[str, Any]:
-        """The state to continue from after the world changed (elastic training): what every rank
-        must agree on from ``shared`` (rank 0's :meth:`state_dict`); subclasses keep per-rank state
-        (Signum's momentum) from ``own``, this rank's. See docs/DESIGN.md#elastic-state."""
+        """The state to continue from after the world changed: ``shared`` (rank 0's), except what
+        is per rank (Signum's momentum), which subclasses keep from ``own`` (docs/DESIGN.md#elastic-state)."""
         return dict(shared)
 
     def __repr__(self) -> str:

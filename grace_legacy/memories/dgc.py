@@ -24,12 +24,10 @@ class DGCMemory(Memory):
         send C(v)
         u[S] <- 0,  v[S] <- 0              factor masking, S = the entries C(v) carried
 
-    Momentum lives here: run the optimizer without momentum (plain SGD), as DGC does. A tensor sent
-    dense restarts both at 0. ``S`` is the compressor's :meth:`support` (DGC, TopK, RandomK,
-    Threshold); another compressor is refused with ``ValueError``. ``clip`` bounds the norm of this
-    one tensor (in fp32 at least; a memory sees one gradient at a time), where the paper clips the
-    whole model's norm with the global bound scaled by ``N ** -0.5`` for ``N`` ranks: choose a
-    per-tensor bound with that in mind."""
+    Momentum lives here: run the optimizer without it (plain SGD), as DGC does. A tensor sent dense
+    restarts both at 0. ``S`` is the compressor's ``support`` (a sparsifier's; others are refused
+    with ``ValueError``). ``clip`` bounds this one tensor's norm (in fp32 at least), where the paper
+    clips the whole model's with the global bound scaled by ``N ** -0.5`` for ``N`` ranks."""
 
     def __init__(self, momentum: float = 0.9, clip: float | None = None) -> None:
         if isinstance(momentum, bool) or not isinstance(momentum, numbers.Real) or not 0 <= momentum < 1:

@@ -22,11 +22,9 @@ class EF21(Memory):
 
     ``op_r`` is the communicator's mean (``hvd.Average``) or sum (``hvd.Sum``), and by induction
     ``g == op_r g_i`` up to rounding, so the op must stay the same for the whole run. The first step
-    sends ``C(grad_i)`` (the paper's ``g_i^0``); a dense step sets ``g_i = grad_i`` and resynchronizes
-    both. What ``C`` drops is part of the gradient's *change*, sent later since ``grad_i - g_i``
-    still holds it. Any compressor runs; the theory asks for a contractive one,
-    ``||D(C(x)) - x||^2 <= (1 - a) ||x||^2`` with ``a > 0`` (Top-k, DGC: ``a = k / n``; not
-    Threshold)."""
+    sends ``C(grad_i)`` (the paper's ``g_i^0``); a dense step resynchronizes both. Any compressor
+    runs; the theory asks for a contractive one, ``||D(C(x)) - x||^2 <= (1 - a) ||x||^2`` with
+    ``a > 0`` (Top-k, DGC: ``a = k / n``; not Threshold)."""
 
     # g is a mean over the world that was: every rank restarts from zero when ranks change.
     survives_world_change = False

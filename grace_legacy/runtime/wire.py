@@ -8,10 +8,8 @@ packed into one ``uint8`` buffer,
 * ``header``, only when ranks may send payloads of different sizes, is ``1 + n_parts`` int64
   words: the buffer's length in bytes, then each part's leading dimension.
 
-A receiver rebuilds each part with the local part's dtype and trailing dimensions; only the leading
-dimension may differ between ranks. Padding travels as zeros. A bucket of header-less payloads whose
-parts line up may instead travel *by part* (:func:`pack_columns`): every payload's part 0 back to
-back, then every part 1, and so on.
+Only the leading dimension may differ between ranks; padding travels as zeros. A bucket of
+header-less payloads may instead travel *by part* (:func:`pack_columns`).
 """
 
 from __future__ import annotations

@@ -39,13 +39,10 @@ class Accordion(Schedule):
         critical in interval k + 1  <=>  k == 0, or ||Delta_l(k-1)|| == 0, or r_l(k) >= eta
 
     so intervals 0 and 1 are critical. A tensor without a finite observation in an interval keeps
-    its regime and its last norm; a skipped step's observations are rolled back. A learning-rate
-    drop (:meth:`notify_lr_drop`, or :meth:`set_lr` with a smaller rate; every rank at the same
-    step) makes every tensor critical until the interval in progress ends (the whole next one when
-    called between intervals, as the reference does after a decay epoch). Decided from the
-    aggregated gradient, the same on every rank: no communication (docs/DESIGN.md#adaptive-schedules).
-    Keeps one accumulated gradient per tensor (float32; float64 for float64 gradients) and the last
-    ``history`` changes and drops for :attr:`stats` (``None``: all)."""
+    its regime and its last norm. A learning-rate drop (:meth:`notify_lr_drop`, told to every rank at
+    the same step) makes every tensor critical until the interval in progress ends. Decided from the
+    aggregated gradient, the same on every rank (docs/DESIGN.md#adaptive-schedules); keeps one
+    accumulated gradient per tensor and the last ``history`` records (``None``: all)."""
 
     def __init__(self, base: Compressor, low: Any, high: Any, *, eta: float = 0.5, interval: int,
                  history: int | None = DEFAULT_HISTORY) -> None:

@@ -115,18 +115,14 @@ class LGreCo(Schedule):
 
     by :func:`choose_layerwise` with ``resolution`` error buckets. Every tensor takes ``reference``
     when nothing is feasible, or when ``reference`` meets the budget with fewer bytes; a tensor keeps
-    its choice (at first ``reference``) until it has a finite observation at a solve. Rank 0
-    measures and solves, without moving the base's state, and every rank of the backend given to
-    :meth:`end_step` takes its choices (docs/DESIGN.md#adaptive-schedules); without one the rank
-    solves alone.
+    its choice (at first ``reference``) until it has a finite observation at a solve. Rank 0 solves,
+    and every rank of the backend given to :meth:`end_step` takes its choices (alone without one;
+    docs/DESIGN.md#adaptive-schedules).
 
-    Any base that predicts its bytes (not Threshold); ``None``/dense may be a choice (error 0). QSGD
-    levels of one integer width cost the same bytes, so mix widths (``[4, 127, 1000]``). PowerSGD's
-    error is one power iteration from the current warm start (or a fresh ``Q`` for a rank not in
-    use, which then looks worse than it would once warm). :attr:`stats` ``["lgreco"]["overhead"]``
-    times the solves against the step time. Keeps one accumulated gradient per tensor (float32;
-    float64 for float64 gradients), a copy of the base during a solve, and the last ``history``
-    solves and changes (``None``: all)."""
+    Any base that predicts its bytes (not Threshold); ``None``/dense may be a choice. QSGD levels of
+    one integer width cost the same bytes, so mix widths (``[4, 127, 1000]``). PowerSGD's error is
+    one power iteration from the current warm start (a fresh ``Q`` for a rank not in use).
+    :attr:`stats` ``["lgreco"]["overhead"]`` times the solves against the step time."""
 
     def __init__(self, base: Compressor, choices: Sequence[Any], *, reference: Any, interval: int,
                  budget: float = 1.0, resolution: int = 1000, history: int | None = DEFAULT_HISTORY) -> None:

@@ -11,10 +11,8 @@ among the few candidates (why: docs/DESIGN.md#top-k-selection).
    result is the set ``torch.topk`` picks (ties aside), whatever ``t`` was. Where ``C`` holds more
    than half the entries, a plain top-k is used.
 
-Magnitudes compare as the floats' bit patterns with the sign bit cleared: the integer order is the
-numeric order, and every NaN sorts above infinity, where ``torch.topk`` puts it. On a CPU the steps
-run on a zero-copy numpy view with compiled passes (:mod:`~grace_legacy.compressors.kernels.scan`);
-elsewhere the same algorithm runs in torch.
+Magnitudes compare as the floats' bit patterns with the sign bit cleared (every NaN above infinity,
+where ``torch.topk`` puts it); on a CPU with compiled passes, elsewhere in torch.
 """
 
 from __future__ import annotations
