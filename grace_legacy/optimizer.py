@@ -1,7 +1,7 @@
 """``hvd.DistributedOptimizer`` with grace_legacy compression: Horovod's optimizer (hooks overlapping
 the backward pass, ``backward_passes_per_step``, ``synchronize()``/``skip_synchronize()``, ``op``,
 process sets) with only the launch of a gradient's communication replaced by the ``Grace`` bundle,
-which picks the collective the payload needs (an allreduce would sum Top-k's indices). ``import
+which picks the collective the payload needs (docs/DESIGN.md#horovod-optimizer). ``import
 grace_legacy`` calls :func:`install`; any other ``compression`` (Horovod's ``Compression.none``,
 ``fp16``) goes to Horovod's own function untouched.
 

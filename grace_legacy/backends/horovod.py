@@ -29,7 +29,7 @@ def synchronize(handle: Any) -> torch.Tensor:
 
 class HorovodBackend:
     """Asynchronous Horovod collectives on one process set. Horovod matches collectives by name, so
-    every rank passes the same names, in any order; they are prefixed, apart from the user's own
+    every rank passes the same names, in any order; a prefix keeps them apart from the user's own
     (docs/DESIGN.md#collective-names). :meth:`wait` raises
     :class:`~grace_legacy.runtime.stall.RanksStalled` after the stall timeout, naming the ranks it
     waits for once :meth:`open_board` has opened a progress board."""

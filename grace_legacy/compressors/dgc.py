@@ -21,7 +21,7 @@ from grace_legacy.runtime.validation import ArgumentTypeError, check_gradient
 
 class DGC(TopK):
     """Deep Gradient Compression's sparsifier (Lin et al., 2018): the entries :class:`TopK` keeps
-    (payload and dtypes as its), found the DGC way: ``s = max(min_samples, ceil(sample_ratio * n))``
+    (with its payload and dtypes), found the DGC way: ``s = max(min_samples, ceil(sample_ratio * n))``
     positions drawn uniformly with replacement (keyed by ``(seed, rank, name, step)``), the sample's
     ``r = ceil(mu + 3 sqrt(mu)) + 1``-th largest magnitude as the threshold (``mu = k s / n``), then
     an exact selection among the entries at or above it

@@ -55,8 +55,9 @@ class Natural(Compressor):
     if none); one byte per element, bit 7 the sign and bits 0-6 a code ``c``: 0 is zero,
     ``1..127`` is ``2^(top - 127 + c)`` (the 127 binades ``2^(top - 126) .. 2^top``), and ``0x80``
     marks an inf or NaN, decoded as NaN. An element below that range becomes ``2^(top - 126)`` with
-    probability ``|x| / 2^(top - 126)``, else 0 (still unbiased); one in its dtype's last binade may
-    round up to inf. ``2 + n`` bytes rounded up to a multiple of 8. Any floating dtype; no parameter."""
+    probability ``|x| / 2^(top - 126)``, else 0 (still unbiased); one in its dtype's last binade
+    (``|x| >= 2^15`` in float16, ``2^127`` in float32) may round up to inf. ``2 + n`` bytes rounded up
+    to a multiple of 8. Any floating dtype; no parameter."""
 
     def __init__(self, seed: int = 0) -> None:
         super().__init__()

@@ -73,7 +73,7 @@ class QSGDContext(NamedTuple):
 
 
 class QSGD(Compressor):
-    """QSGD (Alistarh et al., 2017) with ``s = levels`` levels, the parameter schedules set.
+    """QSGD (Alistarh et al., 2017) with ``s = levels`` quantization levels (the scheduled parameter).
 
     With ``r_i = |v_i| / ||v||_2 * s`` in ``[0, s]``, element ``i`` becomes ``l_i = ceil(r_i)`` with
     probability ``r_i - floor(r_i)``, else ``floor(r_i)``, decoded as ``||v|| * sign(v_i) * l_i / s``:

@@ -4,7 +4,8 @@ the expected value the input (unbiased, so their recommended memory is ``NoMemor
 
 * Draws: :func:`~grace_legacy.compressors.kernels.draws.uniform` of ``derived_seed(seed, rank,
   name, step)``. A CPU's compiled pass and the tensor formulas give the same codes for the same
-  scale; QSGD's norm may differ between them in its last float32 bit.
+  scale; QSGD's norm may differ between them in its last float32 bit. Each quantizer reads its
+  scale back to the host once per tensor (on a GPU, one synchronization).
 * Arithmetic in float64 for float64 gradients, else float32 (which holds float16 and bfloat16
   exactly); ``decompress`` rounds to the gradient's dtype (float16 beyond 65504 becomes inf).
 * QSGD's and TernGrad's scale travels as float32 rounded *up*, so no probability exceeds 1 and the

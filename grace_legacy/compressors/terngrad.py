@@ -32,10 +32,11 @@ class TernGrad(Compressor):
     """TernGrad (Wen et al., 2017): a scale and one ternary digit per element.
 
     Clipping: ``g_c = clamp(g, -2.5 sigma, 2.5 sigma)``, ``sigma`` the elements' standard deviation
-    (dividing by ``n``); a tensor whose elements are all equal (``sigma = 0``) is left unclipped,
-    and so sent exactly. With ``s = max_i |g_c,i|``, ``t_i = sign(g_c,i)`` with probability
-    ``|g_c,i| / s``, else 0, decoded as ``s * t_i``: ``E[decoded] = g_c`` (unbiased for the
-    *clipped* gradient) and ``E||decoded - g_c||^2 = sum_i |g_c,i| (s - |g_c,i|) <= s ||g_c||_1``.
+    (dividing by ``n``); a tensor whose elements are all equal (``sigma = 0``) is left unclipped
+    (not sent as zeros forever), and so sent exactly. With ``s = max_i |g_c,i|``,
+    ``t_i = sign(g_c,i)`` with probability ``|g_c,i| / s``, else 0, decoded as ``s * t_i``:
+    ``E[decoded] = g_c`` (unbiased for the *clipped* gradient) and
+    ``E||decoded - g_c||^2 = sum_i |g_c,i| (s - |g_c,i|) <= s ||g_c||_1``.
 
     Payload ``[s, t]``: ``s`` as one float32 (rounded up), ``t`` as int8: ``4 + n`` bytes rounded up
     to a multiple of 8. A zero tensor decodes to zeros. Any floating dtype; no parameter."""

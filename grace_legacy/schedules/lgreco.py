@@ -122,7 +122,8 @@ class LGreCo(Schedule):
     Any base that predicts its bytes (not Threshold); ``None``/dense may be a choice. QSGD levels of
     one integer width cost the same bytes, so mix widths (``[4, 127, 1000]``). PowerSGD's error is
     one power iteration from the current warm start (a fresh ``Q`` for a rank not in use).
-    :attr:`stats` ``["lgreco"]["overhead"]`` times the solves against the step time."""
+    :attr:`stats` ``["lgreco"]["overhead"]`` times the solves against the step time. Keeps one
+    accumulated gradient per tensor and the last ``history`` solves and changes (``None``: all)."""
 
     def __init__(self, base: Compressor, choices: Sequence[Any], *, reference: Any, interval: int,
                  budget: float = 1.0, resolution: int = 1000, history: int | None = DEFAULT_HISTORY) -> None:
