@@ -33,35 +33,21 @@ _ALLGATHER = Allgather()
 
 
 class Grace:
-    """Compressor + memory + communicator, as in GRACE (Xu et al., 2021).
+    """Compressor + memory + communicator, as in GRACE (Xu et al., 2021), run for every tensor; passed
+    as ``compression=`` to ``hvd.DistributedOptimizer`` (as is a bare compressor) or to the DDP hook.
+    :attr:`stats` reports the bytes sent. A tensor left uncompressed (density 1.0, a schedule's
+    ``None``, an empty tensor) takes a plain dense allreduce and leaves no residual.
 
-    ``memory=None`` takes the compressor's recommended memory (``Residual`` for sparsifiers,
-    ``NoMemory`` otherwise). ``communicator=None`` picks, per tensor, what its payload needs: an
-    allreduce for additive payloads and an allgather for everything else. A tensor the compressor
-    leaves uncompressed (``resolve`` returns ``None``: density 1.0, a LEGACY ``None`` value, an
-    empty tensor) always takes a plain dense allreduce and leaves no residual behind.
-
-    Passing a ``Grace`` (or a bare compressor) as ``compression=`` to
-    ``hvd.DistributedOptimizer`` runs it on every gradient; ``.stats`` reports the bytes sent.
-
-    ``dense_fallback`` (default on): a tensor whose gathered payload would move at least as many
-    bytes as a ring allreduce of the dense tensor (:func:`gather_costs_more`) is sent dense
-    instead, recorded under the route ``"dense-fallback"``. Only payloads whose size every rank
-    can predict from the shape take part (not Threshold's), so all ranks decide alike, and only
-    compressors whose aggregate is a mean (not SignSGD's vote, which a dense mean would change).
-
-    ``bucket_bytes``: tensors are sent in fused buckets of up to this many dense bytes, one
-    collective per kind per bucket (:mod:`grace_legacy.communicators.buckets`), once
-    :meth:`plan_buckets` has been told the tensors (``hvd.DistributedOptimizer`` does). ``None``
-    takes :func:`default_bucket_bytes`: ``HOROVOD_FUSION_THRESHOLD`` as Horovod reads it, at most
-    16 MiB; ``0`` sends every tensor on its own. A communicator that cannot be fused
-    (``Broadcast``) always sends per tensor.
-
-    ``stall_timeout``: seconds a rank waits for one collective before it raises
-    :class:`~grace_legacy.runtime.stall.RanksStalled`, naming the gradient and the ranks it waits for
-    (a rank stopped or hung without dying would otherwise keep the others waiting forever).
-    ``None`` takes ``GRACE_LEGACY_STALL_TIMEOUT`` from the environment, else 1800 s
-    (:data:`~grace_legacy.runtime.stall.DEFAULT_STALL_TIMEOUT_S`).
+    * ``memory=None``: the compressor's recommended memory.
+    * ``communicator=None``: per tensor, an allreduce for additive payloads, an allgather otherwise.
+    * ``dense_fallback``: a gathered payload that would move at least as many bytes as a ring
+      allreduce of the dense tensor is sent dense (route ``"dense-fallback"``).
+    * ``bucket_bytes``: fused buckets of up to this many dense bytes once :meth:`plan_buckets` has
+      the tensors (``None``: ``HOROVOD_FUSION_THRESHOLD`` as Horovod reads it, at most 16 MiB;
+      ``0``: per tensor; ``Broadcast`` is never fused).
+    * ``stall_timeout``: seconds a rank waits for one collective before it raises
+      :class:`~grace_legacy.runtime.stall.RanksStalled` naming the gradient and the ranks it waits
+      for (``None``: ``GRACE_LEGACY_STALL_TIMEOUT``, else 1800 s).
     """
 
     def __init__(self, compressor: Compressor, memory: Memory | None = None,
@@ -97,18 +83,12 @@ class Grace:
         compressor.check_memory(self.memory)
         self.memory.check_compressor(compressor)
         self.communicator = communicator
-        # Whether each rank can tell on its own which tensors held an inf or NaN on some rank: when
-        # the compressor sends every one it is given (its dense routes do too), and the memory
-        # neither hides one nor changes the result, any rank's inf or NaN is in every rank's
-        # result, and the results are identical on every rank. Fixed by the configuration, which
-        # every rank shares (the consistency check sees to it), so all ranks skip the flags'
-        # allreduce alike.
+        # Whether every rank's results show any rank's inf or NaN, so no flags need exchanging
+        # (docs/DESIGN.md#skipped-steps).
         self._flags_from_results = (compressor.delivers_nonfinite and self.memory.keeps_nonfinite
                                     and type(self.memory).aggregated is Memory.aggregated)
-        # Per tensor of the current step: the extremes (0-dim tensors) of this rank's gradient,
-        # what its memory made of it and the synchronized result; any of them inf or NaN means
-        # the tensor held one. Only looked at, all at once, in nonfinite_names: a check per tensor
-        # would cost several small tensor operations each.
+        # Per tensor of the step: the extremes of its gradient, compensated gradient and result,
+        # looked at all at once in nonfinite_names.
         self._extremes: dict[str, list[torch.Tensor]] = {}
         # The tensors started in the current step (what undo_step rolls back).
         self._started: dict[str, Pending] = {}
@@ -139,14 +119,11 @@ class Grace:
     def start(self, tensor: torch.Tensor, name: str, backend: Backend, average: bool,
               overwrite: bool = False) -> Pending:
         """Compress ``tensor`` and launch its collectives; call the result to get the gradient.
-
         ``overwrite``: the caller will not read ``tensor`` again, so the memory may build the
         compensated gradient in its storage (:meth:`Memory.compensate_into`)."""
         self.join_world(backend)
-        # A sparsifier or a sign may drop an inf; the flag makes sure every rank still sees it.
-        # Finite state can still overflow (momentum, an fp16 sum), so the compensated gradient is
-        # always looked at; the raw one too (first: compensate may write over it) unless the
-        # memory keeps its infs and NaNs.
+        # The raw gradient is looked at first (compensate may write over it) unless the memory keeps
+        # its infs and NaNs; the compensated one always, since finite state can overflow.
         self._extremes[name] = []
         watch = not self._flags_from_results  # else the result will show it
         if watch and not self.memory.keeps_nonfinite:
@@ -205,9 +182,8 @@ class Grace:
                             route=route, labels=labels)
 
     def _watch(self, name: str, tensor: torch.Tensor) -> None:
-        """Remember ``tensor``'s extremes for :meth:`nonfinite_names`: the minimum and maximum are
-        NaN if any entry is (both propagate NaN) and infinite if an infinity is the extreme, and
-        they cannot overflow; one pass, no temporary of the tensor's size."""
+        """Remember ``tensor``'s extremes (NaN or infinite exactly when an entry is) for
+        :meth:`nonfinite_names`."""
         if tensor.numel():
             self._extremes.setdefault(name, []).extend(torch.aminmax(tensor.detach()))
 
@@ -218,15 +194,10 @@ class Grace:
         return [name, *(n for n in self._filler.plan.buckets[self._filler.plan.bucket_of[name]] if n != name)]
 
     def join_world(self, backend: Backend) -> bool:
-        """Take this rank's place in ``backend``'s world before sending: ``True`` when the place
-        is new (the first step, or the first since the world changed), when whoever runs the
-        bundle should check again that the ranks agree (the distributed optimizer does).
-
-        A loaded state must be entered at the rank and size that saved it (``ValueError``
-        otherwise). A rank or size that changes under a running bundle is an elastic reset that
-        Horovod did not follow with a synchronization (it skips one when ranks only left): the
-        bundle then leaves the old world as :meth:`rejoin` would, keeping rank 0's shared state
-        that every survivor already holds, and every rank sees the change alike."""
+        """Take this rank's place in ``backend``'s world before sending; ``True`` when the place is
+        new (the ranks' agreement should be checked again). A loaded state must be entered at the
+        rank and size that saved it (``ValueError``); a change under a running bundle leaves the old
+        world as :meth:`rejoin` would (docs/DESIGN.md#elastic-state)."""
         placement = (backend.rank(), backend.size())
         if placement == self._placement:
             return False
@@ -254,17 +225,9 @@ class Grace:
         return {"config": self.configuration(), "compressor": self.compressor.state_dict()}
 
     def rejoin(self, shared: dict[str, Any]) -> None:
-        """Continue in a world that changed (ranks left or joined; elastic training) from
-        ``shared``, the :meth:`shared_state` of the rank that every rank follows (rank 0).
-
-        What every rank must agree on is taken from ``shared``: the schedule's progress and
-        decisions, the step counters that seed every generator, PowerSGD's warm start
-        (:meth:`Compressor.rejoin_state`). What is this process's own is kept: its error-feedback
-        residuals, so a survivor still delivers the gradient it has not sent yet (a newcomer's
-        are empty), and its byte counts. A memory whose state is a function of the whole world
-        (EF21's estimate of the mean; ``Memory.survives_world_change``) starts afresh on every
-        rank. The next :meth:`join_world` takes the new rank and size wherever they are.
-        Raises ``ValueError`` if ``shared`` was saved by another configuration."""
+        """Continue in a changed world from ``shared``, rank 0's :meth:`shared_state`: what every rank
+        must agree on comes from it, this process's residuals and byte counts stay
+        (docs/DESIGN.md#elastic-state). ``ValueError`` if another configuration saved ``shared``."""
         saved = saved_configuration(shared, "Grace.rejoin")
         refuse_other_configuration("Grace.rejoin", saved, self.configuration())
         own = self.compressor.state_dict()
@@ -274,10 +237,9 @@ class Grace:
 
     # -- the end of a step ------------------------------------------------------------------
     def nonfinite_names(self, names: Sequence[str], backend: Backend) -> set[str]:
-        """Which of ``names`` held an inf or NaN on *any* rank this step: one small allreduce of
-        one flag per name, or none where each rank's results show it (see ``delivers_nonfinite``
-        in :class:`~grace_legacy.core.compressor.Compressor`). Every rank must pass the same
-        ``names`` in the same order."""
+        """Which of ``names`` held an inf or NaN on *any* rank this step (in the gradient, its
+        compensated form or the result). A collective: every rank passes the same ``names`` in the
+        same order (docs/DESIGN.md#skipped-steps)."""
         extremes: list[torch.Tensor] = []
         owners: list[int] = []
         for index, name in enumerate(names):
@@ -319,17 +281,12 @@ class Grace:
         return self._filler.unlaunched() if self._filler is not None else set()
 
     def undo_step(self) -> None:
-        """Forget the step under way as if it had not begun: the distributed optimizer calls this
-        when Horovod drops its pending gradients (``load_state_dict`` in mid-step). Buckets still
-        collecting members are emptied, and every started tensor's memory and compressor state is
-        rolled back to the end of the last step, as for a skipped step (:meth:`undo`: the per-tensor
-        step counters that seed random draws keep the dropped step, whose collectives did run).
-
-        First every collective this rank launched in the step is waited for and its result
-        dropped, so that none is still in flight under a name the next step uses again. An error
-        there means the engine failed (the step already raised it): nothing is in flight any
-        more, and it is not raised again. Nothing that arrives reaches the memory, the schedule or
-        the byte counts."""
+        """Forget the step under way (``load_state_dict`` in mid-step, an elastic restore): buckets
+        still collecting are emptied and every started tensor is undone as for a skipped step (the
+        step counters keep it: its collectives ran). First every collective this rank launched is
+        waited for and dropped, so that nothing is in flight under a name the next step uses; an
+        error there is the engine's failure, which the step already raised: the wait stops, as
+        nothing is in flight any more. Nothing that arrives reaches the memory, schedule or counts."""
         unlaunched = self.unlaunched()
         for name, inner in self._started.items():
             if name not in unlaunched:
@@ -365,45 +322,23 @@ class Grace:
                 "communicator": repr(self.communicator), "dense_fallback": str(self.dense_fallback)}
 
     def state_dict(self) -> dict[str, Any]:
-        """This rank's compression state, so that a run resumed from a checkpoint continues
-        bit for bit as if it had never stopped: the memory's per-tensor state (residuals, DGC's
-        momenta, EF21's estimates), the compressor's (step counters, which fix every random
-        draw; PowerSGD's warm start; Signum's momentum), a schedule's position and decisions, the
-        byte counts of :attr:`stats`, the :meth:`configuration`, and which rank of how many saved
-        it. Plain data, copied: ``torch.save`` it, and ``torch.load(..., weights_only=True)``
-        reads it back. Call it between steps.
-
-        The state differs from rank to rank (each rank has its own residuals and draws), so
-        gather it; the model and optimizer are the same on every rank::
-
-            states = hvd.allgather_object(compression.state_dict())
-            if hvd.rank() == 0:
-                torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                            "compression": states, "epoch": epoch}, path)
-
-        and to resume, in fresh processes, on as many ranks, after building everything as before::
-
-            checkpoint = torch.load(path, weights_only=True)
-            model.load_state_dict(checkpoint["model"])
-            optimizer.load_state_dict(checkpoint["optimizer"])
-            compression.load_state_dict(checkpoint["compression"][hvd.rank()])
-
-        (with ``torch.amp.GradScaler``, save and load ``scaler.state_dict()`` too). The resumed
-        run's parameters then equal the uninterrupted run's bit for bit, given the same data in
-        the same order, the same world size and controller, and Horovod's settings unchanged.
-        """
+        """This rank's compression state, everything a run carries between steps: the memory's and
+        compressor's per-tensor state (residuals, momenta, estimates, the step counters that fix
+        every random draw, warm starts), a schedule's position and decisions, the byte counts, the
+        :meth:`configuration` and which rank of how many saved it. Plain data, copied
+        (``torch.load(..., weights_only=True)`` reads it); call it between steps. It differs from
+        rank to rank: gather it, and have each rank load its own (docs/CHECKPOINTING.md). A run
+        resumed from it ends bit for bit as the uninterrupted run, given the same data in the same
+        order, world size, controller and Horovod settings."""
         placement = self._placement or self._expected_placement
         return {"config": self.configuration(), "placement": None if placement is None else list(placement),
                 "compressor": self.compressor.state_dict(), "memory": self.memory.state_dict(),
                 "traffic": self.traffic.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from ``state``, this rank's :meth:`state_dict` of an earlier run.
-
-        Raises ``ValueError`` naming every difference if the state was saved by another
-        configuration (compressor, schedule, memory, communicator or their arguments), before
-        changing anything; and at the first step if it was saved by another rank, or on another
-        number of ranks."""
+        """Continue from ``state``, this rank's :meth:`state_dict` of an earlier run. ``ValueError``
+        naming every difference, before changing anything, if another configuration saved it, and
+        at the first step if another rank or number of ranks did."""
         saved = saved_configuration(state, "Grace.load_state_dict")
         refuse_other_configuration("Grace.load_state_dict", saved, self.configuration())
         placement = state["placement"]

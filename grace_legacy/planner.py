@@ -1,12 +1,7 @@
-"""What a compression set-up will send, before training: per phase and size group, the tensors,
-their elements, the parameter value and the bytes per step against a dense allreduce, and the volume
-over the whole run.
-
-The bytes are :func:`grace_legacy.runtime.cost.bytes_sent`, the formula the bundle's own dense
-fallback and budget matching use, computed from the same payload description and wire layout
-that sending uses; so the planned volume is what ``compression.stats["volume"]`` reports after a
-run (every tensor sent once per step, phases weighted by their share of the run).
-"""
+"""What a compression set-up will send, before training: per phase and size group, the tensors, their
+elements, the parameter value and the bytes per step against dense, and the volume over the run. The
+bytes are :func:`grace_legacy.runtime.cost.bytes_sent`'s, exact, so the planned volume is what
+``compression.stats["volume"]`` reports after the run (every tensor sent once per step)."""
 
 from __future__ import annotations
 

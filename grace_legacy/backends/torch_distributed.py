@@ -1,25 +1,9 @@
 """Collectives through ``torch.distributed`` (Gloo, NCCL or MPI: whatever the process group runs).
 
-``torch.distributed`` matches collectives across ranks by the order in which each rank issues
-them, not by name as Horovod does. So every rank must call this backend's ``*_async`` methods,
-and :meth:`TorchDistributedBackend.wait`, in the same order; names only label errors. The DDP hook
-(:mod:`grace_legacy.ddp`) keeps that order by issuing everything from one thread in an order fixed
-by the bucket and parameter order.
-
-An allgather takes rows of different counts from different ranks, as Horovod's does (Threshold's
-payloads, empty ones). ``torch.distributed`` gathers equal sizes only, so the ranks first gather
-their row counts (launched at once, a few bytes); the rows then travel either *padded* to the
-longest rank's count in one allgather and cut back on arrival, or *exactly*, each rank
-broadcasting its own rows (one collective per rank, but no padding). The side-by-side benchmark
-(``benchmarks/performance/variable_gather.py``, results in ``benchmarks/results/variable_gather.md``)
-measured them equal where the counts are equal (Top-k, DGC) and the exact broadcasts faster where
-padding would add half the bytes or more (Threshold's spreads, empty payloads): so by default
-(``variable_gather="auto"``) every rank, knowing all counts, picks the padded gather unless padding
-adds at least :data:`PADDING_LIMIT` of the bytes. The rows can only
-leave once the counts are known: they are launched at the next allgather, or when anything is
-waited for, whichever comes first. Both happen at the same point of every rank's sequence of
-calls, so the order stays shared; and in a DDP step the next allgather is the next bucket's, by
-when the counts have usually arrived, so the rows still overlap the backward pass.
+Every rank must call the ``*_async`` methods and :meth:`TorchDistributedBackend.wait` in the same
+order (collectives match by issue order; names only label errors). An allgather takes rows of
+different counts from different ranks, as Horovod's does (``variable_gather``:
+docs/DESIGN.md#variable-gather).
 """
 
 from __future__ import annotations
@@ -30,7 +14,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-#: How the rows of an allgather of rows of different counts travel (see the module docstring).
+#: How the rows of an allgather of rows of different counts travel: padded to the longest count,
+#: exactly (each rank broadcasting its own), or ``auto``, padded unless that moves PADDING_LIMIT
+#: times the bytes or more.
 VARIABLE_GATHERS = ("auto", "padded", "exact")
 
 #: ``"auto"`` broadcasts exactly when a padded gather would move this many times the bytes or more.
@@ -120,14 +106,10 @@ class _Gather:
 
 
 class TorchDistributedBackend:
-    """Asynchronous ``torch.distributed`` collectives on one process group (the default group when
-    ``process_group`` is ``None``).
-
-    Tensors may live on any device the group serves; a CPU tensor given to an NCCL-only group
-    travels through the current CUDA device and comes back to the CPU. Inputs are never changed:
-    the collectives run in place on a copy. An average is the sum divided by the group's size on
-    arrival (Gloo has no average), as Horovod does it.
-    """
+    """Asynchronous ``torch.distributed`` collectives on one process group (default: the world).
+    Inputs are never changed (the collectives run on a copy); a CPU tensor given to an NCCL-only
+    group travels through the current CUDA device and comes back; an average is the sum divided by
+    the group's size on arrival, as Horovod does it."""
 
     def __init__(self, process_group: Any = None, *, variable_gather: str = "auto") -> None:
         if not dist.is_available() or not dist.is_initialized():

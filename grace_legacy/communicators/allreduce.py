@@ -6,10 +6,8 @@ from grace_legacy.communicators.exchange import ExchangeCommunicator
 
 
 class Allreduce(ExchangeCommunicator):
-    """Sums (or averages) each payload part over ranks, then decompresses once:
-    ``D(mean_r p_r)``, which equals ``mean_r D(p_r)`` for an additive compressor. Multi-round
-    compressors (PowerSGD) get one allreduce per round. A flight of one tensor (see
-    :mod:`grace_legacy.communicators.exchange`)."""
+    """Sums (or averages) each payload part over ranks, then decodes once: ``D(mean_r p_r)``, which is
+    ``mean_r D(p_r)`` for an additive compressor; one allreduce per round (PowerSGD)."""
 
     carries_non_additive = False
     route = "allreduce"

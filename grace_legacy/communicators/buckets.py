@@ -1,10 +1,7 @@
 """Fused buckets: many tensors' payloads exchanged by one flight (:mod:`~grace_legacy.communicators.exchange`)
-instead of one each.
-
-A :class:`BucketPlan` groups tensors into buckets that fly together. Bucket membership is fixed
-from the parameter order, never from the order in which gradients happen to arrive, so every rank
-packs the same parcels in the same order; a bucket takes off as soon as its last parcel is
-started, so its communication overlaps the rest of the backward pass."""
+instead of one each. Membership is fixed from the parameter order, so every rank packs the same
+parcels in the same order; a bucket takes off as soon as its last parcel is started
+(docs/DESIGN.md#fused-buckets)."""
 
 from __future__ import annotations
 
@@ -18,11 +15,7 @@ from grace_legacy.runtime.buffers import BufferPool
 #: Horovod's own default fusion threshold, used when the environment sets none.
 _HOROVOD_FUSION_DEFAULT = 64 * 1024 * 1024
 
-#: The largest default bucket. A bucket's aggregate is a buffer of its dense size, made afresh in
-#: any step where the caller still holds the last one (:mod:`grace_legacy.runtime.buffers`), and glibc
-#: maps any buffer above its largest mmap threshold (32 MiB) anew, faulting in every page; buckets
-#: of 16 MiB mostly reuse heap pages instead (measured by the bandwidth benchmark,
-#: ``benchmarks/results/performance.md``).
+#: The largest default bucket, below glibc's 32 MiB mmap ceiling (docs/DESIGN.md#bucket-cap).
 BUCKET_BYTES_CAP = 16 * 1024 * 1024
 
 
@@ -42,13 +35,8 @@ def default_bucket_bytes() -> int:
 
 
 class BucketPlan:
-    """Which tensors fly together: consecutive tensors, in the given order, filled up to
-    ``bucket_bytes`` of *dense* size (a tensor larger than that flies alone).
-
-    Give the tensors in the order their gradients are expected (reverse registration order is
-    a good guess for a backward pass); any order works, but a bucket only takes off when all its
-    parcels have arrived.
-    """
+    """Which tensors fly together: consecutive tensors, in the given order (best: the order their
+    gradients are expected), filled up to ``bucket_bytes`` of *dense* size; a larger one flies alone."""
 
     def __init__(self, sizes: Sequence[tuple[str, int]], bucket_bytes: int) -> None:
         if bucket_bytes < 0:

@@ -1,19 +1,8 @@
-"""Exchanging many tensors' payloads with one collective per kind, instead of one per tensor.
-
-A *flight* carries a list of parcels (a tensor's payload, context and compressor) through:
-
-* one allgather of every gathered parcel's packed buffer, back to back (:mod:`grace_legacy.runtime.wire`:
-  each packed buffer is aligned and self-delimiting, so the concatenation needs no framing and
-  costs exactly the bytes of the parcels sent one by one); a bucket of Top-k/DGC payloads goes
-  *by part* instead (every parcel's values, then every parcel's indices) wherever that costs the
-  same bytes, so it packs with two ``torch.cat`` and unpacks as two views, and all its parcels
-  aggregate with one scatter-add;
-* one allreduce per dtype of every additive parcel's parts, flattened and concatenated, and, for
-  multi-round compressors (PowerSGD), one more such allreduce per further round.
-
-The per-tensor communicators (:class:`~grace_legacy.communicators.Allreduce`,
-:class:`~grace_legacy.communicators.Allgather`) are flights of one parcel; a fused bucket
-(:mod:`grace_legacy.communicators.buckets`) is a flight of many."""
+"""A *flight*: many tensors' payloads (parcels) exchanged with one collective per kind: one allgather
+of every gathered parcel's packed buffer back to back (exactly the bytes of the parcels sent one by
+one; by part for Top-k/DGC buckets, aggregated by one scatter-add), and one allreduce per dtype of
+the additive parcels' parts per round. ``Allreduce`` and ``Allgather`` are flights of one parcel, a
+fused bucket a flight of many (docs/DESIGN.md#fused-buckets)."""
 
 from __future__ import annotations
 
@@ -111,10 +100,9 @@ class BucketExchange:
 
     @staticmethod
     def _by_part(gathered: Sequence[Parcel]) -> wire.Columns | None:
-        """The by-part layout (:func:`grace_legacy.runtime.wire.pack_columns`) when every parcel is a
-        header-less ``[values, flat indices]`` scatter-add (Top-k, DGC), so that the whole bucket
-        unpacks as two views and aggregates with one scatter-add, and the bytes on the wire
-        stay those of the parcels packed one by one (``Pending.bytes_sent``); else ``None``."""
+        """The by-part layout (:func:`~grace_legacy.runtime.wire.pack_columns`) when every parcel is a
+        header-less ``[values, flat indices]`` scatter-add (Top-k, DGC) and it costs the bytes of the
+        parcels packed one by one; else ``None``."""
         if not all(m.compressor.uniform_payload and len(m.payload) == 2
                    and m.compressor.scatter_context(m.ctx) is not None for m in gathered):
             return None
@@ -126,8 +114,7 @@ class BucketExchange:
         return columns
 
     def _name(self, round_index: int) -> str:
-        # The i-th collective of a round: the same name whichever kind it is, so ranks that
-        # disagree on a tensor's route meet Horovod's mismatch error instead of waiting forever.
+        # The i-th collective of a round, whatever its kind (docs/DESIGN.md#collective-names).
         name = f"{self.label}.r{round_index}.{self._collectives}"
         self._collectives += 1
         return name
@@ -216,9 +203,8 @@ class BucketExchange:
             received = wire.unpack_gathered_many(gathered, layout, self.backend.size(), self.label)
             return {m.name: m.compressor.aggregate(payloads, m.ctx, self.average)
                     for m, payloads in zip(parcels, received, strict=True)}
-        # Every rank sent the local layout: each part is one view over all ranks, and the parcels
-        # whose aggregate is a scatter-add are aggregated together: one zero buffer and one
-        # scatter-add for them instead of one each per parcel.
+        # Every rank sent the local layout: each part is one view over all ranks, and the
+        # scatter-add parcels share one zero buffer and one scatter-add.
         results: dict[str, torch.Tensor] = {}
         scattered: list[tuple[str, tuple]] = []
         for parcel, parts in zip(parcels, wire.unpack_stacked(gathered, layout, self.backend.size(), self.label),
@@ -234,9 +220,7 @@ class BucketExchange:
 
 
 class ExchangeCommunicator(Communicator):
-    """A communicator that sends each tensor as a flight of its own: gathered, or reduced by part
-    (:attr:`carries_non_additive`). :class:`~grace_legacy.communicators.Allreduce` and
-    :class:`~grace_legacy.communicators.Allgather` are its two settings."""
+    """Sends each tensor as a flight of its own, gathered or reduced (:attr:`carries_non_additive`)."""
 
     fusable = True
 

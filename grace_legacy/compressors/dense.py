@@ -12,8 +12,7 @@ from grace_legacy.runtime.validation import check_gradient
 
 
 class NoCompression(Compressor):
-    """Sends the gradient as it is. Its payload is additive, so it goes through a plain allreduce:
-    this is also the route any compressor takes for a tensor it leaves uncompressed."""
+    """Sends the gradient as it is, through a plain allreduce (the route of every uncompressed tensor)."""
 
     additive = True
     lossless = True
@@ -30,21 +29,15 @@ class NoCompression(Compressor):
 
 
 class FP16(Compressor):
-    """Casts to IEEE half precision for the wire and back to the gradient's dtype on arrival.
-
-    2 bytes per element. Values beyond fp16's range (|x| > 65504) become inf, as with Horovod's
-    own ``Compression.fp16``; the payload is additive and is averaged by an allreduce in fp16.
-    Works for fp32, fp64, fp16 and bf16 gradients.
-    """
+    """Casts to IEEE half precision for the wire (2 bytes per element, averaged by an allreduce in
+    fp16) and back to the gradient's dtype (fp32, fp64, fp16 or bf16). Values beyond fp16's range
+    (|x| > 65504) become inf, as with Horovod's ``Compression.fp16``."""
 
     additive = True
 
     def __init__(self) -> None:
         super().__init__()
-        # Outputs above glibc's largest mmap threshold, one per size, used again once the caller
-        # has let go of them (grace_legacy.runtime.buffers): each fresh one is a new mapping whose
-        # pages fault at every step. Smaller ones come warm from the heap, and a kept one, cold,
-        # would cost more than it saves.
+        # Outputs above glibc's mmap ceiling are kept per size (docs/DESIGN.md#kept-buffers).
         self._outputs = BufferPool(min_bytes=MMAP_CEILING)
 
     def compress(self, tensor: torch.Tensor, name: str) -> tuple[Payload, Any]:

@@ -20,11 +20,8 @@ DENSITY = ScheduledParameter("ratio", low=0.0, high=1.0, low_inclusive=False, hi
 
 @functools.lru_cache(maxsize=65536)
 def kept_count(ratio: float, numel: int) -> int:
-    """``k = max(1, floor(ratio * numel))``, with ``ratio`` read as the decimal the user wrote.
-
-    ``0.29 * 100`` is ``28.999999999999996`` in binary floating point; reading ``repr(0.29)`` as
-    the exact fraction 29/100 gives the 29 the user meant.
-    """
+    """``k = max(1, floor(ratio * numel))``, with ``ratio`` read as the decimal the user wrote
+    (``0.29 * 100`` is 29, not the float product's 28.999...)."""
     return max(1, math.floor(Fraction(repr(float(ratio))) * numel))
 
 
@@ -36,9 +33,7 @@ class EntrySparsifier(Compressor):
 
     def __init__(self) -> None:
         super().__init__()
-        # The large dense outputs of decompress and aggregate, one per size, used again once the
-        # caller has let go of them (see grace_legacy.runtime.buffers): fresh ones would fault in
-        # their pages wherever glibc maps them anew.
+        # Large dense outputs are kept per size (docs/DESIGN.md#kept-buffers).
         self._outputs = BufferPool(min_bytes=LARGE)
 
     def _zeros(self, purpose: str, ctx: SparseContext) -> torch.Tensor:

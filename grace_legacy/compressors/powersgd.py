@@ -22,8 +22,8 @@ def matrix_shape(shape: torch.Size) -> tuple[int, int]:
 
 
 def orthonormal_columns(p: torch.Tensor) -> torch.Tensor:
-    """An orthonormal basis of ``p``'s column space (reduced QR). Every rank holds the same
-    reduced ``p`` and runs the same deterministic routine, so every rank gets the same basis."""
+    """An orthonormal basis of ``p``'s column space (reduced QR): the same on every rank, which holds
+    the same reduced ``p``."""
     return torch.linalg.qr(p, mode="reduced").Q
 
 
@@ -37,30 +37,19 @@ class PowerContext:
 
 
 class PowerSGD(Compressor):
-    """Rank-``r`` PowerSGD (Vogels, Karimireddy and Jaggi, 2019).
-
-    A gradient viewed as an ``n x m`` matrix ``M_w`` on worker ``w`` is approximated with one step
-    of subspace iteration from the previous step's ``Q`` (``m x r``):
+    """Rank-``r`` PowerSGD (Vogels, Karimireddy and Jaggi, 2019). A gradient viewed as an ``n x m``
+    matrix ``M_w`` on worker ``w`` is approximated by one step of subspace iteration from the
+    previous step's ``Q`` (``m x r``):
 
         P   = sum_w M_w Q               allreduce 1: n*r values
         P^  = orthonormal_columns(P)
         Q_w = M_w^T P^                  allreduce 2: m*r values
-        M'  = P^ (sum_w Q_w)^T          the aggregated gradient (divided by the world size for
-                                        op=Average; P^ does not depend on that scale)
+        M'  = P^ (sum_w Q_w)^T          the aggregate (divided by the world size for op=Average)
 
-    ``sum_w Q_w`` is kept to start the next step (warm start), so the power iteration keeps
-    converging across steps. Error feedback (``PowerSGDMemory``) keeps ``M_w - P^ Q_w^T``, this
-    worker's share of what the approximation missed.
-
-    The first ``Q`` of a tensor is drawn from ``N(0, 1)`` by a generator seeded with
-    ``derived_seed(seed, name, 0)`` and no rank, so every rank starts from the same ``Q``; a
-    change of rank (a LEGACY schedule) draws a new one from ``derived_seed(seed, name, step)``.
-
-    Sent dense instead: tensors of fewer than 2 dimensions, and matrices for which rank-``r``
-    factors are not smaller than the matrix, ``(n + m) * r >= n * m``. Works for fp32 and fp64;
-    fp16/bf16 gradients are factored and sent in fp32 (QR needs it) and returned in their dtype.
-    Bytes: ``(n + m) * r`` elements per matrix per step, in two allreduces.
-    """
+    ``sum_w Q_w`` warm-starts the next step. The first ``Q`` is drawn from ``N(0, 1)`` keyed by
+    ``(seed, name, step)`` without the rank, so every rank starts alike (again at a change of rank).
+    Sent dense: tensors of fewer than 2 dimensions and matrices with ``(n + m) * r >= n * m``.
+    fp16/bf16 gradients are factored and sent in fp32 (QR needs it) and returned in their dtype."""
 
     parameter = RANK
     additive = True

@@ -1,5 +1,4 @@
-"""signSGD and Signum: every rank sends packed signs, and the ranks take a majority vote
-(conventions in :mod:`grace_legacy.compressors.signs`)."""
+"""signSGD and Signum: packed signs and a majority vote (see :mod:`~grace_legacy.compressors.signs`)."""
 
 from __future__ import annotations
 
@@ -41,8 +40,7 @@ class _MajorityVote(Compressor):
         return choose(payload[0], ctx, one, -one)
 
     def aggregate(self, payloads: Sequence[Payload], ctx: SignContext, average: bool) -> torch.Tensor:
-        """The majority vote (:func:`majority_vote`), whatever ``average`` says: a vote is not a
-        sum, so there is nothing to divide (``op=hvd.Sum`` gets the same +-1/0 tensor)."""
+        """The majority vote (:func:`majority_vote`) whatever ``average`` says: a vote is not a sum."""
         return majority_vote(payloads, ctx)
 
     def payload_spec(self, numel: int, dtype: torch.dtype) -> list[tuple[int, torch.dtype]]:
@@ -50,12 +48,9 @@ class _MajorityVote(Compressor):
 
 
 class SignSGD(_MajorityVote):
-    """signSGD with majority vote (Bernstein et al., 2018).
-
-    Each rank sends ``s = sign(g)`` (``+1`` where ``g >= 0``, see the module docstring), packed:
-    ``[bits]``, ``ceil(n / 8)`` ``uint8`` bytes, i.e. 1/8 byte per element. The synchronized
-    gradient is the vote ``sign(sum_r s_r)``, in {-1, 0, +1}, 0 on ties. No parameter, no memory.
-    """
+    """signSGD with majority vote (Bernstein et al., 2018): each rank sends ``s = sign(g)`` (+1 where
+    ``g >= 0``) as ``ceil(n / 8)`` bytes; the synchronized gradient is ``sign(sum_r s_r)``, 0 on ties.
+    No parameter, no memory."""
 
     def compress(self, tensor: torch.Tensor, name: str) -> tuple[Payload, Any]:
         ctx = sign_context(tensor, "SignSGD")
@@ -63,17 +58,13 @@ class SignSGD(_MajorityVote):
 
 
 class Signum(_MajorityVote):
-    """signSGD with momentum (Signum; Bernstein et al., 2018), aggregated by majority vote.
-
-    Per tensor, with ``m_0 = 0`` and ``beta = momentum`` in ``[0, 1)``:
+    """signSGD with momentum (Signum; Bernstein et al., 2018), aggregated by majority vote. Per
+    tensor and call to :meth:`compress`, with ``m_0 = 0`` and ``beta = momentum`` in ``[0, 1)``:
 
         m_t = beta * m_{t-1} + (1 - beta) * g_t,    sends sign(m_t)
 
-    so ``momentum=0`` is :class:`SignSGD`. The momentum is kept here (fp32 for half-precision
-    gradients, else the gradient's dtype), before compression, on each rank for its own gradient,
-    and is saved by :meth:`state_dict`. Payload and aggregation as :class:`SignSGD`: ``ceil(n / 8)``
-    bytes, the vote ``sign(sum_r sign(m_r))``, 0 on ties. Each call to :meth:`compress` is one step.
-    """
+    (``momentum=0`` is :class:`SignSGD`). Each rank keeps its own ``m`` (fp32 for half-precision
+    gradients), saved by :meth:`state_dict`. Payload and vote as :class:`SignSGD`."""
 
     def __init__(self, momentum: float = 0.9) -> None:
         super().__init__()

@@ -9,7 +9,8 @@ import torch
 
 
 class Backend(Protocol):
-    """What a communicator needs from a collective library (Horovod, later others)."""
+    """What a communicator needs from a collective library: asynchronous collectives over one group
+    of ranks, matched across ranks by name (Horovod) or by issue order (torch.distributed)."""
 
     def rank(self) -> int: ...
     def size(self) -> int: ...
@@ -20,12 +21,9 @@ class Backend(Protocol):
 
 
 class Pending:
-    """A gradient on its way: ``pending()`` waits for the collectives and returns the result.
-
-    ``bytes_sent`` is the size of what this rank handed to the backend. ``finite`` is set by a
-    communicator that has seen, once the result arrived, that it holds no inf or NaN, so that
-    nobody needs to look again.
-    """
+    """A gradient on its way: ``pending()`` waits for the collectives and returns the result (later
+    calls return the same tensor). ``bytes_sent``: what this rank handed to the backend; ``finite``:
+    set by a communicator that has seen the result hold no inf or NaN, so nobody looks again."""
 
     __slots__ = ("bytes_sent", "finite", "_finish", "_result")
 

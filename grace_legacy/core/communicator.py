@@ -25,11 +25,8 @@ class Communicator(ABC):
     @abstractmethod
     def start(self, payload: Payload, ctx: Any, name: str, compressor: Compressor, backend: Backend,
               average: bool, on_final_payload: Callable[[Payload, Any], None] | None = None) -> Pending:
-        """Launch the collectives for one tensor without waiting for them.
-
-        ``on_final_payload(payload, ctx)`` is called with the last round's *local* payload once it
-        exists (at once for single-round compressors): error feedback learns from it.
-        """
+        """Launch the collectives for one tensor without waiting for them. ``on_final_payload(payload,
+        ctx)`` is called with the last round's *local* payload once it exists (at once for one round)."""
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"

@@ -19,8 +19,7 @@ Payload = list[torch.Tensor]
 
 
 class Ledger(Protocol):
-    """Where the bundle that runs a compressor records its traffic
-    (:class:`grace_legacy.runtime.traffic.TrafficStats`)."""
+    """Where the bundle running a compressor records its traffic (a ``TrafficStats``)."""
 
     def as_dict(self) -> dict[str, Any]: ...
 
@@ -71,50 +70,27 @@ class _EarlierNames:
 
 
 class Compressor(_EarlierNames, Stateful, ABC):
-    """Turns a gradient into a small payload and back.
+    """Turns a gradient into a payload (a list of tensors, the only thing sent) and back. Subclasses
+    implement :meth:`compress`, :meth:`decompress` and :meth:`payload_spec` and describe their payload
+    by the class attributes below (the contract: docs/IMPLEMENTING.md). Randomness comes only from
+    :meth:`generator` or :meth:`step_seed`, keyed by ``(seed, rank, name, step)``: reproducible."""
 
-    Subclasses implement :meth:`compress`, :meth:`decompress` and :meth:`payload_spec`, and set
-    the class attributes that describe their payload:
-
-    ``additive``: payloads of all ranks may be summed element-wise by an allreduce *before*
-    decompressing (``D(sum_r p_r) == sum_r D(p_r)``, the context identical on every rank);
-    otherwise they are gathered.
-
-    ``uniform_payload``: every rank's payload has the same shapes for the same tensor and step,
-    so a gather needs no per-rank size header.
-
-    ``lossless``: ``D(C(x)) == x`` exactly, so error feedback has nothing to keep.
-
-    ``sends_entries``: a sparsifier whose payload values are the input's own entries at
-    :meth:`support`, unscaled, so ``x - D(C(x))`` is ``x`` with those entries set to zero.
-
-    ``delivers_nonfinite``: an inf or NaN given to :meth:`compress` is always among what is sent
-    and makes the aggregate non-finite there on every rank (Top-k: NaN and infinity are the
-    largest magnitudes); the bundle then needs no flag exchange to see one.
-
-    ``aggregates_by_mean``: :meth:`aggregate` is the sum (or mean) of the decompressed payloads,
-    so sending the tensor dense is its exact limit (false for majority votes).
-
-    ``rounds``: allreduces an additive payload needs; after round ``r``'s sum arrives,
-    :meth:`next_round` makes round ``r + 1``'s local payload (PowerSGD: P, then Q).
-
-    ``parameter``: the one :class:`~grace_legacy.core.parameter.ScheduledParameter` a schedule
-    may set (Top-k's density, QSGD's levels), ``None`` for compressors without one. Set its
-    value with ``self._set_value(value)`` in ``__init__``; ``None`` means "set later by a
-    schedule".
-
-    Randomness comes from :meth:`generator` (seeded from ``(seed, rank, name, step)``) or from
-    counter-based draws of the same key, never from the global RNG, so a run is reproducible and
-    a test can replay any rank's draws.
-    """
-
+    #: the one parameter a schedule may set (Top-k's density), or None; ``self._set_value`` sets it
     parameter: ClassVar[ScheduledParameter | None] = None
+    #: ``D(sum_r p_r) == sum_r D(p_r)``, ctx alike on every rank: payloads are summed, not gathered
     additive: ClassVar[bool] = False
+    #: every rank's payload has the same shapes for a tensor and step (a gather needs no header)
     uniform_payload: ClassVar[bool] = True
+    #: ``D(C(x)) == x`` exactly: error feedback keeps nothing
     lossless: ClassVar[bool] = False
+    #: the payload carries the input's own entries at :meth:`support`, unscaled (``x - D(C(x))`` is
+    #: ``x`` with them zeroed)
     sends_entries: ClassVar[bool] = False
+    #: an inf or NaN given to compress is always sent, so every rank's aggregate shows it
     delivers_nonfinite: ClassVar[bool] = False
+    #: aggregate is the sum (mean) of the decoded payloads, so sending dense is its exact limit
     aggregates_by_mean: ClassVar[bool] = True
+    #: allreduces of an additive payload; :meth:`next_round` makes each next one (PowerSGD: P, Q)
     rounds: ClassVar[int] = 1
 
     #: set by the bundle that runs this compressor: what :attr:`stats` reports
@@ -136,8 +112,8 @@ class Compressor(_EarlierNames, Stateful, ABC):
         """Decode one payload into a tensor of the original shape and dtype."""
 
     def aggregate(self, payloads: Sequence[Payload], ctx: Any, average: bool) -> torch.Tensor:
-        """Combine every rank's payload: ``sum_r D(p_r)``, divided by the number of ranks when
-        ``average``. Compressors override this for a faster exact sum or another rule (vote)."""
+        """``sum_r D(p_r)``, divided by the number of ranks when ``average``; override for a faster
+        exact sum or another rule (a vote)."""
         total = self.decompress(payloads[0], ctx).clone()
         for payload in payloads[1:]:
             total += self.decompress(payload, ctx)
@@ -165,10 +141,9 @@ class Compressor(_EarlierNames, Stateful, ABC):
         return type(self).support is not Compressor.support
 
     def scatter_context(self, ctx: Any) -> Any | None:
-        """For compressors whose :meth:`aggregate` is exactly a scatter-add, rank by rank, of
-        payload part 0 (values) at part 1 (flat indices) into zeros: the
-        :class:`~grace_legacy.compressors.sparse.SparseContext` of the result, so that a bucket
-        aggregates all such members with one scatter-add. ``None``: aggregate on its own."""
+        """The ``SparseContext`` of the result where :meth:`aggregate` is exactly a rank-by-rank
+        scatter-add of part 0 (values) at part 1 (flat indices) into zeros, so a bucket may sum all
+        such members at once; ``None`` otherwise."""
         return None
 
     # -- multi-round compressors ------------------------------------------------------------
@@ -206,9 +181,8 @@ class Compressor(_EarlierNames, Stateful, ABC):
                 f"{type(self).__name__}({self.parameter.name}=...), or wrap it in Legacy(...) which sets it")
 
     def compressor_for(self, tensor: torch.Tensor, name: str) -> Compressor | None:
-        """The compressor that encodes ``tensor`` now, or ``None`` when it is sent uncompressed
-        (a dense value of the parameter). Depends only on what every rank shares (shape, name,
-        training progress), so all ranks take the same route for the same tensor."""
+        """The compressor that encodes ``tensor`` now, or ``None`` to send it uncompressed; decided
+        only from what every rank shares (shape, name, progress), so all ranks take one route."""
         self.check_ready()
         if self.parameter is not None and self.parameter.is_dense(self._value):
             return None
@@ -257,10 +231,8 @@ class Compressor(_EarlierNames, Stateful, ABC):
         return self.ledger.as_dict() if self.ledger is not None else {}
 
     def state_dict(self) -> dict[str, Any]:
-        """The :meth:`configuration` and the per-tensor step counters, which with the seed and the
-        rank *are* the state of every random generator (:meth:`generator`). Subclasses add what
-        else they keep (PowerSGD's warm start, Signum's momentum, a schedule's progress); tensors
-        are copies."""
+        """The :meth:`configuration` and the per-tensor step counters (with the seed and rank, the
+        state of every generator); subclasses add what else they keep, as copies."""
         return {**super().state_dict(), "steps": dict(self._steps)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -270,10 +242,8 @@ class Compressor(_EarlierNames, Stateful, ABC):
         self._steps.update(state["steps"])
 
     def rejoin_state(self, shared: dict[str, Any], own: dict[str, Any]) -> dict[str, Any]:
-        """The state to continue from after the world changed (elastic training), given
-        ``shared``, the :meth:`state_dict` of the rank every rank follows (rank 0), and ``own``,
-        this rank's: what every rank must agree on (the step counters behind every generator)
-        comes from ``shared``; subclasses keep what is per rank (Signum's momentum) from ``own``."""
+        """The state to continue from after the world changed: ``shared`` (rank 0's), except what
+        is per rank (Signum's momentum), which subclasses keep from ``own`` (docs/DESIGN.md#elastic-state)."""
         return dict(shared)
 
     def __repr__(self) -> str:

@@ -1,5 +1,4 @@
-"""The memory interface (state a rank carries between steps, such as error feedback), and the
-memory that keeps nothing."""
+"""The memory interface (per-tensor state carried between steps: error feedback and its relatives)."""
 
 from __future__ import annotations
 
@@ -13,8 +12,7 @@ from grace_legacy.core.state import Stateful
 
 
 class Encoder(Protocol):
-    """What a memory may ask of the compressor that encoded a payload (a
-    :class:`~grace_legacy.core.compressor.Compressor` is one)."""
+    """What a memory may ask of the compressor that encoded a payload (a ``Compressor`` is one)."""
 
     lossless: bool
     sends_entries: bool
@@ -28,20 +26,13 @@ _RENAMED = {"rollback": "undo", "commit": "end_step", "forget": "reset"}
 
 
 class Memory(Stateful, ABC):
-    """Per-tensor state carried between steps (error feedback and its relatives).
+    """Per-tensor state carried between steps, in dicts keyed by tensor name that are also its
+    ``state_dict`` entries (the contract: docs/IMPLEMENTING.md)."""
 
-    ``keeps_nonfinite``: an inf or NaN in the tensor given to :meth:`compensate` is still one in
-    what it returns, so the bundle need only look at the compensated gradient to flag a step.
-
-    ``survives_world_change``: this rank's state stays meaningful when ranks leave or join
-    (elastic training): true for state that is this rank's own (error feedback's residual), false
-    for a function of the whole world (EF21's estimate of the mean), which every rank then
-    :meth:`reset` s on a change.
-
-    Per-tensor state lives in dicts keyed by tensor name, as ``state_dict`` entries.
-    """
-
+    #: an inf or NaN in what :meth:`compensate` is given is still one in what it returns
     keeps_nonfinite: ClassVar[bool] = False
+    #: the state stays meaningful when ranks leave or join (a residual: yes; EF21's mean: no, it is
+    #: :meth:`reset` on every rank); see docs/DESIGN.md#elastic-state
     survives_world_change: ClassVar[bool] = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -57,9 +48,8 @@ class Memory(Stateful, ABC):
         """Return what should be compressed this step, e.g. ``g + e``."""
 
     def compensate_into(self, tensor: torch.Tensor, name: str) -> torch.Tensor:
-        """:meth:`compensate` for a ``tensor`` whose contents the caller will not read again
-        (Horovod's optimizer overwrites ``p.grad`` with the result): a memory may build its
-        result in ``tensor``'s storage instead of a new one. The default is :meth:`compensate`."""
+        """:meth:`compensate` for a ``tensor`` the caller will not read again (Horovod's optimizer
+        overwrites ``p.grad``): the result may be built in its storage. Default: :meth:`compensate`."""
         return self.compensate(tensor, name)
 
     @abstractmethod
@@ -71,8 +61,8 @@ class Memory(Stateful, ABC):
         """Raise ``ValueError`` if this memory cannot work with ``compressor``."""
 
     def aggregated(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
-        """The gradient to apply, given the aggregate of what all ranks sent. The identity for
-        error feedback; EF21 adds the aggregate to its running estimate of the gradient."""
+        """The gradient to apply, given the aggregate of what all ranks sent (EF21 adds it to its
+        estimate); the identity by default."""
         return tensor
 
     def undo(self, name: str) -> None:

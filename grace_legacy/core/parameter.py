@@ -12,12 +12,9 @@ import torch
 
 @dataclass(frozen=True)
 class ScheduledParameter:
-    """The one parameter of a compressor that LEGACY schedules.
-
-    ``low``/``high`` bound the accepted range (``None`` = unbounded), ``integer`` asks for whole
-    numbers, and ``dense`` is the value that means "send this tensor uncompressed" (``None``
-    always means that too).
-    """
+    """The one parameter of a compressor that a schedule sets: accepted range ``low``/``high``
+    (``None``: unbounded), whole numbers if ``integer``, and ``dense``, the value that means "send
+    uncompressed" (``None`` always does)."""
 
     name: str
     low: float | None = None

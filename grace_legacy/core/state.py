@@ -29,12 +29,8 @@ def _first_difference(saved: str, now: str) -> str:
 
 
 def refuse_other_configuration(owner: str, saved: Mapping[str, Any], now: Mapping[str, Any]) -> None:
-    """Raise ``ValueError`` naming every entry of a saved configuration that differs from ``now``.
-
-    A state is only meaningful for the set-up that produced it: a residual kept for Top-k at
-    density 0.01, or a step counter of QSGD with seed 7, loaded into another set-up would resume
-    a run that never happened, silently.
-    """
+    """Raise ``ValueError`` naming every entry of a saved configuration that differs from ``now``
+    (why: docs/CHECKPOINTING.md#what-is-refused)."""
     lines = []
     for key in sorted(set(saved) | set(now)):
         before, after = saved.get(key, "<missing>"), now.get(key, "<missing>")
@@ -57,18 +53,13 @@ def saved_configuration(state: Any, owner: str) -> Any:
 
 
 def refuse_other_state(state: Any, owner: str, configuration: str) -> None:
-    """A ``ValueError`` unless ``state`` is a state saved under ``configuration`` (a compressor's or
-    a memory's, which is one string)."""
+    """A ``ValueError`` unless ``state`` was saved under ``configuration`` (one string)."""
     refuse_other_configuration(owner, {"config": saved_configuration(state, owner)}, {"config": configuration})
 
 class UndoLog:
-    """What per-tensor state held before this step changed it, so that a skipped step (a
-    non-finite gradient on some rank) can be undone exactly.
-
-    Call :meth:`remember` before replacing ``store[name]``. Only references are kept: state is
-    replaced out of place, never written into, and only until :meth:`clear` at the end of the
-    step, so the cost is at most one extra copy of the state while a step is in flight.
-    """
+    """What per-tensor state held before this step changed it, so that a skipped step can be undone
+    exactly. Call :meth:`remember` before replacing ``store[name]`` (state is replaced out of
+    place, never written into); references are kept until :meth:`clear` ends the step."""
 
     def __init__(self) -> None:
         self._before: dict[tuple[int, str], tuple[dict, Any]] = {}
@@ -91,22 +82,15 @@ class UndoLog:
 
 
 class Stateful:
-    """Checkpoint and elastic state, shared by compressors and memories.
-
-    Everything that carries over from step to step is plain data in :meth:`state_dict` (tensors,
-    numbers, strings, lists and dicts, so ``torch.load(..., weights_only=True)`` reads it back),
-    stamped with :meth:`configuration`, and loads only into an object configured alike.
-
-    ``undo_log``: an object whose per-tensor state a step changes owns an :class:`UndoLog` here
-    and calls ``undo_log.remember(store, name)`` before replacing ``store[name]``; :meth:`undo`
-    then puts one tensor's state back when the step is skipped, and :meth:`end_step` keeps it.
-    """
+    """Checkpoint and undo, shared by compressors and memories: everything carried between steps is
+    plain data in :meth:`state_dict` (``torch.load(..., weights_only=True)`` reads it), stamped with
+    :meth:`configuration` and loaded only into an object configured alike. An object whose state a
+    step changes keeps an :class:`UndoLog` in ``undo_log`` (docs/DESIGN.md#skipped-steps)."""
 
     undo_log: UndoLog | None = None
 
     def undo(self, name: str) -> None:
-        """Undo this step's change to ``name``'s state: the step will be skipped (some rank's
-        gradient was not finite) and must leave no trace."""
+        """Undo this step's change to ``name``'s state: the step is skipped and leaves no trace."""
         if self.undo_log is not None:
             self.undo_log.undo(name)
 
@@ -120,13 +104,13 @@ class Stateful:
         return repr(self)
 
     def state_dict(self) -> dict[str, Any]:
-        """What carries over from step to step (copies), with the :meth:`configuration` it belongs
-        to. Subclasses add their entries to ``super().state_dict()``."""
+        """What carries over between steps (copies) and its :meth:`configuration`; subclasses add to
+        ``super().state_dict()``."""
         return {"config": self.configuration()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Check that ``state`` was saved by an object configured alike (``ValueError`` naming the
-        difference otherwise); subclasses then load their entries. Call between steps."""
+        """Refuse (``ValueError`` naming the difference) a ``state`` saved by another configuration;
+        subclasses then load their entries. Call between steps."""
         refuse_other_state(state, f"{type(self).__name__}.load_state_dict", self.configuration())
         if self.undo_log is not None:
             self.undo_log.clear()

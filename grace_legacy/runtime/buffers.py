@@ -1,23 +1,10 @@
-"""Output buffers used again across steps, but only once nothing outside grace_legacy refers to them.
+"""Output buffers used again across steps, but only once nothing outside grace_legacy refers to them
+(why: docs/DESIGN.md#kept-buffers).
 
-A fused bucket's synchronized gradients are views of one zeroed buffer of the bucket's dense size
-(:func:`grace_legacy.compressors.sparse.scatter_sum_columns`). Made afresh every step, that buffer costs
-more than the scatter-add it holds: Horovod's optimizer hands its views to the parameters'
-``.grad``, ``zero_grad()`` frees them all together, glibc gives the freed pages back to the kernel
-once its heap holds more free memory than its trim threshold, and the next step's buffer takes a
-page fault (and the kernel's zeroing) on every 4 KiB page again.
-
-The contract: a synchronized gradient is the caller's for as long as the caller keeps anything
-that refers to its memory: the tensor, a view or a ``.grad`` set to it, a numpy array or
-``memoryview`` of it, its ``UntypedStorage``. Only a buffer none of those refer to any more is
-zeroed and handed out again; otherwise a new one replaces it. torch counts every tensor (view or
-not) and every array exported from a storage in the storage's use count, and a Python
-``UntypedStorage`` object in its own reference count; both are compared with what they were when
-the buffer was made, when grace_legacy alone held it.
-
-Only CPU buffers are kept: on an accelerator, an operation queued on another stream may still read
-a buffer that Python no longer references, and the caching allocator already makes fresh buffers
-cheap there.
+The promise: a buffer handed out is the caller's for as long as the caller keeps anything that
+refers to its memory (the tensor, a view or a ``.grad`` set to it, a numpy array or ``memoryview``
+of it, its ``UntypedStorage``); only then is it zeroed and handed out again, otherwise a new one
+replaces it. Only CPU buffers are kept.
 """
 
 from __future__ import annotations
@@ -34,8 +21,7 @@ _storage_use_count = getattr(torch._C, "_storage_Use_Count", None)
 
 @functools.cache
 def _c_memset() -> Callable[[int, int, int], int] | None:
-    """The C library's ``memset`` from the process's own symbols (no library search, nothing
-    loaded), or ``None`` where there is none to be found that way."""
+    """The C library's ``memset`` from the process's own symbols (nothing loaded), or ``None``."""
     try:
         memset = ctypes.CDLL(None).memset
     except (OSError, AttributeError, TypeError):
@@ -46,10 +32,8 @@ def _c_memset() -> Callable[[int, int, int], int] | None:
 
 
 def zeroed(buffer: torch.Tensor) -> torch.Tensor:
-    """A kept (contiguous CPU) ``buffer`` set to zero, by the C library's ``memset`` where there
-    is one: on the megabytes a kept buffer holds, glibc's clears faster than torch's ``zero_``,
-    which stores vector by vector (``benchmarks/performance/throughput.py``, Top-k's decompress).
-    All-zero bits are ``+0`` in every float format."""
+    """A kept (contiguous CPU) ``buffer`` set to ``+0`` (all-zero bits in every float format), by the
+    C library's ``memset`` where there is one."""
     memset = _c_memset()
     if memset is None:
         return buffer.zero_()
@@ -58,18 +42,15 @@ def zeroed(buffer: torch.Tensor) -> torch.Tensor:
 
 
 #: Buffers at least this large are worth keeping per size: a fresh one is often a new mapping
-#: (glibc maps anything above its mmap threshold, which moves between 128 KiB and 32 MiB with what
-#: the process frees) or heap pages just handed back to the kernel, faulted in page by page.
-#: Smaller ones mostly come from the heap warm in cache, just freed; kept ones go cold (measured
-#: on ResNet-50's and a Transformer's shapes by ``benchmarks/performance/throughput.py``).
+#: (glibc's mmap threshold moves between 128 KiB and 32 MiB) or pages just returned to the kernel.
 LARGE = 4 * 1024 * 1024
 #: glibc's largest mmap threshold on 64-bit: a buffer above it is always a new mapping.
 MMAP_CEILING = 32 * 1024 * 1024
 
 
 def _references(buffer: torch.Tensor) -> tuple[int, int] | None:
-    """(Python references to ``buffer``'s storage object, tensors and exports sharing the storage),
-    or ``None`` where this torch cannot tell (then nothing is reused)."""
+    """(references to ``buffer``'s storage object, the storage's use count), or ``None`` where this
+    torch cannot tell (then nothing is reused)."""
     if _storage_use_count is None:
         return None
     storage = buffer.untyped_storage()
@@ -77,10 +58,8 @@ def _references(buffer: torch.Tensor) -> tuple[int, int] | None:
 
 
 class BufferPool:
-    """One kept CPU buffer per key (a bucket), handed out again zeroed when nobody else holds it.
-
-    ``min_bytes``: smaller buffers are always made afresh (see :data:`LARGE`).
-    """
+    """One kept CPU buffer per key, handed out again when nobody else holds it; buffers under
+    ``min_bytes`` are always made afresh."""
 
     def __init__(self, min_bytes: int = 0) -> None:
         self.min_bytes = min_bytes
@@ -89,7 +68,7 @@ class BufferPool:
 
     def zeros(self, key: Hashable, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         """A 1-D zero tensor of ``numel`` elements: the one kept under ``key`` if nothing outside
-        this recycler refers to it any more (see the module doc), else a new one, kept from now on."""
+        this pool refers to it any more, else a new one, kept from now on."""
         return self._take(key, numel, dtype, device, torch.zeros, zeroed)
 
     def empty(self, key: Hashable, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:

@@ -1,9 +1,6 @@
-"""The byte-cost model: what a rank hands to its collectives for one tensor, predicted from the
-compressor's configuration alone (budget matching, schedules, the dense fallback and the planner
-use it), and when a gather moves more than a ring allreduce of the dense tensor.
-
-The prediction is exact, not an estimate: it is computed from the same payload description
-(``Compressor.payload_spec``) and wire layout (:mod:`grace_legacy.runtime.wire`) that sending uses."""
+"""The byte-cost model: what a rank hands to its collectives for one tensor, predicted exactly from
+the compressor's configuration alone, from the same ``payload_spec`` and wire layout that sending
+uses (budget matching, the schedules, the dense fallback and the planner rely on it)."""
 
 from __future__ import annotations
 
@@ -23,13 +20,10 @@ REFERENCE_SHAPE = torch.Size([1024, 1024])
 
 
 def gather_costs_more(packed_bytes: int, dense_bytes: int, world_size: int) -> bool:
-    """Whether gathering a payload of ``packed_bytes`` from every rank moves at least as much as a
-    ring allreduce of the dense tensor.
-
-    A ring allreduce sends ``2 (P - 1) / P * dense`` bytes per rank; a gather makes every rank
-    receive ``(P - 1) * packed``. So the gather loses once ``packed >= 2 * dense / P``; for
-    ``P <= 2`` the bound is the dense size itself, so a rank never hands over more than dense.
-    """
+    """Whether gathering ``packed_bytes`` from every rank (``(P - 1) * packed`` received per rank)
+    moves at least as much as a ring allreduce of the dense tensor (``2 (P - 1) / P * dense``):
+    ``packed >= 2 * dense / P``, or ``packed >= dense`` for ``P <= 2``
+    (docs/DESIGN.md#dense-fallback)."""
     # Integers, not dense * (2 / P): a float could round across the boundary.
     if world_size > 2:
         return packed_bytes * world_size >= 2 * dense_bytes

@@ -1,11 +1,5 @@
-"""How long a rank waits for a collective before it calls the job stalled, and the error it raises.
-
-A rank that dies ends the job (its peers' collectives fail). A rank that stays alive but stops
-taking part (a stopped process, a data loader stuck on a network file system, a deadlock in user
-code) does not: every other rank would wait for it forever. With a stall timeout, a rank that has
-waited that long for one collective raises :class:`RanksStalled` instead, naming the collective
-and, where the backend can find out, the ranks it is waiting for.
-"""
+"""How long a rank waits for one collective before it raises :class:`RanksStalled`, naming the
+collective and, where the backend can tell, the ranks it waits for (docs/DESIGN.md#stall-detection)."""
 
 from __future__ import annotations
 
@@ -17,16 +11,13 @@ from collections.abc import Sequence
 #: without an explicit ``stall_timeout``.
 STALL_TIMEOUT_ENV = "GRACE_LEGACY_STALL_TIMEOUT"
 
-#: The default: torch.distributed's default process-group timeout. Long enough for work that
-#: legitimately keeps one rank away from the collectives for minutes (rank 0 writing a checkpoint or
-#: evaluating while the others already wait in the next step), short enough that a stalled job
-#: ends within the hour.
+#: The default: torch.distributed's default process-group timeout (docs/DESIGN.md#stall-detection).
 DEFAULT_STALL_TIMEOUT_S = 1800.0
 
 
 def resolve_stall_timeout(value: float | None = None) -> float:
-    """``value`` checked, or when ``None`` the :data:`STALL_TIMEOUT_ENV` variable's value, or
-    :data:`DEFAULT_STALL_TIMEOUT_S`: a finite number of seconds > 0."""
+    """``value``, else the :data:`STALL_TIMEOUT_ENV` variable, else :data:`DEFAULT_STALL_TIMEOUT_S`:
+    a finite number of seconds > 0 (``ValueError`` otherwise)."""
     source = "stall_timeout"
     if value is None:
         setting = os.environ.get(STALL_TIMEOUT_ENV)
@@ -44,14 +35,10 @@ def resolve_stall_timeout(value: float | None = None) -> float:
 
 
 class RanksStalled(RuntimeError):
-    """A collective did not complete within the stall timeout.
-
-    ``collective``: the backend's name for it; ``waited_s``: how long this rank waited;
-    ``stalled_ranks``: the ranks (of the process set) it waits for, those that showed no sign of
-    waiting in a collective themselves, or ``None`` if the backend could not find out;
-    ``detail``: what the backend found out about each rank; ``tensors``: the gradients the
-    collective carries, when the bundle knows them (the first is the one being waited for).
-    """
+    """A collective did not complete within the stall timeout. ``collective``: its name;
+    ``waited_s``: how long this rank waited; ``stalled_ranks``: the ranks that showed no sign of
+    waiting themselves, or ``None`` if the backend could not tell; ``detail``: what it found out;
+    ``tensors``: the gradients the collective carries, the one waited for first."""
 
     def __init__(self, rank: int, collective: str, waited_s: float, stalled_ranks: Sequence[int] | None,
                  detail: str, tensors: Sequence[str] = ()) -> None:

@@ -1,10 +1,6 @@
-"""Byte accounting: what a rank really handed to its collectives, against a dense send.
-
-``bytes_sent`` counts the buffers given to the backend (payload parts, alignment padding and
-per-rank size headers included), so it is what crossed the wire from this rank, not an estimate.
-``bytes_dense`` counts ``numel * element_size`` of the gradients in their own dtype, which is what
-Horovod's uncompressed allreduce would have handed over. ``volume = bytes_sent / bytes_dense``.
-"""
+"""Byte accounting: ``bytes_sent`` counts the buffers this rank gave the backend (payload, alignment
+padding and size headers included); ``bytes_dense`` the gradients' ``numel * element_size``, what an
+uncompressed allreduce hands over; ``volume = bytes_sent / bytes_dense``."""
 
 from __future__ import annotations
 

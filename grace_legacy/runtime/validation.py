@@ -1,6 +1,5 @@
-"""Checks of user input shared by every layer: gradients no compressor can encode, and integers.
-
-A bad argument fails where it is given, with an error that names it and the accepted range."""
+"""Checks of user input shared by every layer: a bad argument fails where it is given, with an error
+that names it and the accepted range."""
 
 from __future__ import annotations
 
@@ -47,13 +46,8 @@ def check_gradient(tensor: torch.Tensor, owner: str) -> None:
 
 
 def nonfinite_flag(tensor: torch.Tensor) -> torch.Tensor:
-    """A 0-dim bool tensor: whether ``tensor`` holds an inf or a NaN (``False`` when empty).
-
-    The same answer as ``~torch.isfinite(tensor).all()``, from one ``aminmax`` pass instead of a
-    bool temporary of the tensor's size: the minimum and maximum are NaN if any entry is (both
-    propagate NaN) and infinite if an infinity is the extreme, and they cannot overflow. The flag
-    stays a tensor, so asking costs no synchronization.
-    """
+    """A 0-dim bool tensor: whether ``tensor`` holds an inf or a NaN (``False`` when empty), the same
+    answer as ``~torch.isfinite(tensor).all()`` from one ``aminmax`` pass, without synchronizing."""
     if tensor.numel() == 0:
         return torch.zeros((), dtype=torch.bool, device=tensor.device)
     low, high = torch.aminmax(tensor.detach())

@@ -1,25 +1,15 @@
-"""The byte layout in which a payload (a list of tensors) travels through one gather.
-
-A payload's parts usually differ in dtype (fp32 values, int32 indices), so instead of one
-collective per part they are packed into a single ``uint8`` buffer:
+"""The byte layout in which a payload (a list of tensors) travels through one gather: its parts
+packed into one ``uint8`` buffer,
 
     [header]  part_0 [pad] part_1 [pad] ... [pad to 8 bytes]
 
-* Each part starts at a multiple of its own element size, so the receiver can reinterpret the
-  bytes in place (``Tensor.view(dtype)``) without copying.
-* The buffer length is a multiple of 8, so every rank's buffer starts aligned inside the
-  concatenation an allgather produces.
-* ``header`` is present only when ranks may send payloads of different sizes. It is
-  ``1 + n_parts`` int64 words: the buffer's total length in bytes, then each part's leading
-  dimension. Otherwise every rank's buffer has the local layout and no header is needed.
+* each part starts at a multiple of its element size, so a receiver views the bytes in place;
+* the length is a multiple of 8, so every rank's buffer is aligned inside an allgather's result;
+* ``header``, only when ranks may send payloads of different sizes, is ``1 + n_parts`` int64
+  words: the buffer's length in bytes, then each part's leading dimension.
 
-A receiver reconstructs each part with the local part's dtype and trailing dimensions; only the
-leading dimension may differ between ranks.
-
-A bucket of header-less payloads whose parts line up (part ``i`` of every payload has one dtype)
-may instead travel *by part*: every payload's part 0 back to back, then every payload's part 1,
-and so on (:func:`pack_columns`). Each column is one ``torch.cat`` to pack and one view to
-unpack, where payload by payload costs a few small tensor operations per part.
+Only the leading dimension may differ between ranks; padding travels as zeros. A bucket of
+header-less payloads may instead travel *by part* (:func:`pack_columns`).
 """
 
 from __future__ import annotations
@@ -80,7 +70,7 @@ def packed_size_of(spec: Sequence[tuple[int, torch.dtype]], with_header: bool) -
 
 
 def pack(parts: Sequence[torch.Tensor], with_header: bool) -> torch.Tensor:
-    """Copy ``parts`` into one aligned ``uint8`` buffer (see the module docstring)."""
+    """Copy ``parts`` into one aligned ``uint8`` buffer (the module's layout)."""
     return pack_many([(parts, with_header)])
 
 
@@ -111,24 +101,16 @@ def pack_many(members: Sequence[tuple[Sequence[torch.Tensor], bool]]) -> torch.T
 
 def unpack_gathered(gathered: torch.Tensor, like: Sequence[torch.Tensor], world_size: int,
                     with_header: bool, name: str) -> list[list[torch.Tensor]]:
-    """Split the concatenation of every rank's packed buffer back into one payload per rank.
-
-    ``like`` is the local payload: it gives each part's dtype and trailing shape (and, without a
-    header, its size on every rank). The parts returned are views into ``gathered``.
-    """
+    """Split the concatenation of every rank's packed buffer into one payload per rank, as views
+    into ``gathered``; ``like``, the local payload, gives the dtypes and trailing shapes."""
     return unpack_gathered_many(gathered, [(like, with_header)], world_size, name)[0]
 
 
 def unpack_gathered_many(gathered: torch.Tensor, members: Sequence[tuple[Sequence[torch.Tensor], bool]],
                          world_size: int, name: str) -> list[list[list[torch.Tensor]]]:
-    """The gather of a *bucket*: every rank sent its members' packed buffers back to back, in
-    the same member order. ``members`` gives each member's local payload and whether it carries
-    a header. Returns ``payloads[member][rank]``.
-
-    Each packed buffer is 8-byte aligned and either of a size every rank knows (no header) or
-    self-describing (header), so the concatenation needs no framing of its own. A member without
-    a header has the local layout on every rank, so it is computed once, not once per rank.
-    """
+    """The gather of a bucket, every rank's members' packed buffers back to back in one member
+    order, as ``payloads[member][rank]``; ``members``: each member's local payload and whether it
+    carries a header. ``RuntimeError`` when the bytes do not fit the layout."""
     if not any(with_header for _, with_header in members):
         # Every rank has the local layout: one view per part covers all ranks.
         return [per_rank(parts) for parts in unpack_stacked(gathered, members, world_size, name)]
@@ -162,10 +144,8 @@ def unpack_gathered_many(gathered: torch.Tensor, members: Sequence[tuple[Sequenc
 
 def unpack_stacked(gathered: torch.Tensor, members: Sequence[tuple[Sequence[torch.Tensor], bool]],
                    world_size: int, name: str) -> list[list[torch.Tensor]]:
-    """The gather of a bucket whose members all travel without a header (every rank's buffer has
-    the local layout), as ``parts[member][part]`` with a leading rank dimension: part ``i`` of
-    member ``m`` on rank ``r`` is ``parts[m][i][r]``. Views into ``gathered``, one per part
-    whatever the number of ranks."""
+    """The gather of a bucket whose members travel without a header, as views into ``gathered``
+    with a leading rank dimension: part ``i`` of member ``m`` on rank ``r`` is ``parts[m][i][r]``."""
     if any(with_header for _, with_header in members):
         raise ValueError(f"unpack_stacked({name!r}): members with a size header differ between ranks")
     placements = [layout(like, [_leading(p) for p in like], False) for like, _ in members]
@@ -228,10 +208,8 @@ class Columns(NamedTuple):
 
 
 def columns(payloads: Sequence[Sequence[torch.Tensor]]) -> Columns | None:
-    """The layout :func:`pack_columns` gives ``payloads``, or ``None`` where they cannot travel
-    by part: no payloads, payloads with different numbers of parts, or parts at one position that
-    differ in dtype. Each column starts at a multiple of its element size; the buffer's length
-    is a multiple of 8."""
+    """The layout :func:`pack_columns` gives ``payloads`` (columns aligned to their element size, a
+    length that is a multiple of 8), or ``None`` where the parts do not line up in number and dtype."""
     if not payloads or not payloads[0] or any(len(p) != len(payloads[0]) for p in payloads):
         return None
     dtypes = tuple(part.dtype for part in payloads[0])

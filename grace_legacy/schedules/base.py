@@ -1,19 +1,4 @@
-"""What every schedule of a compressor's parameter shares: LEGACY's fixed tables and the adaptive
-schedules (DGC warm-up, Accordion, L-GreCo) alike.
-
-A :class:`Schedule` wraps a compressor built without its parameter (``TopK()``, ``QSGD()``,
-``PowerSGD()``) and, for each tensor at each step, names the parameter value to use
-(:meth:`Schedule.value_for`). It keeps one configured copy of the base per value
-(``base.with_value(value)``), so a step costs a dictionary lookup, and every copy shares the
-base's per-tensor state (step counters, generators, PowerSGD's warm start): a change of parameter
-does not reset it. A value the parameter calls dense (``None``, density ``1.0``) sends the tensor
-uncompressed through a plain allreduce. The configured base has the last word: PowerSGD, say,
-still sends a 1-D tensor dense.
-
-Progress is counted as LEGACY counts it: the epoch given to :meth:`Schedule.set_epoch`, or,
-with ``steps_per_epoch=N``, the optimizer steps counted by :meth:`Schedule.end_step` divided
-by ``N`` (``hvd.DistributedOptimizer`` calls it after every synchronization).
-"""
+"""What every schedule of a compressor's parameter shares (the contract: docs/IMPLEMENTING.md)."""
 
 from __future__ import annotations
 
@@ -30,12 +15,15 @@ from grace_legacy.runtime.validation import ArgumentTypeError, check_gradient, c
 
 
 class Schedule(Compressor):
-    """Base class of compressors that set ``base``'s parameter per tensor and step.
+    """Wraps a compressor built without its parameter (``TopK()``) and sets the parameter per tensor
+    and step: :meth:`value_for`, which subclasses implement, names the value. One configured copy of
+    the base per value, sharing the base's per-tensor state (step counters, generators, warm starts),
+    so a change of value resets nothing (docs/DESIGN.md#legacy-lookup). A dense value (``None``,
+    density ``1.0``) sends the tensor uncompressed; otherwise the configured base decides (PowerSGD
+    still sends a 1-D tensor dense), and everything about payloads is the base's.
 
-    Subclasses implement :meth:`value_for` (the value for one tensor now) and may add
-    labels to the byte accounting (:meth:`traffic_labels`). Everything about payloads (additive
-    or gathered, rounds, support for DGC's masking, the recommended memory) is the base's.
-    """
+    Progress: the epoch given to :meth:`set_epoch`, or with ``steps_per_epoch=N`` the optimizer
+    steps counted by :meth:`end_step` (after every synchronization) divided by ``N``."""
 
     def __init__(self, base: Compressor, *, steps_per_epoch: int | None = None) -> None:
         super().__init__()
@@ -76,8 +64,8 @@ class Schedule(Compressor):
         """The parameter value for ``tensor`` (named ``name``) now. Must be the same on every rank."""
 
     def observe(self, name: str, aggregated: torch.Tensor) -> None:  # noqa: B027 (optional hook)
-        """The aggregated gradient of ``name`` this step, the same on every rank, so that adaptive
-        schedules (Accordion, L-GreCo) can decide from it without disagreeing."""
+        """The aggregated gradient of ``name`` this step, the same on every rank (adaptive schedules
+        decide from it)."""
 
     def traffic_labels(self, name: str, tensor: torch.Tensor) -> dict[str, Hashable]:
         """Labels under which :attr:`stats` breaks this tensor's bytes down (none by default)."""

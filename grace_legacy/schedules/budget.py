@@ -31,27 +31,21 @@ def budget_matched(make: Callable[..., S], base: Compressor, target: Any, *, by:
                    boundaries: Sequence[int] | None = None, steps_per_epoch: int | None = None,
                    dtype: torch.dtype = torch.float32, tolerance: float = 0.01,
                    world_size: int | None = None) -> S:
-    """A schedule (built by ``make(base, by, values, **options)``) of a given *shape* that sends as
-    many bytes over the run as ``base`` at the uniform value ``target`` would.
-
-    The shape is relative: ``layer_factors[g]`` multiplies the parameter of size group ``g`` and
-    ``phase_factors[p]`` that of phase ``p`` (e.g. ``layer_factors=[10, 1]``: small layers get
-    10x the density of large ones; ``phase_factors=[2, 1, 0.5]``). The schedule is
+    """A schedule (``make(base, by, values, **options)``) of a given *shape* that sends as many bytes
+    over the run as ``base`` at the uniform value ``target``: with relative factors per size group
+    and phase (``layer_factors=[10, 1]``: small layers get 10x the density of large ones),
 
         value(p, g) = c * phase_factors[p] * layer_factors[g]    (dense once past the parameter's range)
 
-    with the scale ``c`` found by bisection so that
+    with ``c`` found by bisection so that
 
         sum_p w_p * sum_l B(n_l, value(p, g(n_l)))  ==  sum_l B(n_l, target)
 
-    where ``B(n, v)`` is the exact number of bytes a rank hands to the backend for a tensor of
-    ``n`` elements at parameter ``v`` on the default route (:func:`grace_legacy.runtime.cost.bytes_sent`),
-    ``n_l`` ranges over the model's tensors (``sizes``: element counts, or
-    ``model.named_parameters()``) and ``w_p`` is phase ``p``'s share of the run. Give
-    ``world_size`` (the number of ranks) to count tensors that the bundle's dense fallback
-    sends dense as dense, as they will be. Raises ``ValueError`` if no scale meets the budget
-    within ``tolerance`` (relative).
-    """
+    ``B(n, v)``: the exact bytes a rank hands over for ``n`` elements at ``v``
+    (:func:`grace_legacy.runtime.cost.bytes_sent`; with ``world_size``, counting what the dense
+    fallback sends dense as dense); ``n_l``: the model's tensors (``sizes``: element counts or
+    ``model.named_parameters()``); ``w_p``: phase ``p``'s share of the run. ``ValueError`` if no
+    scale meets the budget within ``tolerance`` (relative)."""
     parameter = base.parameter
     if parameter is None or parameter.integer or parameter.high is None:
         raise ValueError(f"Legacy.budget_matched: needs a bounded continuous parameter whose bytes grow with it (a "

@@ -15,28 +15,18 @@ from grace_legacy.schedules.base import Schedule
 
 
 class DGCWarmup(Schedule):
-    """Deep Gradient Compression's warm-up training (Lin, Han, Mao, Wang and Dally, ICLR 2018):
-    the parameter moves exponentially from ``start`` to ``target`` over the first ``warmup_epochs``
-    epochs, then stays at ``target``. For epoch ``e`` (0-based) and ``W = warmup_epochs``:
+    """Deep Gradient Compression's warm-up (Lin, Han, Mao, Wang and Dally, ICLR 2018): for epoch
+    ``e`` (0-based, the whole epochs of the progress) and ``W = warmup_epochs``,
 
         value(e) = start * c ** (e + 1)      for e < W, clamped so that it never passes target
         value(e) = target                    for e >= W
         c        = (target / start) ** (1 / (W + 1))     unless coeff= gives c
 
-    With a density parameter (Top-k, Random-k, DGC) ``start`` defaults to ``1.0`` (dense), so the
-    default is the DGC reference implementation's ``max(target ** ((e + 1) / (W + 1)), target)``.
-    The paper's sequence for ``target=0.001``, "25%, 6.25%, 1.5625%, 0.4%, then 0.1%", is
-    ``coeff=0.25``: ``0.25, 0.0625, 0.015625, 0.00390625, 0.001``.
-
-    Any parameter whose values are positive works: integer parameters (QSGD's ``levels``, PowerSGD's
-    ``rank``) are rounded to the nearest integer and need an explicit ``start`` (e.g.
-    ``DGCWarmup(QSGD(), target=4, start=256)``: 111, 49, 21, 9, then 4 levels); so does
-    Threshold, whose threshold then *grows* towards ``target``.
-
-    Progress as in :class:`~grace_legacy.Legacy`: the epoch given to :meth:`set_epoch`, or, with
-    ``steps_per_epoch``, ``floor(steps / steps_per_epoch)`` of the optimizer steps counted by
-    :meth:`end_step`. The same on every rank, so no communication is needed.
-    """
+    ``start`` defaults to a density's dense ``1.0``, giving the DGC reference's
+    ``max(target ** ((e + 1) / (W + 1)), target)``; the paper's "25%, 6.25%, 1.5625%, 0.4%, then
+    0.1%" is ``coeff=0.25``. Integer parameters are rounded to the nearest integer and need a
+    ``start`` (``DGCWarmup(QSGD(), target=4, start=256)``: 111, 49, 21, 9, then 4 levels), as does
+    Threshold, whose threshold then grows towards ``target``."""
 
     def __init__(self, base: Compressor, target: Any, warmup_epochs: int = 4, *, start: Any = None,
                  coeff: float | None = None, steps_per_epoch: int | None = None) -> None:

@@ -1,10 +1,4 @@
-"""The reference implementation's flags: LEGACY schedules written as the authors' code takes them.
-
-``--group_compressions`` lists the parameter values, comma-separated: for a density parameter (Top-k,
-Random-k, DGC) in *percent* (``"1,0.1"`` is densities 0.01 and 0.001; ``100`` is dense), for other
-parameters the parameter's own values; ``none`` means uncompressed. With ``by="both"``, ``;`` separates
-phases (rows). ``--group_splits`` lists the size-group thresholds in elements.
-"""
+"""The reference implementation's flags: LEGACY schedules written as the authors' code takes them."""
 
 from __future__ import annotations
 
@@ -16,15 +10,11 @@ from grace_legacy.core.compressor import Compressor
 
 def parse_flags(base: Compressor, by: str, group_compressions: str, group_splits: str = "",
                 epochs: int | None = None) -> tuple[str, list[Any], dict[str, Any]]:
-    """Read the reference implementation's flags into ``Legacy``'s arguments: ``(by, values,
-    keyword arguments)``.
-
-    ``group_compressions`` is comma-separated; for a density parameter (Top-k, Random-k, DGC) the
-    values are *percentages* (``"1,0.1"`` is densities 0.01 and 0.001; ``100`` is dense), for
-    other parameters they are the parameter's own values; ``none`` means uncompressed. With
-    ``by="both"``, ``;`` separates phases (rows). ``group_splits`` is comma-separated element
-    counts. ``by="uniform"`` uses the first value for every tensor, as the reference does.
-    """
+    """Read the reference flags into ``Legacy``'s arguments ``(by, values, keyword arguments)``.
+    ``group_compressions`` is comma-separated: densities (Top-k, Random-k, DGC) in *percent*
+    (``"1,0.1"`` is 0.01 and 0.001; ``100`` is dense), other parameters in their own units, ``none``
+    uncompressed; ``;`` separates the phases (rows) of ``by="both"``. ``group_splits``:
+    comma-separated element counts. ``by="uniform"`` uses the first value everywhere."""
     if not isinstance(group_compressions, str) or not group_compressions.strip():
         raise ValueError(f"Legacy.from_flags: group_compressions must be a non-empty string, "
                          f"got {group_compressions!r}")

@@ -1,25 +1,4 @@
-"""LEGACY: set any compressor's parameter from the layer's size and the training phase.
-
-``Legacy(base, by=..., values=...)`` wraps a compressor built without its parameter (``TopK()``,
-``QSGD()``, ``PowerSGD()``) and, for every tensor at every step, picks the parameter from a table:
-
-* ``by="layer"``: ``splits = [s_0 < s_1 < ...]`` cut tensors into size groups. A tensor of ``n``
-  elements is in group ``i``, the first with ``n < s_i`` (the last group if none), and uses
-  ``values[i]``; ``len(values) == len(splits) + 1``.
-* ``by="epoch"``: ``P = len(values)`` phases. With ``epochs = E`` they are equal: progress ``e``
-  (in epochs) is in phase ``i``, the first with ``e < (i + 1) * E / P`` (the last if none). With
-  ``boundaries = [b_0 < b_1 < ...]`` (``P - 1`` of them) phase ``i`` is the first with ``e < b_i``.
-* ``by="both"``: ``values`` is a ``P x G`` table, one row per phase, one column per size group.
-
-A value of ``None``, or the parameter's own "dense" value (density ``1.0``), sends the tensor
-uncompressed through a plain allreduce. The choice depends only on the tensor's size and on
-training progress, which every rank shares, so every rank picks the same parameter with no
-communication and no computation beyond a table lookup.
-
-Progress is the epoch given to :meth:`Legacy.set_epoch` (as with ``DistributedSampler``), or,
-with ``steps_per_epoch=N``, the optimizer steps counted by :meth:`Legacy.end_step` divided by
-``N`` (``hvd.DistributedOptimizer`` calls it after every synchronization).
-"""
+"""LEGACY: set any compressor's parameter from the layer's size and the training phase."""
 
 from __future__ import annotations
 
@@ -51,18 +30,19 @@ def _check_increasing_positive(values: Any, argument: str) -> list[int]:
 
 
 class Legacy(Schedule):
-    """Wraps ``base`` and schedules its parameter by layer size (``by="layer"``), training phase
-    (``by="epoch"``) or both (``by="both"``); see the module docstring for the rules.
+    """Schedules ``base``'s parameter (``base`` built without it: ``TopK()``) by a table:
 
-    Args:
-        base: a compressor with a parameter, built without a value for it (``TopK()``).
-        by: ``"layer"``, ``"epoch"`` or ``"both"``.
-        values: the parameter values: a list (``layer``: one per size group; ``epoch``: one per phase)
-            or, for ``both``, a list of rows (one per phase) of one value per size group.
-        splits: size-group thresholds in elements (``layer``/``both``).
-        epochs: total training epochs, for equal phases (``epoch``/``both``).
-        boundaries: explicit phase starts in epochs, instead of equal phases.
-        steps_per_epoch: count optimizer steps for progress, so ``set_epoch`` is optional.
+    * ``by="layer"``: ``splits = [s_0 < s_1 < ...]`` (elements) cut tensors into size groups; a
+      tensor of ``n`` elements is in group ``i``, the first with ``n < s_i`` (the last if none), and
+      uses ``values[i]``; ``len(values) == len(splits) + 1``.
+    * ``by="epoch"``: ``P = len(values)`` phases. With ``epochs = E`` they are equal: progress ``e``
+      is in phase ``i``, the first with ``e < (i + 1) * E / P`` (the last if none); with ``P - 1``
+      increasing ``boundaries``, the first with ``e < b_i``.
+    * ``by="both"``: ``values`` is a ``P x G`` table, one row per phase, one column per size group.
+
+    ``None`` or the parameter's dense value (density ``1.0``) sends a tensor uncompressed. The choice
+    depends only on the size and the progress (:class:`~grace_legacy.schedules.base.Schedule`), which
+    every rank shares: no communication, a table lookup per tensor.
     """
 
     MODES = ("layer", "epoch", "both")
@@ -202,11 +182,8 @@ class Legacy(Schedule):
     @classmethod
     def from_flags(cls, base: Compressor, by: str, group_compressions: str, group_splits: str = "",
                    epochs: int | None = None, **kwargs: Any) -> Legacy:
-        """The schedule the reference implementation's flags describe (:mod:`grace_legacy.schedules.flags`):
-        ``group_compressions`` comma-separated, densities in *percent* (``"1,0.1"`` is 0.01 and
-        0.001; ``100`` is dense), other parameters in their own units, ``none`` for uncompressed,
-        ``;`` between the phases of ``by="both"``; ``group_splits`` comma-separated element counts;
-        ``by="uniform"`` uses the first value everywhere. ``kwargs`` go to :class:`Legacy`."""
+        """The schedule the reference implementation's flags describe (read as
+        :func:`~grace_legacy.schedules.flags.parse_flags` documents); ``kwargs`` go to :class:`Legacy`."""
         mode, values, options = parse_flags(base, by, group_compressions, group_splits, epochs)
         return cls(base, mode, values, **options, **kwargs)
 
@@ -223,10 +200,8 @@ class Legacy(Schedule):
     @classmethod
     def budget_matched(cls, base: Compressor, target: Any, *, by: str, **options: Any) -> Legacy:
         """A schedule of a given shape that sends as many bytes over the run as ``base`` at the
-        uniform value ``target`` (:func:`grace_legacy.schedules.budget.budget_matched`, whose
-        keyword arguments ``options`` are: ``sizes``, ``splits``, ``layer_factors``,
-        ``phase_factors``, ``epochs``, ``boundaries``, ``steps_per_epoch``, ``dtype``,
-        ``tolerance``, ``world_size``)."""
+        uniform value ``target`` (:func:`grace_legacy.schedules.budget.budget_matched`, with its
+        keyword arguments)."""
         if by not in cls.MODES:
             raise ValueError(f"Legacy.budget_matched: by must be one of {cls.MODES}, got {by!r}")
         return match_budget(cls, base, target, by=by, **options)

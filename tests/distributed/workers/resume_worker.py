@@ -5,7 +5,7 @@ Two launches share ``--out``:
 
 * ``--phase first``: per set-up, an uninterrupted run of ``RESUME_STEPS`` steps (its parameters
   and final compression state are saved per rank), and a separate run of ``RESUME_AT`` steps
-  that checkpoints the way the ``Grace.state_dict`` docstring tells users to: the compression
+  that checkpoints the way docs/CHECKPOINTING.md tells users to: the compression
   states gathered to rank 0, saved with the model and the optimizer in one file.
 * ``--phase resume`` (fresh processes): per set-up, the checkpoint is read back with
   ``torch.load(..., weights_only=True)``, the remaining steps are trained, and the parameters
