@@ -105,6 +105,36 @@ class _Gather:
         return gathered.to(self.device)
 
 
+class _AllToAll:
+    """An all-to-all whose receive counts are exchanged first (a few bytes), then the rows."""
+
+    def __init__(self, backend: TorchDistributedBackend, local: torch.Tensor, splits: list[int],
+                 device: torch.device) -> None:
+        self.backend, self.local, self.splits, self.device = backend, local, list(splits), device
+        self.sent = torch.tensor(self.splits, dtype=torch.int64, device=local.device)
+        self.received = torch.empty(backend.size(), dtype=torch.int64, device=local.device)
+        self.counts_work = dist.all_to_all_single(self.received, self.sent, group=backend.group, async_op=True)
+        self.launched: tuple[Any, torch.Tensor] | None = None
+
+    def launch(self) -> None:
+        """Wait for the counts and launch the rows (once)."""
+        if self.launched is not None:
+            return
+        self.counts_work.wait()
+        counts = self.received.tolist()
+        out = self.local.new_empty((sum(counts), *self.local.shape[1:]))
+        work = dist.all_to_all_single(out, self.local, counts, self.splits, group=self.backend.group,
+                                      async_op=True)
+        self.launched = (work, out)
+
+    def result(self) -> torch.Tensor:
+        self.launch()
+        assert self.launched is not None
+        work, out = self.launched
+        work.wait()
+        return out.to(self.device)
+
+
 class TorchDistributedBackend:
     """Asynchronous ``torch.distributed`` collectives on one process group (default: the world).
     Inputs are never changed (the collectives run on a copy); a CPU tensor given to an NCCL-only
@@ -127,7 +157,7 @@ class TorchDistributedBackend:
         # A group served by NCCL alone cannot move CPU tensors.
         self._cpu_stage = (torch.device("cuda", torch.cuda.current_device())
                            if dist.get_backend(self.group) == "nccl" else None)
-        self._unlaunched: deque[_Gather] = deque()
+        self._unlaunched: deque[_Gather | _AllToAll] = deque()
 
     def rank(self) -> int:
         return self._rank
@@ -162,6 +192,16 @@ class TorchDistributedBackend:
         self._unlaunched.append(gather)
         return gather
 
+    def alltoall_async(self, tensor: torch.Tensor, splits: list[int], name: str) -> _AllToAll:
+        """Rows of ``tensor`` to each rank by ``splits``; what every rank sent this one, in rank order."""
+        if len(splits) != self._size or sum(splits) != tensor.shape[0]:
+            raise ValueError(f"alltoall {name!r}: splits {splits} must give each of {self._size} ranks its rows "
+                             f"of the {tensor.shape[0]}")
+        self._launch_waiting_gathers()
+        exchange = _AllToAll(self, self._staged(tensor, copy=False), splits, tensor.device)
+        self._unlaunched.append(exchange)
+        return exchange
+
     def broadcast_async(self, tensor: torch.Tensor, root_rank: int, name: str) -> _Launched:
         """``root_rank`` is a rank within the group; every rank's ``tensor`` has the root's shape."""
         staged = self._staged(tensor, copy=False)
@@ -171,6 +211,6 @@ class TorchDistributedBackend:
                               async_op=True)
         return _Launched(work, staged, None, tensor.device)
 
-    def wait(self, handle: _Launched | _Gather) -> torch.Tensor:
+    def wait(self, handle: _Launched | _Gather | _AllToAll) -> torch.Tensor:
         self._launch_waiting_gathers()
         return handle.result()

@@ -188,6 +188,13 @@ class Compressor(_EarlierNames, Stateful, ABC):
             return None
         return self
 
+    def for_sums(self) -> Compressor:
+        """The compressor that re-encodes an aggregate at its shard's owner (a scatter-gather's
+        second phase): this one, unless compressing keeps per-tensor state of this rank's own
+        gradients (Signum's momentum) or the aggregate takes values the payload cannot say (a
+        majority vote's ties). Its payload has this one's parts, in number and dtype."""
+        return self
+
     # -- pairing with a memory --------------------------------------------------------------
     def recommended_memory(self) -> Memory:
         """The memory GRACE pairs with this compressor when the user names none."""

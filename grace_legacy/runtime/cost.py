@@ -47,3 +47,51 @@ def bytes_sent(concrete: Compressor | None, shape: int | Sequence[int], dtype: t
     if world_size is not None and concrete.aggregates_by_mean and gather_costs_more(packed, dense, world_size):
         return dense
     return packed
+
+
+# -- the link ------------------------------------------------------------------------------------
+#: The routes a tensor can take. On equal link bytes the earlier one is taken: dense is exact, and
+#: a scatter-gather re-compresses at the owner, one more lossy step than a gather.
+ROUTES = ("dense", "allreduce", "allgather", "scattergather")
+
+
+def ring_allreduce_bytes(nbytes: float, world_size: int) -> float:
+    """Link bytes per rank of a bandwidth-optimal allreduce of ``nbytes``: ``2 (P - 1) / P * B``."""
+    return 2 * (world_size - 1) / world_size * nbytes if world_size > 1 else 0.0
+
+
+def route_link_bytes(concrete: Compressor | None, shape: int | Sequence[int], dtype: torch.dtype,
+                     world_size: int) -> dict[str, float]:
+    """Link bytes per rank for one tensor on every route it can take (``concrete`` ``None``: dense
+    only). Additive payloads are allreduced (``2 (P - 1) / P`` of their raw parts, every round);
+    a gathered payload of ``b`` packed bytes costs ``(P - 1) b`` gathered and about
+    ``2 (P - 1) / P * b`` scattered and gathered again (an all-to-all of the shards, then the
+    owners' re-compressed shards gathered); the dense route ``2 (P - 1) / P`` of the dense bytes.
+    A payload whose size the data decides (Threshold) has only its gather; a majority vote no
+    dense route (a dense mean would change its update)."""
+    shape = torch.Size([shape]) if isinstance(shape, int) else torch.Size(shape)
+    dense = shape.numel() * torch.empty((), dtype=dtype).element_size()
+    costs = {"dense": ring_allreduce_bytes(dense, world_size)}
+    if concrete is None:
+        return costs
+    if not concrete.aggregates_by_mean:
+        del costs["dense"]
+    try:
+        spec = concrete.payload_spec_for(shape, dtype)
+    except NotImplementedError:  # a size only the data decides: every rank could choose differently
+        return {"allgather": float("nan")}
+    if concrete.additive:
+        raw = sum(n * torch.empty((), dtype=d).element_size() for n, d in spec)
+        return {"allreduce": ring_allreduce_bytes(raw, world_size)}
+    packed = wire.packed_size_of(spec, with_header=not concrete.uniform_payload)
+    costs["allgather"] = float((world_size - 1) * packed)
+    if concrete.rounds == 1:
+        costs["scattergather"] = ring_allreduce_bytes(packed, world_size)
+    return costs
+
+
+def cheapest_route(costs: dict[str, float]) -> str:
+    """The route of least link bytes; on a tie the earlier of :data:`ROUTES`."""
+    if len(costs) == 1:
+        return next(iter(costs))
+    return min(costs, key=lambda route: (costs[route], ROUTES.index(route)))

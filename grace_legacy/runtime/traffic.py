@@ -1,6 +1,16 @@
-"""Byte accounting: ``bytes_sent`` counts the buffers this rank gave the backend (payload, alignment
-padding and size headers included); ``bytes_dense`` the gradients' ``numel * element_size``, what an
-uncompressed allreduce hands over; ``volume = bytes_sent / bytes_dense``."""
+"""Byte accounting, two ways.
+
+*Handed*: ``bytes_sent`` counts the buffers this rank gave the backend (payload, alignment padding
+and size headers included), ``bytes_dense`` the gradients' ``numel * element_size``.
+
+*On the link*: ``wire_bytes`` is what the collectives put on this rank's link with
+bandwidth-optimal algorithms (:mod:`grace_legacy.runtime.cost`: an allreduce of ``B`` bytes
+``2 (P - 1) / P * B``, an allgather the other ranks' parts, an all-to-all the parts sent to the
+others), ``wire_dense`` what a dense ring allreduce of the same gradients would put there.
+
+``volume = wire_bytes / wire_dense``: the share of the link a dense allreduce would use. With one
+rank nothing crosses a link, and ``volume`` is the handed ratio ``bytes_sent / bytes_dense``.
+"""
 
 from __future__ import annotations
 
@@ -10,19 +20,29 @@ from typing import Any
 
 
 class _Tally:
-    __slots__ = ("sent", "dense", "tensors")
+    __slots__ = ("sent", "dense", "tensors", "wire", "wire_dense")
 
-    def __init__(self, sent: int = 0, dense: int = 0, tensors: int = 0) -> None:
-        self.sent, self.dense, self.tensors = sent, dense, tensors
+    def __init__(self, sent: int = 0, dense: int = 0, tensors: int = 0, wire: float = 0.0,
+                 wire_dense: float = 0.0) -> None:
+        self.sent, self.dense, self.tensors, self.wire, self.wire_dense = sent, dense, tensors, wire, wire_dense
 
-    def add(self, sent: int, dense: int) -> None:
+    def add(self, sent: int, dense: int, wire: float, wire_dense: float) -> None:
         self.sent += sent
         self.dense += dense
         self.tensors += 1
+        self.wire += wire
+        self.wire_dense += wire_dense
+
+    def as_tuple(self) -> tuple:
+        return (self.sent, self.dense, self.tensors, self.wire, self.wire_dense)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"bytes_sent": self.sent, "bytes_dense": self.dense, "tensors": self.tensors,
-                "volume": self.sent / self.dense if self.dense else 0.0}
+        if self.wire_dense:
+            volume = self.wire / self.wire_dense
+        else:
+            volume = self.sent / self.dense if self.dense else 0.0
+        return {"bytes_sent": self.sent, "bytes_dense": self.dense, "wire_bytes": self.wire,
+                "wire_dense": self.wire_dense, "tensors": self.tensors, "volume": volume}
 
 
 class TrafficStats:
@@ -36,12 +56,13 @@ class TrafficStats:
         self._routes: Counter[str] = Counter()
         self._breakdowns: dict[str, dict[Hashable, _Tally]] = {}
 
-    def record(self, *, dense_bytes: int, sent_bytes: int, route: str,
-               labels: Mapping[str, Hashable] | None = None) -> None:
-        self._total.add(sent_bytes, dense_bytes)
+    def record(self, *, dense_bytes: int, sent_bytes: int, route: str, wire_bytes: float = 0.0,
+               wire_dense: float = 0.0, labels: Mapping[str, Hashable] | None = None) -> None:
+        counts = (sent_bytes, dense_bytes, wire_bytes, wire_dense)
+        self._total.add(*counts)
         self._routes[route] += 1
         for dimension, key in (labels or {}).items():
-            self._breakdowns.setdefault(dimension, {}).setdefault(key, _Tally()).add(sent_bytes, dense_bytes)
+            self._breakdowns.setdefault(dimension, {}).setdefault(key, _Tally()).add(*counts)
 
     def as_dict(self) -> dict[str, Any]:
         out = self._total.as_dict()
@@ -52,9 +73,9 @@ class TrafficStats:
 
     def state_dict(self) -> dict[str, Any]:
         return {
-            "total": (self._total.sent, self._total.dense, self._total.tensors),
+            "total": self._total.as_tuple(),
             "routes": dict(self._routes),
-            "breakdowns": {dim: {key: (t.sent, t.dense, t.tensors) for key, t in tallies.items()}
+            "breakdowns": {dim: {key: t.as_tuple() for key, t in tallies.items()}
                            for dim, tallies in self._breakdowns.items()},
         }
 
