@@ -4,7 +4,6 @@ a uniform setting, so the user picks a shape and a familiar uniform value instea
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -12,9 +11,22 @@ import torch
 
 from grace_legacy.core.compressor import Compressor
 from grace_legacy.core.cost import bytes_sent
+from grace_legacy.core.knob import Knob
+from grace_legacy.core.validation import (
+    ArgumentTypeError,
+    check_gradient_dtype,
+    check_increasing_positive_ints,
+    check_positive_int,
+    checked_knob_value,
+    checked_shapes,
+    positive_number,
+)
 
 if TYPE_CHECKING:
     from grace_legacy.schedules.legacy import Legacy
+
+#: The relative error between the schedule's bytes and the budget that ``budget_matched`` accepts.
+TOLERANCE = Knob("tolerance", low=0.0, high_inclusive=False)
 
 
 def budget_matched(cls: type[Legacy], base: Compressor, target: Any, *, by: str, sizes: Iterable[int] | Any,
@@ -49,21 +61,48 @@ def budget_matched(cls: type[Legacy], base: Compressor, target: Any, *, by: str,
         raise ValueError(f"Legacy.budget_matched: needs a bounded continuous knob whose bytes grow with it (a "
                          f"density); {type(base).__name__}'s knob is "
                          f"{f'{knob.name}, {knob.describe_range()}' if knob else 'missing'}")
-    target = knob.check(target, "Legacy.budget_matched(target)")
-    numels = [int(s[1].numel()) if isinstance(s, tuple) else int(s) for s in sizes]
-    if not numels:
-        raise ValueError("Legacy.budget_matched: sizes is empty")
+    owner = "Legacy.budget_matched"
+    target = checked_knob_value(knob, target, f"{owner}(target)")
+    numels = [size.numel() for size in checked_shapes(sizes, "sizes", owner)]
+    if not any(numels):
+        raise ValueError(f"{owner}: sizes has no tensor with elements")
     if by not in cls.MODES:
-        raise ValueError(f"Legacy.budget_matched: by must be one of {cls.MODES}, got {by!r}")
-    layer_factors = list(layer_factors) if layer_factors is not None else [1.0] * (len(splits or []) + 1)
-    phase_factors = list(phase_factors) if phase_factors is not None else [1.0]
-    if by == "epoch":
-        layer_factors = [1.0]
-    if by == "layer":
-        phase_factors = [1.0]
-    for argument, factors in (("layer_factors", layer_factors), ("phase_factors", phase_factors)):
-        if not factors or any(not isinstance(f, numbers.Real) or not f > 0 for f in factors):
-            raise ValueError(f"Legacy.budget_matched: {argument} must be positive numbers, got {factors}")
+        raise ValueError(f"{owner}: by must be one of {cls.MODES}, got {by!r}")
+    # What a mode does not use is refused, not dropped: a schedule without the shape asked for
+    # would still match the budget, and nothing would show that the shape was lost.
+    unused = {"layer": ("phase_factors", "epochs", "boundaries"), "epoch": ("splits", "layer_factors"),
+              "both": ()}[by]
+    given = {"splits": splits, "layer_factors": layer_factors, "phase_factors": phase_factors, "epochs": epochs,
+             "boundaries": boundaries}
+    for argument in unused:
+        if given[argument] is not None:
+            raise ValueError(f"{owner}: {argument} is not used with by={by!r}")
+    if splits is not None:
+        splits = check_increasing_positive_ints(splits, "splits", owner)
+    groups = len(splits or []) + 1
+    dtype = check_gradient_dtype(dtype, "dtype", owner)
+    if tolerance is None:
+        raise ArgumentTypeError(f"{owner}: tolerance must be {TOLERANCE.describe_range()}, got None")
+    tolerance = checked_knob_value(TOLERANCE, tolerance, owner)
+    if world_size is not None:
+        world_size = check_positive_int(world_size, "world_size", owner)
+
+    def factors(argument: str, given: Any, count: int | None) -> list[float]:
+        if given is None:
+            return [1.0] * (count or 1)
+        if not isinstance(given, Sequence) or isinstance(given, str):
+            raise ArgumentTypeError(f"{owner}: {argument} must be a list of finite numbers > 0, got {given!r}")
+        checked = [positive_number(f, f"{argument}[{i}]", owner) for i, f in enumerate(given)]
+        if not checked:
+            raise ValueError(f"{owner}: {argument} must not be empty")
+        if count is not None and len(checked) != count:
+            raise ValueError(f"{owner}: {argument} needs {count} entr{'y' if count == 1 else 'ies'} (one per size "
+                             f"group), got {len(checked)}")
+        return checked
+
+    layer_factors = factors("layer_factors", layer_factors, groups)
+    phase_factors = factors("phase_factors", phase_factors, None)
+
     def build(scale: float) -> Legacy:
         def value(p: int, g: int) -> Any:
             v = scale * phase_factors[p] * layer_factors[g]
@@ -89,6 +128,9 @@ def budget_matched(cls: type[Legacy], base: Compressor, target: Any, *, by: str,
         raise ValueError(f"Legacy.budget_matched: {type(base).__name__} cannot predict its bytes, so no budget "
                          f"can be matched ({err})") from None
     smallest = min(f * g for f in phase_factors for g in layer_factors)
+    if not smallest > 0:  # two tiny factors whose product is below a float's range
+        raise ValueError(f"{owner}: the products of layer_factors and phase_factors must be > 0 as floats; "
+                         f"got factors {layer_factors} and {phase_factors}")
     low = 0.0
     high = knob.high / smallest
     best, best_error = None, math.inf

@@ -12,6 +12,7 @@ from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
 from grace_legacy.core.compressor import Compressor
+from grace_legacy.core.validation import ArgumentTypeError
 
 if TYPE_CHECKING:
     from grace_legacy.schedules.legacy import Legacy
@@ -27,9 +28,16 @@ def from_flags(cls: type[Legacy], base: Compressor, by: str, group_compressions:
     ``by="both"``, ``;`` separates phases (rows). ``group_splits`` is comma-separated element
     counts. ``by="uniform"`` uses the first value for every tensor, as the reference does.
     """
-    if not isinstance(group_compressions, str) or not group_compressions.strip():
+    for argument, text in (("group_compressions", group_compressions), ("group_splits", group_splits)):
+        if not isinstance(text, str):
+            raise ArgumentTypeError(f"Legacy.from_strings: {argument} must be a string, got {text!r} "
+                                    f"of type {type(text).__name__}")
+    if not group_compressions.strip():
         raise ValueError(f"Legacy.from_strings: group_compressions must be a non-empty string, "
                          f"got {group_compressions!r}")
+    if by not in ("uniform", *cls.MODES):
+        raise ValueError(f"Legacy.from_strings: by must be one of 'uniform', {', '.join(map(repr, cls.MODES))}, "
+                         f"got {by!r}")
     knob = base.knob
     if knob is None:
         raise ValueError(f"Legacy.from_strings: {type(base).__name__} has no parameter to schedule")
@@ -44,9 +52,13 @@ def from_flags(cls: type[Legacy], base: Compressor, by: str, group_compressions:
         except ValueError:
             raise ValueError(f"Legacy.from_strings: cannot read {token!r} in group_compressions="
                              f"{group_compressions!r} as a number") from None
-        if percent:
-            return float(number / 100)
-        return int(number) if knob.integer and number.denominator == 1 else float(number)
+        if knob.integer and not percent and number.denominator == 1:
+            return int(number)  # exact, however large: the knob's own check judges its range
+        try:
+            return float(number / 100) if percent else float(number)
+        except OverflowError:
+            raise ValueError(f"Legacy.from_strings: {token!r} in group_compressions={group_compressions!r} is "
+                             f"beyond a float's range") from None
 
     rows = [[parse_value(t) for t in row.split(",")] for row in group_compressions.split(";")]
     try:
