@@ -65,11 +65,13 @@ class GraceState:
     ``load_state_dict`` are the bundle's (each rank saves and loads its own)."""
 
     def __init__(self, ddp_model: DistributedDataParallel, compression: Compressor | Grace) -> None:
+        # The compression first: checking it needs no process group, so a wrong one is reported
+        # with or without a DistributedDataParallel model.
+        self.grace: Grace = as_bundle(compression, "grace_legacy.ddp")
         if not isinstance(ddp_model, DistributedDataParallel):
             raise TypeError(f"grace_legacy.ddp: ddp_model must be a torch.nn.parallel.DistributedDataParallel, "
                             f"got {type(ddp_model).__name__}")
         _refuse_options(ddp_model)
-        self.grace: Grace = as_bundle(compression, "grace_legacy.ddp")
         self.backend = TorchDistributedBackend(ddp_model.process_group)
         ignored = getattr(ddp_model, "parameters_to_ignore", set())
         # The module's own names, as Horovod users name parameters: seeds and LEGACY's rules use them.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,6 +22,7 @@ from grace_legacy.runtime import wire
 from grace_legacy.runtime.cost import gather_costs_more
 from grace_legacy.runtime.stall import RanksStalled, resolve_stall_timeout
 from grace_legacy.runtime.traffic import TrafficStats
+from grace_legacy.runtime.validation import ArgumentTypeError, check_flag, is_int
 from grace_legacy.schedules.base import Schedule
 
 _DENSE = NoCompression()
@@ -66,10 +68,14 @@ class Grace:
                 f"Grace: {communicator!r} sums payloads, but {compressor!r} sends a non-additive payload "
                 f"(indices, signs or per-rank scales) that would be corrupted by summing; use Allgather() "
                 f"or leave communicator=None")
-        if bucket_bytes is not None and (isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int)
-                                         or bucket_bytes < 0):
-            raise ValueError(f"Grace: bucket_bytes must be None or an integer >= 0, got {bucket_bytes!r}")
-        self.dense_fallback = bool(dense_fallback)
+        if bucket_bytes is not None:
+            if not isinstance(bucket_bytes, numbers.Real) or isinstance(bucket_bytes, (bool, torch.Tensor)):
+                raise ArgumentTypeError(f"Grace: bucket_bytes must be None or an integer >= 0, got {bucket_bytes!r} "
+                                        f"of type {type(bucket_bytes).__name__}")
+            if not is_int(bucket_bytes) or bucket_bytes < 0:
+                raise ValueError(f"Grace: bucket_bytes must be None or an integer >= 0, got {bucket_bytes!r}")
+            bucket_bytes = int(bucket_bytes)
+        self.dense_fallback = check_flag(dense_fallback, "dense_fallback", "Grace")
         self.stall_timeout = resolve_stall_timeout(stall_timeout)
         self.bucket_bytes = default_bucket_bytes() if bucket_bytes is None else bucket_bytes
         self._filler: BucketFiller | None = None

@@ -16,6 +16,7 @@ from torch import nn
 
 from grace_legacy.core.compressor import Compressor
 from grace_legacy.runtime.cost import bytes_sent
+from grace_legacy.runtime.validation import ArgumentTypeError, check_gradient_dtype, check_positive_int, checked_shapes
 from grace_legacy.schedules.legacy import Legacy
 
 
@@ -65,6 +66,9 @@ def model_shapes(spec: str) -> list[tuple[str, torch.Size]]:
     """The trainable parameters' names and shapes of the model ``spec`` names:
     ``torchvision:resnet50`` (a constructor of ``torchvision.models``) or ``package.module:function``
     (any function of no arguments that returns an ``nn.Module``)."""
+    if not isinstance(spec, str):
+        raise ArgumentTypeError(f"model must be a string 'torchvision:NAME' or 'package.module:function', got "
+                                f"{spec!r} of type {type(spec).__name__}")
     module_name, _, function_name = spec.partition(":")
     if not module_name or not function_name:
         raise ValueError(f"model must be 'torchvision:NAME' or 'package.module:function', got {spec!r}")
@@ -98,18 +102,29 @@ def _phase_labels(schedule: Legacy | None) -> list[str]:
         edges = [Fraction(schedule.epochs * p, schedule.phases) for p in range(schedule.phases + 1)]
 
     def show(e: Any) -> str:
-        return "end" if e is None else f"{float(e):g}"
+        if e is None:
+            return "end"
+        try:
+            return f"{float(e):g}"
+        except OverflowError:  # an epoch count beyond a float's range: its leading digits
+            digits = str(round(e))
+            return f"{digits[0]}.{digits[1:4]}e+{len(digits) - 1}"
     return [f"epochs {show(a)} - {show(b)}" for a, b in zip(edges, edges[1:], strict=False)]
 
 
 def plan(compression: Compressor, shapes: Iterable[Any], *, world_size: int | None = None,
          dtype: torch.dtype = torch.float32) -> Plan:
     """The plan of ``compression`` (a compressor with its parameter, or a :class:`Legacy` schedule)
-    over tensors ``shapes`` (element counts, shapes, or (name, shape) pairs). ``world_size``
+    over tensors ``shapes`` (element counts, shapes, or (name, shape or tensor) pairs such as
+    ``model.named_parameters()``). ``world_size``
     counts what the dense fallback would send dense as dense (leave ``None`` to ignore it)."""
-    sizes = [torch.Size(s[1]) if isinstance(s, tuple) and len(s) == 2 and isinstance(s[0], str)
-             else (torch.Size([s]) if isinstance(s, int) else torch.Size(s)) for s in shapes]
-    sizes = [s for s in sizes if s.numel()]  # empty tensors send nothing, dense or not
+    if not isinstance(compression, Compressor):
+        raise ArgumentTypeError(f"plan: compression must be a grace_legacy compressor or Legacy schedule, got "
+                                f"{type(compression).__name__}")
+    if world_size is not None:
+        world_size = check_positive_int(world_size, "world_size", "plan")
+    dtype = check_gradient_dtype(dtype, "dtype", "plan")
+    sizes = [s for s in checked_shapes(shapes, "shapes", "plan") if s.numel()]  # empty tensors send nothing
     if not sizes:
         raise ValueError("plan: no tensor with elements to plan for")
     schedule = compression if isinstance(compression, Legacy) else None

@@ -13,10 +13,14 @@ schedule of ``grace_legacy`` is missing here.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+import torch
+from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
 from grace_legacy import (
@@ -70,6 +74,33 @@ LR = 0.05
 # -- what the fuzzer draws ----------------------------------------------------------------------
 
 seeds = st.integers(-(2**70), 2**70)
+
+
+def fuzz_settings(examples: int) -> settings:
+    """``examples`` drawn the same way on every run (derandomized, no example database), so a
+    failure reproduces and the suite's time does not drift."""
+    return settings(max_examples=examples, deadline=None, derandomize=True, database=None,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+# Numbers of every kind: floats with NaN and infinities, ints far beyond a float's range,
+# fractions, numpy scalars. Valid or not, decided by the oracle.
+numbers_of_any_kind = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.integers(-(10**400), 10**400),
+    st.sampled_from([0, -1, 1, 2, 0.0, -0.0, 1.0, 1.5, 2**31 - 1, 2**31, 2**63, 10**400, -(10**400), 1e308,
+                     5e-324, math.nan, math.inf, -math.inf]),
+    st.fractions(),
+    st.integers(-(2**63), 2**63 - 1).map(np.int64),
+    st.floats(allow_nan=True, allow_infinity=True).map(np.float64),
+)
+
+# Not numbers at all: the wrong type for any numeric argument.
+wrong_types = st.one_of(
+    st.text(max_size=5), st.booleans(), st.just(np.bool_(True)), st.complex_numbers(max_magnitude=10),
+    st.decimals(allow_nan=False, allow_infinity=False, places=3), st.lists(st.floats(0.1, 0.5), max_size=2),
+    st.floats(0.1, 0.5).map(torch.tensor), st.just(object()),
+)
 
 
 def parameter_values(parameter: ScheduledParameter) -> st.SearchStrategy[Any]:

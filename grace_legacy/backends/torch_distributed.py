@@ -142,12 +142,13 @@ class TorchDistributedBackend:
     the group's size on arrival, as Horovod does it."""
 
     def __init__(self, process_group: Any = None, *, variable_gather: str = "auto") -> None:
+        # The argument first: a typo is reported as such, with or without a process group.
+        if not isinstance(variable_gather, str) or variable_gather not in VARIABLE_GATHERS:
+            raise ValueError(f"TorchDistributedBackend: variable_gather must be one of {VARIABLE_GATHERS}, "
+                             f"got {variable_gather!r}")
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("TorchDistributedBackend: torch.distributed is not initialized; call "
                                "torch.distributed.init_process_group first (torchrun sets up its environment)")
-        if variable_gather not in VARIABLE_GATHERS:
-            raise ValueError(f"TorchDistributedBackend: variable_gather must be one of {VARIABLE_GATHERS}, "
-                             f"got {variable_gather!r}")
         self.group = process_group if process_group is not None else dist.group.WORLD
         self._rank = dist.get_rank(self.group)
         if self._rank < 0:

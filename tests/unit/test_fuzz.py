@@ -22,10 +22,9 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import event, given
 from hypothesis import strategies as st
 
 from grace_legacy import (
@@ -51,14 +50,11 @@ from grace_legacy.core.compressor import Compressor
 from grace_legacy.core.parameter import ScheduledParameter
 from grace_legacy.memories.efsignsgd import LEARNING_RATE
 from tests.helpers import ThreadBackend, World
-from tests.registry import ENTRIES, Entry, parameter_values
+from tests.registry import ENTRIES, Entry, fuzz_settings, numbers_of_any_kind, parameter_values, wrong_types
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
 REFUSED_DTYPES = [torch.int8, torch.int32, torch.int64, torch.uint8, torch.bool, torch.complex64,
                   torch.float8_e4m3fn, torch.float8_e5m2]
-def fuzz_settings(examples: int) -> settings:
-    return settings(max_examples=examples, deadline=None,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
 # -- what the fuzzer draws --------------------------------------------------------------------
@@ -277,26 +273,6 @@ def knob_accepts(parameter: ScheduledParameter, value: Any) -> bool:
                 and (number > Fraction(parameter.high) or (number == parameter.high and not parameter.high_inclusive)))
 
 
-# Numbers of every kind: floats with NaN and infinities, ints far beyond a float's range,
-# fractions, numpy scalars. Valid or not, decided by the oracle.
-numbers_of_any_kind = st.one_of(
-    st.floats(allow_nan=True, allow_infinity=True),
-    st.integers(-(10**400), 10**400),
-    st.sampled_from([0, -1, 1, 2, 0.0, -0.0, 1.0, 1.5, 2**31 - 1, 2**31, 2**63, 10**400, -(10**400), 1e308,
-                     5e-324, math.nan, math.inf, -math.inf]),
-    st.fractions(),
-    st.integers(-(2**63), 2**63 - 1).map(np.int64),
-    st.floats(allow_nan=True, allow_infinity=True).map(np.float64),
-)
-
-# Not numbers at all: the wrong type for any numeric argument.
-wrong_types = st.one_of(
-    st.text(max_size=5), st.booleans(), st.just(np.bool_(True)), st.complex_numbers(max_magnitude=10),
-    st.decimals(allow_nan=False, allow_infinity=False, places=3), st.lists(st.floats(0.1, 0.5), max_size=2),
-    st.floats(0.1, 0.5).map(torch.tensor), st.just(object()),
-)
-
-# (label, parameter, constructor from the one argument fuzzed)
 # (label, parameter, constructor from the one argument fuzzed): every registered compressor's parameter,
 # then the other numeric arguments.
 KNOB_ARGUMENTS: list[tuple[str, ScheduledParameter, Callable[[Any], Any]]] = [

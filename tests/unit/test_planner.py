@@ -113,12 +113,13 @@ def test_plot_is_written(capsys, tmp_path):
     (["--sizes", "10", "--compressor", "signsgd", "--by", "layer", "--group-compressions", "1"],
      "no parameter to schedule"),
     (["--sizes", "10", "--compressor", "threshold"], "cannot be planned"),
-    (["--sizes", "10,x"], "--sizes must be comma-separated numbers"),
+    (["--sizes", "10,x"], "argument --sizes: must be comma-separated tensor sizes"),
     (["--model", "resnet50"], "'torchvision:NAME' or 'package.module:function'"),
     (["--model", "torch.nn:NoSuchModel"], "has no function 'NoSuchModel'"),
     (["--sizes", "10", "--budget", "1", "--by", "uniform"], "--budget needs --by layer, epoch or both"),
-    (["--sizes", "10", "--workers", "0"], "--workers must be >= 1"),
-    (["--sizes", "10", "--by", "layer", "--group-compressions", "1,1"], "values needs len(splits) + 1"),
+    (["--sizes", "10", "--workers", "0"], "argument --workers: must be an integer in [1, 2**63 - 1]"),
+    (["--sizes", "10", "--by", "layer", "--group-compressions", "1,1"],
+     "--group-compressions '1,1': each phase needs 1 value(s), one per size group"),
 ])
 def test_flags_that_do_not_fit_are_named(capsys, argv, message):
     with pytest.raises(SystemExit) as exit_info:
