@@ -33,7 +33,6 @@ from grace_legacy.core.communicator import Communicator
 from grace_legacy.core.compressor import Compressor, Payload
 from grace_legacy.core.memory import Memory
 from grace_legacy.runtime import wire
-from grace_legacy.runtime.cost import ring_allreduce_bytes
 
 
 def shard_bounds(total: int, world_size: int) -> list[int]:
@@ -135,6 +134,7 @@ class ShardedExchange:
                 raise ValueError(f"ScatterGather cannot run {parcel.compressor!r}: it needs "
                                  f"{parcel.compressor.rounds} allreduce rounds")
         tensors = [parcel.payload[0] for parcel in self.parcels]
+        self._like = [(t.shape, t.dtype, t.device) for t in tensors]
         self.segments = segments_of([t.numel() for t in tensors], self.size)
         # Phase 1: every segment compressed as a tensor of its own.
         self.payloads: list[Payload] = []
@@ -155,6 +155,11 @@ class ShardedExchange:
             if parcel.update_memory is not None:
                 parcel.update_memory(parcel.payload, parcel.ctx, Segmented(parcel.compressor))
         self.headers = [not self.parcels[s.parcel].compressor.uniform_payload for s in self.segments]
+        # The owners' payloads have the layout of this rank's own payload of the same segment,
+        # unless the owners encode with another compressor (a vote's code) or the size varies.
+        compressors = [self.parcels[s.parcel].compressor for s in self.segments]
+        self.sum_headers = [header or c.for_sums() is not c
+                            for header, c in zip(self.headers, compressors, strict=True)]
         try:
             self._launch()
         except BaseException as error:
@@ -205,24 +210,24 @@ class ShardedExchange:
         sums: list[Payload] = []
         for i, payloads in zip(mine, per_segment, strict=True):
             sums.append(self._reencode(i, payloads))
-        packed = wire.pack_many([(payload, True) for payload in sums]) if mine \
-            else torch.empty(0, dtype=torch.uint8)
+        packed = wire.pack_many([(payload, self.sum_headers[i]) for i, payload in zip(mine, sums, strict=True)]) \
+            if mine else torch.empty(0, dtype=torch.uint8)
         for i, payload in zip(mine, sums, strict=True):
-            self.parcels[self.segments[i].parcel].pending.bytes_sent += wire.packed_size(payload, True)
+            self.parcels[self.segments[i].parcel].pending.bytes_sent += wire.packed_size(payload, self.sum_headers[i])
         gathered = self.backend.wait(self.backend.allgather_async(packed, f"{self.label}.s2"))
         # Each owner's payloads of its segments, in owner order: the order of the segments.
-        layout = [(self.payloads[i], True) for i in range(len(self.segments))]
+        layout = [(self.payloads[i], self.sum_headers[i]) for i in range(len(self.segments))]
         owners = wire.unpack_gathered_many(gathered, layout, 1, f"{self.label}.s2")
-        flats = [torch.empty(parcel.payload_shape.numel(), dtype=parcel.payload_dtype,
-                             device=parcel.payload_device) for parcel in self.parcels]
+        flats = [torch.empty(shape.numel(), dtype=dtype, device=device) for shape, dtype, device in self._like]
         for i, (segment, payloads) in enumerate(zip(self.segments, owners, strict=True)):
             parcel = self.parcels[segment.parcel]
             encoder = parcel.compressor.for_sums()
             flats[segment.parcel][segment.start: segment.stop] = \
                 encoder.decompress(payloads[0], self.contexts[i]).reshape(-1)
             if segment.owner != self.rank:
-                parcel.pending.wire_bytes += wire.packed_size(payloads[0], True)
-        return {parcel.name: flat.view(parcel.payload_shape) for parcel, flat in zip(self.parcels, flats, strict=True)}
+                parcel.pending.wire_bytes += wire.packed_size(payloads[0], self.sum_headers[i])
+        return {parcel.name: flat.view(like[0]) for parcel, flat, like in zip(self.parcels, flats, self._like,
+                                                                              strict=True)}
 
     def _reencode(self, index: int, payloads: list[Payload]) -> Payload:
         """The owner's payload of segment ``index``: every rank's payloads aggregated, then
@@ -270,5 +275,3 @@ def owner_link_bytes(sizes: Sequence[int], payload_bytes: Callable[[int, int], i
     return (world_size - 1) / world_size * total if world_size > 1 else 0.0
 
 
-__all__ = ["ScatterGather", "ShardedExchange", "Segmented", "owner_link_bytes", "ring_allreduce_bytes",
-           "segments_of", "shard_bounds"]

@@ -86,8 +86,35 @@ def route_link_bytes(concrete: Compressor | None, shape: int | Sequence[int], dt
     packed = wire.packed_size_of(spec, with_header=not concrete.uniform_payload)
     costs["allgather"] = float((world_size - 1) * packed)
     if concrete.rounds == 1:
-        costs["scattergather"] = ring_allreduce_bytes(packed, world_size)
+        costs["scattergather"] = scatter_gather_bytes(concrete, shape.numel(), dtype, world_size)
     return costs
+
+
+def segment_bytes(concrete: Compressor, numel: int, dtype: torch.dtype) -> tuple[int, int]:
+    """The packed bytes of a scatter-gather's two payloads of one ``numel``-element segment: the
+    segment compressed by ``concrete``, and its owner's re-encoding (``for_sums``), each with a
+    size header where its size is not fixed by the configuration (or the encoder differs)."""
+    shape = torch.Size([numel])
+    first = wire.packed_size_of(concrete.payload_spec_for(shape, dtype), with_header=not concrete.uniform_payload)
+    encoder = concrete.for_sums()
+    second = wire.packed_size_of(encoder.payload_spec_for(shape, dtype),
+                                 with_header=not concrete.uniform_payload or encoder is not concrete)
+    return first, second
+
+
+def scatter_gather_bytes(concrete: Compressor, numel: int, dtype: torch.dtype, world_size: int) -> float:
+    """Link bytes per rank (the mean over the ranks) of a scatter-gather of one tensor of ``numel``
+    elements cut into ``world_size`` shards: each segment's payload leaves its rank for its owner
+    and the owner's payload reaches the other ranks, so ``(P - 1) / P`` of every segment's two
+    payloads. Exact for a tensor sent alone; in a bucket a tensor is cut into no more segments."""
+    if world_size < 2:
+        return 0.0
+    base, extra = divmod(numel, world_size)
+    total = 0
+    for size, count in ((base + 1, extra), (base, world_size - extra)):
+        if size and count:
+            total += count * sum(segment_bytes(concrete, size, dtype))
+    return (world_size - 1) / world_size * total
 
 
 def cheapest_route(costs: dict[str, float]) -> str:

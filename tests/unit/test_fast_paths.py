@@ -20,7 +20,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from grace_legacy import DGC, Grace, Legacy, NoMemory, RandomK, Residual, Threshold, TopK
+from grace_legacy import DGC, Allgather, Grace, Legacy, NoMemory, RandomK, Residual, Threshold, TopK
 from grace_legacy.communicators.exchange import BucketExchange, Parcel
 from grace_legacy.compressors.kernels.selection import SMALL, entries_at_or_above, magnitude_bound
 from grace_legacy.compressors.randomk import uniform_subset
@@ -335,7 +335,7 @@ def test_a_bucket_of_scattered_members_aggregates_as_each_member_alone(make):
     shapes = {"a": (30,), "b": (8, 9), "c": (200,), "d": ()}
 
     def run(backend, bucket_bytes):
-        bundle = Grace(make(), memory=NoMemory(), dense_fallback=False)
+        bundle = Grace(make(), memory=NoMemory(), dense_fallback=False, communicator=Allgather())
         bundle.bucket_bytes = bucket_bytes
         bundle.plan_buckets([(n, 4 * torch.Size(s).numel()) for n, s in shapes.items()])
         grads = {n: torch.randn(s, generator=torch.Generator().manual_seed(7 * backend.rank() + i))

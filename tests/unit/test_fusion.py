@@ -6,7 +6,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from grace_legacy import FP16, Grace, Legacy, PowerSGD, PowerSGDMemory, RandomK, Residual, Threshold, TopK
+from grace_legacy import FP16, Allgather, Grace, Legacy, PowerSGD, PowerSGDMemory, RandomK, Residual, Threshold, TopK
 from grace_legacy.communicators.buckets import BUCKET_BYTES_CAP, BucketPlan, default_bucket_bytes
 from grace_legacy.runtime.cost import gather_costs_more
 from tests.helpers import run_ranks
@@ -16,13 +16,13 @@ SHAPES = {"conv": (8, 4, 3), "fc1": (60, 40), "bias1": (60,), "fc2": (10, 60), "
 SIZES = [(name, 4 * torch.Size(shape).numel()) for name, shape in reversed(SHAPES.items())]
 
 COMPRESSORS = {
-    "topk": lambda: Grace(TopK(0.05), memory=Residual()),
+    "topk": lambda: Grace(TopK(0.05), memory=Residual(), communicator=Allgather()),
     "threshold": lambda: Grace(Threshold(1.0), memory=Residual()),
     "randomk": lambda: Grace(RandomK(0.1, seed=4), memory=Residual()),
     "fp16": lambda: Grace(FP16()),
     "powersgd": lambda: Grace(PowerSGD(2, seed=1), memory=PowerSGDMemory()),
     "legacy": lambda: Grace(Legacy(TopK(), by="layer", values=[1.0, 0.2, 0.02], splits=[100, 1000]),
-                            memory=Residual()),
+                            memory=Residual(), communicator=Allgather()),
 }
 
 
@@ -136,18 +136,20 @@ def test_a_rank_never_hands_over_more_than_dense(world, ratio, numel):
         return bundle.stats
 
     for stats in run_ranks(world, body):
-        assert stats["bytes_sent"] <= stats["bytes_dense"]
-        assert set(stats["tensors_by_route"]) <= {"allgather", "dense-fallback", "dense"}
+        assert stats["wire_bytes"] <= stats["wire_dense"]
+        assert set(stats["tensors_by_route"]) <= {"allgather", "scattergather", "dense-fallback", "dense"}
 
 
 def test_fallback_is_recorded_and_can_be_turned_off():
+    """Top-k 0.6 of 100 elements at 4 ranks: dense costs 600 link bytes, the scatter-gather 720 (4
+    segments of 15 entries each way), the gather 1440; without the fallback, the cheaper of the two."""
     def body(backend, fallback):
-        bundle = Grace(TopK(0.5), bucket_bytes=0, dense_fallback=fallback)
+        bundle = Grace(TopK(0.6), bucket_bytes=0, dense_fallback=fallback)
         bundle.start(torch.randn(100), "w", backend, True)()
         return bundle.stats["tensors_by_route"]
 
     assert run_ranks(4, lambda b: body(b, True))[0] == {"dense-fallback": 1}
-    assert run_ranks(4, lambda b: body(b, False))[0] == {"allgather": 1}
+    assert run_ranks(4, lambda b: body(b, False))[0] == {"scattergather": 1}
 
 
 @pytest.mark.parametrize("bucket_bytes", [0, 1 << 20])

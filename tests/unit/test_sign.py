@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from grace_legacy import (
+    Allgather,
     EFSignSGD,
     EFSignSGDMemory,
     Grace,
@@ -436,7 +437,8 @@ def dyadic(seed: int, n: int, world: int) -> list[torch.Tensor]:
 def test_grace_efsignsgd_applies_the_mean_of_the_ranks_steps_divided_by_lr():
     world, n, lr = 4, 8, 0.25
     steps = [dyadic(seed, n, world) for seed in range(4)]
-    results = synchronize([Grace(EFSignSGD(lr), dense_fallback=False) for _ in range(world)], steps)
+    results = synchronize([Grace(EFSignSGD(lr), dense_fallback=False, communicator=Allgather())
+                           for _ in range(world)], steps)
     # Karimireddy et al. (2019), Algorithm 1, per rank, then the mean of the ranks' steps over lr.
     errors = [torch.zeros(n, dtype=torch.float64) for _ in range(world)]
     for gradients, synced in zip(steps, results, strict=True):
