@@ -19,7 +19,7 @@ from grace_legacy.core.memory import Memory, NoMemory
 from grace_legacy.core.seeds import derived_seed
 from grace_legacy.core.state import refuse_other_configuration, saved_configuration
 from grace_legacy.memories import Residual
-from grace_legacy.runtime.cost import cheapest_route, ring_allreduce_bytes, route_link_bytes
+from grace_legacy.runtime.cost import choose_route, ring_allreduce_bytes
 from grace_legacy.runtime.stall import RanksStalled, resolve_stall_timeout
 from grace_legacy.runtime.traffic import TrafficStats
 from grace_legacy.runtime.validation import ArgumentTypeError, check_flag, is_int
@@ -114,28 +114,15 @@ class Grace:
             if fusable and self.bucket_bytes else None
 
     def route_of(self, concrete: Compressor, shape: torch.Size, dtype: torch.dtype, world_size: int) -> str:
-        """The route of a tensor that ``concrete`` compresses, at ``world_size`` ranks: the one
-        that puts the fewest bytes on the link (:func:`~grace_legacy.runtime.cost.route_link_bytes`;
-        at one rank, as at two) among those the communicator allows, ``"dense"`` where sending
-        the tensor uncompressed costs no more (unless ``dense_fallback=False``). A function of the
-        configuration, the shape and the number of ranks alone, so every rank takes the same."""
+        """The route of a tensor that ``concrete`` compresses at ``world_size`` ranks
+        (:func:`~grace_legacy.runtime.cost.choose_route` with this bundle's communicator and
+        dense fallback), the same on every rank."""
         key = (id(concrete), shape, dtype, world_size)
         route = self._routes.get(key)
         if route is None:
-            costs = route_link_bytes(concrete, shape, dtype, max(world_size, 2))
-            forced = self.communicator
-            if forced is not None and forced.route != "allreduce":
-                via = "scattergather" if forced.route == "scattergather" else "allgather"
-                candidates = {r: c for r, c in costs.items() if r in (via, "dense")}
-                candidates.setdefault(via, 0.0)  # a size only the data decides: no choice to make
-            else:
-                candidates = costs
-            if not self.dense_fallback and len(candidates) > 1:
-                candidates.pop("dense", None)
-            route = cheapest_route(candidates)
-            if forced is not None and route != "dense":
-                route = forced.route
-            self._routes[key] = route
+            forced = None if self.communicator is None else self.communicator.route
+            route = self._routes[key] = choose_route(concrete, shape, dtype, world_size, forced=forced,
+                                                     dense_fallback=self.dense_fallback)
         return route
 
     def start(self, tensor: torch.Tensor, name: str, backend: Backend, average: bool,
