@@ -5,7 +5,9 @@ The keys and defaults are GRACE's:
 
 * ``compressor`` (``"none"``): one of :data:`COMPRESSORS`;
 * ``memory`` (``"none"``): one of :data:`MEMORIES`;
-* ``communicator`` (``"allreduce"``): one of :data:`COMMUNICATORS`;
+* ``communicator`` (``"allreduce"``): one of :data:`COMMUNICATORS` (``"scattergather"``, the
+  two-phase compressed allreduce, is ours; ``"auto"`` lets the bundle take the route of fewest link
+  bytes per tensor, as ``Grace(communicator=None)`` does);
 * ``compress_ratio`` (``0.3``): the density of topk, randomk and dgc;
 * ``quantum_num`` (``127``): qsgd's levels;
 * ``threshold`` (``0.01``): threshold's magnitude;
@@ -34,7 +36,7 @@ from typing import Any
 
 import torch
 
-from grace_legacy.communicators import Allgather, Allreduce, Broadcast
+from grace_legacy.communicators import Allgather, Allreduce, Broadcast, ScatterGather
 from grace_legacy.compressors import (
     DGC,
     FP16,
@@ -100,8 +102,9 @@ MEMORIES: dict[str, Callable[[Mapping[str, Any]], Memory]] = {
     "efsignsgd": lambda p: EFSignSGDMemory(p["lr"]),
     "powersgd": lambda p: PowerSGDMemory(),
 }
-COMMUNICATORS: dict[str, Callable[[], Communicator]] = {
-    "allreduce": Allreduce, "allgather": Allgather, "broadcast": Broadcast,
+COMMUNICATORS: dict[str, Callable[[], Communicator | None]] = {
+    "allreduce": Allreduce, "allgather": Allgather, "broadcast": Broadcast, "scattergather": ScatterGather,
+    "auto": lambda: None,
 }
 #: The keys each compressor and memory reads besides its name: an error of theirs names them.
 _KEYS_READ = {
@@ -208,7 +211,7 @@ def grace_from_params(params: Mapping[str, Any]) -> Grace:
     try:
         return Grace(compressor, memory, communicator)
     except ValueError as err:
-        if communicator.carries_non_additive or compressor.additive:
+        if communicator is None or communicator.carries_non_additive or compressor.additive:
             raise ValueError(f"grace_from_params: {err}") from None
         raise ValueError(f"grace_from_params: {err}; in params, set "
-                         f"'communicator': 'allgather' (or 'broadcast')") from None
+                         f"'communicator': 'auto', 'scattergather' or 'allgather'") from None
