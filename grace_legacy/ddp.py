@@ -82,11 +82,11 @@ class GraceState:
         # Reverse registration order: buckets fill while backward goes on; results are collected
         # in this order on every rank.
         self._order = [name for name, _ in reversed(named)]
-        self.grace.plan_buckets([(name, self._parameters[name].numel() * self._parameters[name].element_size())
-                                 for name in self._order])
+
         self._options = {option: str(getattr(ddp_model, option, None)) for option in
                          ("find_unused_parameters", "static_graph", "gradient_as_bucket_view")}
         self._step: _Step | None = None
+        self._abandoned = False
         self._verified = False
         self.steps = 0
         self._verify("registration")
@@ -109,6 +109,10 @@ class GraceState:
             if self._step is not None:
                 raise RuntimeError("grace_legacy.ddp: a backward pass started before the previous one's buckets "
                                    "were all exchanged")
+            if self._abandoned:
+                # The last backward pass failed half-way: its state is undone before this one starts.
+                self.grace.undo_step()
+                self._abandoned = False
             if not self._verified:
                 # Again here: set_epoch or a loaded state may have moved one rank's schedule.
                 self._verify("first-step")
@@ -129,10 +133,14 @@ class GraceState:
                 if name is None:
                     raise RuntimeError("grace_legacy.ddp: DDP handed over a parameter that was not in the model "
                                        "when the hook was registered")
-                step.pending[name] = self.grace.start(gradient, name, self.backend, average=True)
+                # Fused as DDP fused them: each bucket launches as it arrives, overlapping the rest
+                # of the backward pass as DDP's own allreduce does.
+                step.pending[name] = self.grace.start(gradient, name, self.backend, average=True, hold=True)
                 names.append(name)
+            self.grace.launch_held(f"ddp{index}", self.backend, average=True)
         except BaseException:
             self._step = None  # the backward pass fails with the error; the next one starts afresh
+            self._abandoned = True
             raise
         future: torch.futures.Future = torch.futures.Future(
             devices=[buffer.device] if buffer.device.type == "cuda" else None)
@@ -161,6 +169,7 @@ class GraceState:
             for _, _, future in step.buckets:
                 future.set_exception(error)
             self._step = None
+            self._abandoned = True
             raise
         for buffer, names, future in step.buckets:
             # Into the bucket itself, as PyTorch's hooks do: no bucket-sized tensor per step.
@@ -190,6 +199,9 @@ class GraceState:
         return self.grace.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self._abandoned:  # a failed backward pass's state goes before the checkpoint's comes
+            self.grace.undo_step()
+            self._abandoned = False
         self.grace.load_state_dict(state)
         self._verified = False
 

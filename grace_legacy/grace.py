@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from grace_legacy.communicators import Allgather, Allreduce, ScatterGather
-from grace_legacy.communicators.buckets import BucketFiller, BucketPlan, default_bucket_bytes
+from grace_legacy.communicators.buckets import BucketFiller, BucketPlan, default_bucket_bytes, launch_bucket
 from grace_legacy.communicators.exchange import Parcel
 from grace_legacy.compressors import NoCompression
 from grace_legacy.core.backend import Backend, Pending
@@ -19,6 +19,7 @@ from grace_legacy.core.memory import Memory, NoMemory
 from grace_legacy.core.seeds import derived_seed
 from grace_legacy.core.state import refuse_other_configuration, saved_configuration
 from grace_legacy.memories import Residual
+from grace_legacy.runtime.buffers import BufferPool
 from grace_legacy.runtime.cost import choose_route, ring_allreduce_bytes
 from grace_legacy.runtime.stall import RanksStalled, resolve_stall_timeout
 from grace_legacy.runtime.traffic import TrafficStats
@@ -77,6 +78,9 @@ class Grace:
         self.bucket_bytes = default_bucket_bytes() if bucket_bytes is None else bucket_bytes
         self._filler: BucketFiller | None = None
         self._routes: dict[tuple, str] = {}
+        # Parcels started with hold=True, launched together by launch_held, and their buffers.
+        self._held: list[Parcel] = []
+        self._held_pool = BufferPool()
         self.compressor = compressor
         self._schedule = compressor if isinstance(compressor, Schedule) else None
         #: the bytes this rank sent, by route (and by a schedule's groups and phases): :attr:`stats`
@@ -126,7 +130,7 @@ class Grace:
         return route
 
     def start(self, tensor: torch.Tensor, name: str, backend: Backend, average: bool,
-              overwrite: bool = False) -> Pending:
+              overwrite: bool = False, hold: bool = False) -> Pending:
         """Compress ``tensor`` and launch its collectives; call the result to get the gradient.
         ``overwrite``: the caller will not read ``tensor`` again, so the memory may build the
         compensated gradient in its storage (:meth:`Memory.compensate_into`)."""
@@ -159,11 +163,15 @@ class Grace:
         def update_memory(final_payload: Payload, final_ctx: Any, encoder: Any = None) -> None:
             self.memory.update(compensated, name, encoder or concrete, final_payload, final_ctx)
 
-        if self._filler is not None and name in self._filler.plan.bucket_of:
+        if communicator.fusable and (hold or (self._filler is not None and name in self._filler.plan.bucket_of)):
             parcel = Parcel(name, payload, ctx, concrete, gathered=communicator.carries_non_additive
                             and not communicator.compresses, sharded=communicator.compresses,
                             update_memory=update_memory)
-            inner = self._filler.add(parcel, backend, average)
+            if hold:
+                self._held.append(parcel)
+                inner = parcel.pending
+            else:
+                inner = self._filler.add(parcel, backend, average)
         elif communicator.compresses:
             inner = communicator.start(payload, ctx, name, concrete, backend, average, on_final_payload=update_memory,
                                        owner_memory=self.owner_memory)
@@ -187,6 +195,12 @@ class Grace:
 
         self._started[name] = inner
         return Pending(finish, inner.bytes_sent)
+
+    def launch_held(self, label: str, backend: Backend, average: bool) -> None:
+        """Launch the tensors started with ``hold=True`` since the last launch as one bucket
+        (``label`` names its collectives): a caller with buckets of its own (DDP's) fuses by them."""
+        held, self._held = self._held, []
+        launch_bucket(label, held, backend, average, self._held_pool, self.owner_memory)
 
     def record_traffic(self, name: str, tensor: torch.Tensor, sent_bytes: int, route: str,
                        wire_bytes: float = 0.0, world_size: int = 1) -> None:
@@ -302,7 +316,8 @@ class Grace:
     def unlaunched(self) -> set[str]:
         """The tensors started this step whose collectives this rank has not launched (their
         fused bucket still waits for other members): waiting for those would never end."""
-        return self._filler.unlaunched() if self._filler is not None else set()
+        held = {parcel.name for parcel in self._held}
+        return held | self._filler.unlaunched() if self._filler is not None else held
 
     def undo_step(self) -> None:
         """Forget the step under way (``load_state_dict`` in mid-step, an elastic restore): buckets
@@ -320,6 +335,7 @@ class Grace:
                     break
         if self._filler is not None:
             self._filler.abandon()
+        self._held.clear()
         for name in self._started:
             self.undo(name)
         self._started.clear()

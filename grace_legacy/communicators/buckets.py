@@ -60,6 +60,18 @@ class BucketPlan:
         return f"BucketPlan({len(self.buckets)} buckets of up to {self.bucket_bytes} bytes)"
 
 
+def launch_bucket(label: str, parcels: list[Parcel], backend: Backend, average: bool, pool: BufferPool,
+                  owner_memory: Memory | None) -> None:
+    """Launch one bucket's parcels: those that go to the shards' owners in one scatter-gather,
+    the rest in one exchange (one gather, one allreduce per dtype)."""
+    rest = [p for p in parcels if not p.sharded]
+    if rest:
+        BucketExchange(label, rest, backend, average, pool)
+    sharded = [p for p in parcels if p.sharded]
+    if sharded:
+        ShardedExchange(label, sharded, backend, average, owner_memory)
+
+
 class BucketFiller:
     """Collects each bucket's parcels during a step and launches the bucket once it is full."""
 
@@ -80,14 +92,8 @@ class BucketFiller:
         names = self.plan.buckets[index]
         if len(entries) == len(names):
             del self._open[index]
-            parcels = [entries[n] for n in names]
-            # The parcels that go to the shards' owners fly apart; the rest in one exchange.
-            rest = [p for p in parcels if not p.sharded]
-            if rest:
-                BucketExchange(f"bucket{index}", rest, backend, average, self._recycler)
-            sharded = [p for p in parcels if p.sharded]
-            if sharded:
-                ShardedExchange(f"bucket{index}", sharded, backend, average, self.owner_memory)
+            launch_bucket(f"bucket{index}", [entries[n] for n in names], backend, average, self._recycler,
+                          self.owner_memory)
         return parcel.pending
 
     def unlaunched(self) -> set[str]:
