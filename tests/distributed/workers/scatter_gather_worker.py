@@ -74,8 +74,20 @@ def default_route(rec: Recorder, engine: str) -> None:
         loss_of(trained, batch(step, rank)).backward()
         opt.step()
     routes = compression.stats["tensors_by_route"]
-    expected = "allgather" if world <= 2 else "scattergather"
-    rec.check(f"default route at {world} ranks is {expected}", set(routes) == {expected}, str(routes))
+    # Each tensor's route by the link-byte model, written out: (P - 1) * packed for the gather,
+    # (P - 1) / P of both phases' payloads of its P segments for the scatter-gather.
+    expected: dict[str, int] = {}
+    for p in model.parameters():
+        k = lambda n: max(1, int(0.05 * n))  # noqa: E731
+        gather = (world - 1) * 8 * k(p.numel())
+        base, extra = divmod(p.numel(), world)
+        segments = [base + 1] * extra + [base] * (world - extra)
+        scatter = (world - 1) / world * sum(2 * 8 * k(s) for s in segments if s)
+        route = "scattergather" if scatter < gather else "allgather"
+        expected[route] = expected.get(route, 0) + 3
+    rec.check(f"routes at {world} ranks are the link-byte model's", routes == expected, f"{routes} != {expected}")
+    if world > 2:
+        rec.check("the largest tensors take the scatter-gather", routes.get("scattergather", 0) > 0, str(routes))
     mine = digest(model)
     if engine == "horovod":
         every = hvd.allgather(mine.reshape(1, -1), name="digests")
