@@ -61,8 +61,8 @@ def _refuse_options(ddp_model: DistributedDataParallel) -> None:
 class GraceState:
     """The state of :func:`grace_hook` for one DDP model: the ``Grace`` bundle, the backend on the
     model's process group, each parameter's name. Building it is a collective: the ranks compare
-    their set-ups here and at the first backward pass. ``set_epoch``, ``stats``, ``state_dict`` and
-    ``load_state_dict`` are the bundle's (each rank saves and loads its own)."""
+    their set-ups here and at the first backward pass. ``set_epoch``, ``stats``, ``scalars``,
+    ``state_dict`` and ``load_state_dict`` are the bundle's (each rank saves and loads its own)."""
 
     def __init__(self, ddp_model: DistributedDataParallel, compression: Compressor | Grace) -> None:
         # The compression first: checking it needs no process group, so a wrong one is reported
@@ -181,6 +181,10 @@ class GraceState:
     @property
     def stats(self) -> dict[str, Any]:
         return self.grace.stats
+
+    def scalars(self, prefix: str = "grace") -> dict[str, float]:
+        """:attr:`stats` as flat numbers for TensorBoard or W&B (:meth:`grace_legacy.Grace.scalars`)."""
+        return self.grace.scalars(prefix)
 
     def reset_stats(self) -> None:
         self.grace.reset_stats()
