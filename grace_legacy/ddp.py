@@ -70,7 +70,9 @@ class GraceState:
         self.grace: Grace = as_bundle(compression, "grace_legacy.ddp")
         if not isinstance(ddp_model, DistributedDataParallel):
             raise TypeError(f"grace_legacy.ddp: ddp_model must be a torch.nn.parallel.DistributedDataParallel, "
-                            f"got {type(ddp_model).__name__}")
+                            f"got {type(ddp_model).__name__}: register the wrapped model (with Accelerate the one "
+                            f"accelerator.prepare returns, which is wrapped only when more than one process runs; "
+                            f"with Lightning use grace_legacy.lightning's strategies)")
         _refuse_options(ddp_model)
         self.backend = TorchDistributedBackend(ddp_model.process_group)
         ignored = getattr(ddp_model, "parameters_to_ignore", set())
