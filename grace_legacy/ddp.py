@@ -61,8 +61,8 @@ def _refuse_options(ddp_model: DistributedDataParallel) -> None:
 class GraceState:
     """The state of :func:`grace_hook` for one DDP model: the ``Grace`` bundle, the backend on the
     model's process group, each parameter's name. Building it is a collective: the ranks compare
-    their set-ups here and at the first backward pass. ``set_epoch``, ``stats``, ``state_dict`` and
-    ``load_state_dict`` are the bundle's (each rank saves and loads its own)."""
+    their set-ups here and at the first backward pass. ``set_epoch``, ``stats``, ``scalars``,
+    ``state_dict`` and ``load_state_dict`` are the bundle's (each rank saves and loads its own)."""
 
     def __init__(self, ddp_model: DistributedDataParallel, compression: Compressor | Grace) -> None:
         # The compression first: checking it needs no process group, so a wrong one is reported
@@ -70,7 +70,9 @@ class GraceState:
         self.grace: Grace = as_bundle(compression, "grace_legacy.ddp")
         if not isinstance(ddp_model, DistributedDataParallel):
             raise TypeError(f"grace_legacy.ddp: ddp_model must be a torch.nn.parallel.DistributedDataParallel, "
-                            f"got {type(ddp_model).__name__}")
+                            f"got {type(ddp_model).__name__}: register the wrapped model (with Accelerate the one "
+                            f"accelerator.prepare returns, which is wrapped only when more than one process runs; "
+                            f"with Lightning use grace_legacy.lightning's strategies)")
         _refuse_options(ddp_model)
         self.backend = TorchDistributedBackend(ddp_model.process_group)
         ignored = getattr(ddp_model, "parameters_to_ignore", set())
@@ -190,6 +192,10 @@ class GraceState:
     @property
     def stats(self) -> dict[str, Any]:
         return self.grace.stats
+
+    def scalars(self, prefix: str = "grace") -> dict[str, float]:
+        """:attr:`stats` as flat numbers for TensorBoard or W&B (:meth:`grace_legacy.Grace.scalars`)."""
+        return self.grace.scalars(prefix)
 
     def reset_stats(self) -> None:
         self.grace.reset_stats()

@@ -353,6 +353,10 @@ class Grace:
     def stats(self) -> dict[str, Any]:
         return self.compressor.stats
 
+    def scalars(self, prefix: str = "grace") -> dict[str, float]:
+        """:attr:`stats` as flat numbers for TensorBoard or W&B (:meth:`Compressor.scalars`)."""
+        return self.compressor.scalars(prefix)
+
     def reset_stats(self) -> None:
         self.traffic.reset()
 

@@ -10,12 +10,16 @@ others), ``wire_dense`` what a dense ring allreduce of the same gradients would 
 
 ``volume = wire_bytes / wire_dense``: the share of the link a dense allreduce would use. With one
 rank nothing crosses a link, and ``volume`` is the handed ratio ``bytes_sent / bytes_dense``.
+
+:func:`flatten_scalars` turns a ``stats`` dictionary into the flat ``{"grace/volume": ...,
+"grace/group/0/volume": ...}`` numbers TensorBoard's ``add_scalar`` or W&B's ``log`` take.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Hashable, Mapping
+from numbers import Real
 from typing import Any
 
 
@@ -71,6 +75,11 @@ class TrafficStats:
             out[dimension] = {key: tally.as_dict() for key, tally in sorted(tallies.items(), key=_sort_key)}
         return out
 
+    @staticmethod
+    def scalars(stats: Mapping[str, Any], prefix: str = "grace") -> dict[str, float]:
+        """:func:`flatten_scalars` (what ``Compressor.scalars`` calls through its ledger)."""
+        return flatten_scalars(stats, prefix)
+
     def state_dict(self) -> dict[str, Any]:
         return {
             "total": self._total.as_tuple(),
@@ -84,6 +93,30 @@ class TrafficStats:
         self._routes = Counter(state["routes"])
         self._breakdowns = {dim: {key: _Tally(*values) for key, values in tallies.items()}
                             for dim, tallies in state["breakdowns"].items()}
+
+
+def flatten_scalars(stats: Mapping[str, Any], prefix: str = "grace") -> dict[str, float]:
+    """Every number in ``stats`` under its path of keys joined by ``/`` behind ``prefix``, as a float:
+    ``{"volume": 0.1, "group": {0: {"volume": 1.0}}}`` gives ``{"grace/volume": 0.1,
+    "grace/group/0/volume": 1.0}``. Nested dictionaries are walked in their order; what is not a
+    number (lists, strings, ``None``) is left out, so the result only ever holds numbers. With
+    ``prefix=""`` the keys start at the first level (``"volume"``)."""
+    if not isinstance(prefix, str):
+        raise TypeError(f"scalars: prefix must be a string (\"\" for none), got {type(prefix).__name__}")
+    if not isinstance(stats, Mapping):
+        raise TypeError(f"scalars: stats must be a dictionary, got {type(stats).__name__}")
+    flat: dict[str, float] = {}
+
+    def walk(node: Mapping[Any, Any], path: str) -> None:
+        for key, value in node.items():
+            name = f"{path}/{key}" if path else str(key)
+            if isinstance(value, Mapping):
+                walk(value, name)
+            elif isinstance(value, Real):  # bool, int, float, Fraction, numpy's scalars
+                flat[name] = float(value)
+
+    walk(stats, prefix.rstrip("/"))
+    return flat
 
 
 def _sort_key(item: tuple[Hashable, _Tally]) -> tuple[str, Any]:
