@@ -214,4 +214,5 @@ def grace_from_params(params: Mapping[str, Any]) -> Grace:
         if communicator is None or communicator.carries_non_additive or compressor.additive:
             raise ValueError(f"grace_from_params: {err}") from None
         raise ValueError(f"grace_from_params: {err}; in params, set "
-                         f"'communicator': 'auto', 'scattergather' or 'allgather'") from None
+                         f"'communicator': 'auto' (the route of fewest link bytes per tensor), 'allgather' or "
+                         f"'scattergather'") from None

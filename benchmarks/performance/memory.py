@@ -118,6 +118,9 @@ class SoloBackend:
     def broadcast_async(self, tensor: torch.Tensor, root_rank: int, name: str) -> torch.Tensor:
         return tensor.clone()
 
+    def alltoall_async(self, tensor: torch.Tensor, splits: list[int], name: str) -> torch.Tensor:
+        return tensor.clone()
+
     def wait(self, handle: torch.Tensor) -> torch.Tensor:
         return handle
 
