@@ -318,7 +318,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except NotImplementedError as err:  # a payload whose size only the data decides (Threshold)
         parser.error(f"--compressor {args.compressor}: its bytes cannot be planned ({err})")
     print(f"{compression!r} on {workers} workers" + ("" if args.workers else " (the default; --workers N)")
-          + f", fused buckets of up to {result.bucket_bytes:,} bytes")
+          + (f", fused buckets of up to {result.bucket_bytes:,} bytes" if result.bucket_bytes
+             else ", no fused buckets"))
     if isinstance(compression, Legacy):
         flags = compression.to_flags()
         print("reference flags: " + " ".join(f"--{k.replace('_', '-')} {v!r}" if isinstance(v, str) else
@@ -326,7 +327,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.plot:
         counts = sorted({*(2 ** k for k in range(1, 11)), workers})
         plot_scaling(scaling(compression, shapes, counts, **options), args.plot,
-                     title=f"{compression!r}"[:90] + f", {args.model or f'{len(shapes)} tensors'}")
+                     title=f"{compression!r}"[:90] + f", {args.model or f'{len(shapes)} tensors'}", mark=workers)
         print(f"plot: {args.plot}")
     print("wire volume by workers (each route alone, and the bundle's choice):")
     print(format_scaling(table))

@@ -617,23 +617,29 @@ def format_link_times(routes: dict[str, Plan], bandwidth: float, latency: float)
     return "\n".join(lines)
 
 
-def plot_scaling(rows: Sequence[Scaling], path: str, title: str = "") -> None:
+def plot_scaling(rows: Sequence[Scaling], path: str, title: str = "", mark: int | None = None) -> None:
     """Wire volume against the number of workers (log x), per route alone and for the bundle's
-    choice, beside dense (1); saved as PNG."""
+    choice, beside dense (1), with a line at ``mark`` workers; saved as PNG."""
     import matplotlib  # an optional dependency (the `examples` extra), needed only for --plot
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import PercentFormatter
 
     workers = [row.world_size for row in rows]
     fig, ax = plt.subplots(figsize=(7, 4.5))
+    # The bundle's choice first, wide and pale, so that the route it follows shows through.
+    ax.plot(workers, [row.chosen.volume for row in rows], color="black", linewidth=6, alpha=0.25,
+            label="bundle's choice")
     ax.plot(workers, [1.0] * len(workers), color="gray", linestyle="--", label="dense allreduce")
     for route in rows[0].forced:
-        ax.plot(workers, [row.forced[route].volume for row in rows], marker="o", label=f"{route} alone")
-    ax.plot(workers, [row.chosen.volume for row in rows], marker="s", color="black", linewidth=2,
-            label="bundle's choice")
+        ax.plot(workers, [row.forced[route].volume for row in rows], marker="o", markersize=4,
+                label=f"{route} alone")
+    if mark is not None:
+        ax.axvline(mark, color="gray", linewidth=0.8, linestyle=":")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(PercentFormatter(1.0, decimals=None))
     ax.set_xticks(workers, [str(w) for w in workers])
     ax.set_xlabel("workers")
     ax.set_ylabel("wire volume (link bytes / dense ring allreduce)")
