@@ -1,9 +1,20 @@
-"""``python -m grace_legacy plan``: what a compressor or LEGACY schedule will send, before training.
+"""``python -m grace_legacy plan``: what a compressor or LEGACY schedule will put on the links, before
+training.
 
     python -m grace_legacy plan --model torchvision:resnet50 --compressor topk \\
         --by both --group-compressions "10,1;1,0.1" --group-splits 100000 --epochs 90 --workers 4
     python -m grace_legacy plan --sizes 600,20,100,5 --compressor topk --budget 1 \\
         --by layer --group-splits 50 --layer-factors 10,1
+    python -m grace_legacy plan --model torchvision:resnet50 --compressor qsgd --workers 64 \\
+        --bandwidth 10Gbit --latency 20us --plot plan.png
+
+It prints the wire volume (link bytes against a dense ring allreduce's, ``stats["volume"]``) at
+4 to 1024 workers, each route alone and the bundle's choice; with ``--bandwidth`` (and
+``--latency``) an alpha-beta estimate of the communication time per step of each route at
+``--workers`` (see ``grace_legacy.planner``); then, at ``--workers`` (default 4), one row per phase
+and size group with the routes the bundle takes and its link bytes per step, and the last line
+``expected volume X%``: the wire volume over the run. ``--plot FILE.png`` draws the wire volume
+against the number of workers.
 
 The schedule is given either in the LEGACY reference flags (``--by``, ``--group-compressions``,
 ``--group-splits``, ``--epochs``) or as a budget: ``--budget V`` (a uniform parameter value, in the
@@ -19,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import sys
 from collections.abc import Sequence
 from fractions import Fraction
@@ -28,7 +40,17 @@ import torch
 
 from grace_legacy.core.compressor import Compressor
 from grace_legacy.helper import COMPRESSORS, DEFAULTS
-from grace_legacy.planner import format_plan, model_shapes, plan, plot_plan
+from grace_legacy.planner import (
+    DEFAULT_WORKERS,
+    WORKER_COUNTS,
+    format_link_times,
+    format_plan,
+    format_scaling,
+    model_shapes,
+    plan,
+    plot_scaling,
+    scaling,
+)
 from grace_legacy.runtime.validation import MAX_NUMEL
 from grace_legacy.schedules.legacy import Legacy
 
@@ -112,6 +134,46 @@ def _group_compressions(text: str) -> str:
     return text
 
 
+_PREFIXES = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+_BANDWIDTH = re.compile(r"(?P<number>[0-9.]+(?:[eE][-+]?[0-9]+)?)\s*(?P<prefix>[kKmMgGtT]?)"
+                        r"(?P<unit>bit|b|B|bps|Bps|)(?:/s)?")
+_LATENCY = re.compile(r"(?P<number>[0-9.]+(?:[eE][-+]?[0-9]+)?)\s*(?P<unit>s|ms|us|ns|)")
+_SECONDS = {"": 1.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
+
+
+def _bandwidth(text: str) -> float:
+    """Bytes per second of each rank's link: a number with an optional decimal prefix (k, M, G, T)
+    and unit: ``bit``, ``b`` or ``bps`` for bits, ``B`` or ``Bps`` (or none) for bytes, an optional
+    ``/s``: ``100Mbit``, ``10Gbit/s``, ``1.25GB``, ``1e9``."""
+    what = ("a bandwidth > 0: a number with an optional prefix k, M, G, T and unit bit (or b, bps) or B "
+            "(bytes, the default), e.g. 100Mbit, 10Gbit/s, 1.25GB")
+    match = _BANDWIDTH.fullmatch(text.strip())
+    if match is None:
+        raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}")
+    value = _finite_positive(match["number"], what, text)
+    per_second = value * _PREFIXES[match["prefix"].lower()] / (8 if match["unit"] in ("bit", "b", "bps") else 1)
+    if not math.isfinite(per_second):
+        raise argparse.ArgumentTypeError(f"must be {what}, got {text!r} (out of range)")
+    return per_second
+
+
+def _latency(text: str) -> float:
+    """Seconds per step of a collective: a number >= 0 with an optional unit s, ms, us, ns."""
+    what = "a latency >= 0 in seconds per collective step, with an optional unit s, ms, us or ns (e.g. 20us)"
+    match = _LATENCY.fullmatch(text.strip())
+    try:
+        value = float(match["number"]) if match else math.nan
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}")
+    return value * _SECONDS[match["unit"]]
+
+
+def _bucket_bytes(text: str) -> int:
+    return _integer(text.strip(), f"an integer in [0, {_LARGEST}] (bytes; 0: no fusion)", text, 0, MAX_NUMEL)
+
+
 def _plot(text: str) -> str:
     path = Path(text)
     if path.suffix.lower() != ".png":
@@ -146,9 +208,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --budget: relative parameter per size group, comma-separated, > 0")
     p.add_argument("--phase-factors", type=_factors,
                    help="with --budget: relative parameter per phase, comma-separated, > 0")
-    p.add_argument("--workers", type=_positive_int, help="number of ranks: counts tensors the dense fallback sends "
-                                                         "dense as dense (omit to ignore the fallback)")
-    p.add_argument("--plot", metavar="FILE.png", type=_plot, help="also draw bytes per size group and phase")
+    p.add_argument("--workers", type=_positive_int,
+                   help=f"number of ranks the table and the expected volume are for (default {DEFAULT_WORKERS})")
+    p.add_argument("--bucket-bytes", type=_bucket_bytes,
+                   help="fused buckets of up to this many dense bytes (default: the bundle's, HOROVOD_FUSION_THRESHOLD "
+                        "as Horovod reads it, at most 16 MiB; 0: every tensor alone)")
+    p.add_argument("--bandwidth", type=_bandwidth,
+                   help="each rank's link bandwidth, e.g. 100Mbit, 10Gbit/s, 1.25GB (B: bytes, bit: bits, per "
+                        "second; no unit: bytes): print an alpha-beta estimate of each route's link time per step")
+    p.add_argument("--latency", type=_latency,
+                   help="with --bandwidth: seconds per step of a collective (a ring allreduce takes 2(P-1) steps, "
+                        "an allgather or all-to-all P-1), e.g. 20us (default 0)")
+    p.add_argument("--plot", metavar="FILE.png", type=_plot,
+                   help="also draw the wire volume against the number of workers, per route")
     return parser
 
 
@@ -218,7 +290,7 @@ def build_compression(args: argparse.Namespace, parser: argparse.ArgumentParser,
         return Legacy.budget_matched(
             base, target, by=by, sizes=[s.numel() for s in shapes], splits=args.group_splits or None,
             layer_factors=args.layer_factors, phase_factors=args.phase_factors, epochs=args.epochs,
-            world_size=args.workers)
+            world_size=args.workers or DEFAULT_WORKERS)
     except ValueError as err:
         parser.error(f"--budget {args.budget:g} (--compressor {args.compressor}): {err}")
 
@@ -235,22 +307,37 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error(f"--model {args.model!r}: {err}")
         if not any(shape.numel() for shape in shapes):
             parser.error(f"--model {args.model!r}: the model has no trainable parameter with elements")
+    if args.latency is not None and args.bandwidth is None:
+        parser.error("--latency needs --bandwidth (the link time is latency x steps + link bytes / bandwidth)")
     compression = build_compression(args, parser, shapes)
+    workers = args.workers or DEFAULT_WORKERS
+    options = {} if args.bucket_bytes is None else {"bucket_bytes": args.bucket_bytes}
     try:
-        result = plan(compression, shapes, world_size=args.workers)
+        result = plan(compression, shapes, world_size=workers, **options)
+        table = scaling(compression, shapes, sorted({*WORKER_COUNTS, workers}), **options)
     except NotImplementedError as err:  # a payload whose size only the data decides (Threshold)
         parser.error(f"--compressor {args.compressor}: its bytes cannot be planned ({err})")
-    print(f"{compression!r}" + (f" on {args.workers} workers" if args.workers else ""))
+    print(f"{compression!r} on {workers} workers" + ("" if args.workers else " (the default; --workers N)")
+          + (f", fused buckets of up to {result.bucket_bytes:,} bytes" if result.bucket_bytes
+             else ", no fused buckets"))
     if isinstance(compression, Legacy):
         flags = compression.to_flags()
         print("reference flags: " + " ".join(f"--{k.replace('_', '-')} {v!r}" if isinstance(v, str) else
                                              f"--{k.replace('_', '-')} {v}" for k, v in flags.items()))
     if args.plot:
-        plot_plan(result, args.plot)
+        counts = sorted({*(2 ** k for k in range(1, 11)), workers})
+        plot_scaling(scaling(compression, shapes, counts, **options), args.plot,
+                     title=f"{compression!r}"[:90] + f", {args.model or f'{len(shapes)} tensors'}", mark=workers)
         print(f"plot: {args.plot}")
+    print("wire volume by workers (each route alone, and the bundle's choice):")
+    print(format_scaling(table))
+    if args.bandwidth is not None:
+        row = next(r for r in table if r.world_size == workers)
+        routes = {"dense": plan(compression, shapes, world_size=workers, route="dense", **options),
+                  **row.forced, "chosen": result}
+        print(format_link_times(routes, args.bandwidth, args.latency or 0.0))
     print(format_plan(result))
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

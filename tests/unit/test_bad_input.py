@@ -364,7 +364,7 @@ ARGUMENTS = [
              lambda v: _budget(world_size=v)),
     Argument("Legacy.budget_matched(layer_factors)", "layer_factors[0]", POSITIVE,
              lambda v: _budget(layer_factors=[v, 1]), may_refuse="no scale of this shape matches"),
-    Argument("plan(world_size)", "world_size", Accepts(low=1, whole="type", none=True),
+    Argument("plan(world_size)", "world_size", Accepts(low=1, high=LARGEST, whole="type", none=True),
              lambda v: plan(TopK(0.1), [10, 1000], world_size=v)),
     Argument("grace_from_params(world_size)", "world_size", Accepts(low=1, whole="type", none=True),
              lambda v: _params(world_size=v)),

@@ -45,6 +45,8 @@ def main() -> None:
     stats = compression.stats
     rec.check("every step sent something", stats["bytes_sent"] > 0, str(stats))
     rec.extra["volume"] = stats["volume"]
+    rec.extra["wire_bytes"] = stats["wire_bytes"]
+    rec.extra["wire_dense"] = stats["wire_dense"]
     rec.extra["routes"] = stats["tensors_by_route"]
     rec.write()
 
