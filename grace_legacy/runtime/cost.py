@@ -143,3 +143,13 @@ def choose_route(concrete: Compressor, shape: int | Sequence[int], dtype: torch.
         candidates.pop("dense", None)
     route = cheapest_route(candidates)
     return forced if forced is not None and route != "dense" else route
+
+
+def link_bytes(concrete: Compressor | None, shape: int | Sequence[int], dtype: torch.dtype, world_size: int) -> float:
+    """Link bytes per rank for one tensor sent alone on the route a default bundle takes
+    (:func:`choose_route`); ``concrete`` ``None``: dense."""
+    costs = route_link_bytes(concrete, shape, dtype, world_size)
+    if concrete is None:
+        return costs["dense"]
+    route = choose_route(concrete, shape, dtype, world_size)
+    return costs[route] if world_size > 1 else float(bytes_sent(concrete, shape, dtype, world_size))

@@ -11,8 +11,9 @@ import torch
 
 from grace_legacy.core.compressor import Compressor
 from grace_legacy.core.parameter import ScheduledParameter
-from grace_legacy.runtime.cost import bytes_sent
+from grace_legacy.runtime.cost import bytes_sent, link_bytes
 from grace_legacy.runtime.validation import (
+    MAX_NUMEL,
     ArgumentTypeError,
     check_gradient_dtype,
     check_increasing_positive_ints,
@@ -56,13 +57,13 @@ def budget_matched(make: Callable[..., S], base: Compressor, target: Any, *, by:
 
         sum_p w_p * sum_l B(n_l, value(p, g(n_l)))  ==  sum_l B(n_l, target)
 
-    where ``B(n, v)`` is the exact number of bytes a rank hands to the backend for a tensor of
-    ``n`` elements at parameter ``v`` on the default route (:func:`grace_legacy.runtime.cost.bytes_sent`),
+    where ``B(n, v)`` is what a tensor of ``n`` elements at parameter ``v`` costs: with
+    ``world_size``, the link bytes per rank of the route a default bundle takes for it among that
+    many ranks (:func:`grace_legacy.runtime.cost.link_bytes`, dense where dense is cheaper);
+    without, the bytes a rank hands to the backend (:func:`grace_legacy.runtime.cost.bytes_sent`).
     ``n_l`` ranges over the model's tensors (``sizes``: element counts, or
-    ``model.named_parameters()``) and ``w_p`` is phase ``p``'s share of the run. Give
-    ``world_size`` (the number of ranks) to count tensors that the bundle's dense fallback
-    sends dense as dense, as they will be. Raises ``ValueError`` if no scale meets the budget
-    within ``tolerance`` (relative).
+    ``model.named_parameters()``) and ``w_p`` is phase ``p``'s share of the run. Raises
+    ``ValueError`` if no scale meets the budget within ``tolerance`` (relative).
     """
     parameter = base.parameter
     if parameter is None or parameter.integer or parameter.high is None:
@@ -91,7 +92,7 @@ def budget_matched(make: Callable[..., S], base: Compressor, target: Any, *, by:
         raise ArgumentTypeError(f"{owner}: tolerance must be {TOLERANCE.describe_range()}, got None")
     tolerance = checked_value(TOLERANCE, tolerance, owner)
     if world_size is not None:
-        world_size = check_positive_int(world_size, "world_size", owner)
+        world_size = check_positive_int(world_size, "world_size", owner, high=MAX_NUMEL)
 
     def factors(argument: str, given: Any, count: int | None) -> list[float]:
         if given is None:
@@ -123,13 +124,17 @@ def budget_matched(make: Callable[..., S], base: Compressor, target: Any, *, by:
             kwargs.update(epochs=epochs, boundaries=boundaries)
         return make(base, by, values, **kwargs)
 
+    def cost(concrete: Compressor | None, numel: int) -> float:
+        return bytes_sent(concrete, numel, dtype) if world_size is None else link_bytes(concrete, numel, dtype,
+                                                                                          world_size)
+
     def run_bytes(schedule: S) -> float:
-        return sum(weight * bytes_sent(schedule.configured_at(phase, schedule.group_of(n)), n, dtype, world_size)
+        return sum(weight * cost(schedule.configured_at(phase, schedule.group_of(n)), n)
                    for phase, weight in enumerate(schedule.phase_weights()) for n in numels)
 
     uniform = None if parameter.is_dense(target) else base.with_value(target)
     try:
-        budget = sum(bytes_sent(uniform, n, dtype, world_size) for n in numels)
+        budget = sum(cost(uniform, n) for n in numels)
     except NotImplementedError as err:
         raise ValueError(f"Legacy.budget_matched: {type(base).__name__} cannot predict its bytes, so no budget "
                          f"can be matched ({err})") from None

@@ -360,7 +360,7 @@ ARGUMENTS = [
              lambda v: LGreCo(TopK(), [0.5, 0.1], reference=0.1, interval=2, history=v)),
     Argument("Legacy.budget_matched(tolerance)", "tolerance", Accepts(low=0), lambda v: _budget(tolerance=v),
              may_refuse="no scale of this shape matches"),
-    Argument("Legacy.budget_matched(world_size)", "world_size", Accepts(low=1, whole="type", none=True),
+    Argument("Legacy.budget_matched(world_size)", "world_size", Accepts(low=1, high=LARGEST, whole="type", none=True),
              lambda v: _budget(world_size=v)),
     Argument("Legacy.budget_matched(layer_factors)", "layer_factors[0]", POSITIVE,
              lambda v: _budget(layer_factors=[v, 1]), may_refuse="no scale of this shape matches"),
