@@ -8,7 +8,7 @@ import torch
 from grace_legacy import QSGD, EFSignSGD, EFSignSGDMemory, Grace, Residual, TopK
 from tests.helpers import bits, synchronize
 from tests.registry import compressor_memory_pairs
-from tests.unit.test_rollback import tensors_of
+from tests.unit.test_contract_undo import tensors_of
 
 SETUPS = compressor_memory_pairs()
 RANKS, STEPS = 2, 3

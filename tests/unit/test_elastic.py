@@ -13,7 +13,7 @@ from horovod.torch.elastic import state as hvd_state
 
 from grace_legacy import EF21, Grace, Residual, TopK, elastic
 from tests.helpers import run_ranks
-from tests.unit.test_resume import NAMES, SETUPS, differences, step
+from tests.unit.test_checkpoint import NAMES, SETUPS, differences, step
 
 REJOINING = ["legacy-epoch-topk", "randomk-residual", "powersgd", "signum", "dgc", "topk-ef21", "accordion"]
 
