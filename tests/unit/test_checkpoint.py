@@ -1,13 +1,12 @@
-"""In one process (ranks are threads, ``tests.helpers.run_ranks``): a state saved mid-run and
-loaded into fresh objects continues bit for bit; it is plain data; a state saved by another
-configuration, or by another rank, is refused with an error naming the difference; and a
-step whose gradient, compensated gradient or synchronized result is not finite is flagged on every
-rank and leaves no non-finite state behind."""
+"""Checkpoints in one process (ranks are threads, ``tests.helpers.run_ranks``): a state saved mid-run
+and loaded into fresh objects continues bit for bit; it is plain data and a copy; a state saved
+by another configuration, or by another rank, is refused with an error naming the difference.
+The set-ups and the stepping defined here also serve ``test_grace.py`` (non-finite steps) and
+``test_elastic.py``."""
 
 from __future__ import annotations
 
 import io
-import math
 
 import pytest
 import torch
@@ -15,7 +14,6 @@ import torch
 from grace_legacy import (
     DGC,
     EF21,
-    FP16,
     QSGD,
     Accordion,
     DGCMemory,
@@ -29,7 +27,6 @@ from grace_legacy import (
     PowerSGDMemory,
     RandomK,
     Residual,
-    SignSGD,
     Signum,
     TernGrad,
     Threshold,
@@ -252,90 +249,3 @@ def test_each_rank_must_load_its_own_state():
 
     with pytest.raises(ValueError, match=r"this rank \(0 of 1\) loaded the state that rank 0 of 2 saved"):
         run_ranks(1, load_on_one_rank)
-
-
-# -- non-finite steps --------------------------------------------------------------------------------
-
-
-def poisoned(where: dict[tuple[int, int], tuple[str, int, float]]):
-    """Gradients with ``value`` at flat ``index`` of tensor ``name`` on (rank, step) in ``where``."""
-    def gradients(rank: int, index: int, name: str) -> torch.Tensor:
-        g = gradient(rank, index, name)
-        plan = where.get((rank, index))
-        if plan is not None and plan[0] == name:
-            g.view(-1)[plan[1]] = plan[2]
-        return g
-    return gradients
-
-
-def all_finite(state) -> bool:
-    if isinstance(state, dict):
-        return all(all_finite(v) for v in state.values())
-    if isinstance(state, torch.Tensor):
-        return not state.is_floating_point() or bool(torch.isfinite(state).all())
-    return True
-
-
-@pytest.mark.parametrize("setup", sorted(SETUPS))
-@pytest.mark.parametrize("value", [math.inf, math.nan])
-def test_a_nonfinite_gradient_on_one_rank_is_flagged_everywhere_and_rolled_back(setup, value):
-    gradients = poisoned({(1, 1): ("w", 5, value)})
-
-    def body(backend):
-        bundle = SETUPS[setup]()
-        step(bundle, backend, 0, gradients)
-        before = bundle.state_dict()["memory"]
-        step_results(bundle, backend, 1, gradients)
-        flagged = bundle.nonfinite_names(NAMES, backend)
-        for n in NAMES:
-            bundle.undo(n)
-        bundle.end_step(backend)
-        state = bundle.state_dict()
-        return flagged, all_finite(state), not differences(state["memory"], before)
-
-    for flagged, finite, restored in run_ranks(2, body):
-        assert "w" in flagged and finite and restored
-
-
-def test_an_overflow_of_finite_gradients_is_flagged_too():
-    """FP16 turns 1e5 into inf: the synchronized gradient is not finite though no rank's was, so
-    GradScaler skips the step, and the residual must not keep -inf."""
-    gradients = poisoned({(0, 1): ("v", 3, 1e5)})
-
-    def body(backend):
-        bundle = Grace(FP16(), memory=Residual())
-        flags = []
-        for i in range(3):
-            results = step_results(bundle, backend, i, gradients)
-            flagged = bundle.nonfinite_names(NAMES, backend)
-            flags.append((flagged, bool(torch.isfinite(results["v"]).all())))
-            if flagged:
-                for n in NAMES:
-                    bundle.undo(n)
-            bundle.end_step(backend)
-        return flags, all_finite(bundle.state_dict())
-
-    for flags, finite in run_ranks(2, body):
-        assert flags == [(set(), True), ({"v"}, False), (set(), True)] and finite
-
-
-def test_a_compensated_gradient_that_overflows_is_flagged():
-    """Every gradient is finite, but error feedback adds a residual as large: the sum is inf, and
-    a sign drops it (sign(inf) = +1), so only the compensated gradient shows it."""
-    big = torch.finfo(torch.float32).max / 1.5
-    gradients = poisoned({(0, 0): ("v", 0, big), (0, 1): ("v", 0, big)})
-
-    def body(backend):
-        bundle = Grace(SignSGD(), memory=Residual())
-        flags = []
-        for i in range(2):
-            results = step_results(bundle, backend, i, gradients)
-            flags.append((bundle.nonfinite_names(NAMES, backend), bool(torch.isfinite(results["v"]).all())))
-            if flags[-1][0]:
-                for n in NAMES:
-                    bundle.undo(n)
-            bundle.end_step(backend)
-        return flags, all_finite(bundle.state_dict())
-
-    for flags, finite in run_ranks(2, body):
-        assert flags == [(set(), True), ({"v"}, True)] and finite

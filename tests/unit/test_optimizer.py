@@ -1,12 +1,17 @@
-"""``import grace_legacy`` rebinds only the name users call, ``hvd.DistributedOptimizer``, and
-``uninstall()`` gives it back; Horovod's own module keeps Horovod's function, which is what its
-``broadcast_optimizer_state`` compares optimizers against."""
+"""The Horovod integration (``grace_legacy/optimizer.py``): ``import grace_legacy`` rebinds only the
+name users call, ``hvd.DistributedOptimizer``, and ``uninstall()`` gives it back; Horovod's own
+module keeps Horovod's function, which is what its ``broadcast_optimizer_state`` compares
+optimizers against; the rebound function takes Horovod's arguments with Horovod's defaults, and
+GRACE's ``grace=`` beside them (refused together with ``compression=``)."""
 
 import pytest
+import torch
 
 hvd = pytest.importorskip("horovod.torch")
 import horovod.torch.optimizer  # noqa: E402
 
+import grace_legacy  # noqa: E402
+from grace_legacy import TopK, grace_from_params  # noqa: E402
 from grace_legacy import optimizer as integration  # noqa: E402
 
 
@@ -40,3 +45,17 @@ def test_the_rebound_function_takes_horovods_arguments_with_horovods_defaults():
             assert repr(ours[name].default) == "Compression.none"
         else:
             assert ours[name].default == parameter.default, name
+
+
+def test_distributed_optimizer_takes_grace_as_compression_and_refuses_both():
+    hvd = pytest.importorskip("horovod.torch")
+    assert grace_legacy.DistributedOptimizer is hvd.DistributedOptimizer
+    model = torch.nn.Linear(3, 2)
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    grc = grace_from_params({"compressor": "topk", "communicator": "allgather"})
+    for compression in (hvd.Compression.none, hvd.Compression.fp16, TopK(0.1)):
+        with pytest.raises(ValueError, match="both grace=.* and compression="):
+            hvd.DistributedOptimizer(sgd, grace=grc, compression=compression,
+                                     named_parameters=model.named_parameters())
+    with pytest.raises(TypeError, match="grace must be a grace_legacy Grace bundle or Compressor"):
+        hvd.DistributedOptimizer(sgd, grace={"compressor": "topk"}, named_parameters=model.named_parameters())
