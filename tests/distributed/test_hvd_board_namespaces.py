@@ -18,7 +18,7 @@ RANKS = 3
 
 
 def test_ranks_in_separate_network_namespaces_reach_the_board(tmp_path):
-    from benchmarks.performance.netns import Cluster, HorovodJob, unavailable_reason
+    from benchmarks.common.netns import Cluster, HorovodJob, unavailable_reason
 
     reason = unavailable_reason()
     if reason:

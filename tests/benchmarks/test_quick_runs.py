@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.distributed
 
@@ -80,7 +80,7 @@ def test_legacy_overhead_benchmark_quick(tmp_path):
     assert len(sent) == 2 and len(set(sent.values())) == 1, "both arms must send the same bytes"
 
 def bandwidth_unavailable() -> str | None:
-    from benchmarks.performance.netns import unavailable_reason
+    from benchmarks.common.netns import unavailable_reason
 
     return unavailable_reason()
 
@@ -162,7 +162,7 @@ def test_ddp_hooks_benchmark_quick(tmp_path):
 def test_cluster_removes_a_namespace_that_creation_never_recorded():
     """Ctrl-C can interrupt ``subprocess.run`` after ``ip netns add`` made a namespace but before
     the cluster hears of it (CI once left one behind that way): removal goes by name."""
-    from benchmarks.performance.netns import Cluster
+    from benchmarks.common.netns import Cluster
 
     reason = bandwidth_unavailable()
     if reason:

@@ -8,7 +8,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from benchmarks.performance.limited_link import COMPUTE, label, plot_step_times, summarise
+from benchmarks.common.limited_link import COMPUTE, label, plot_step_times, summarise
 
 ALLREDUCE = "allreduce"
 TORCH_FP16, GRACE_FP16 = "torch fp16", "grace FP16"
@@ -45,7 +45,7 @@ def paired_ratio(ours: dict[str, list], theirs: dict[str, list]) -> list[float]:
 
 
 def summary(result: dict) -> dict[str, Any]:
-    """The table of :func:`~benchmarks.performance.limited_link.summarise`, the local costs, the
+    """The table of :func:`~benchmarks.common.limited_link.summarise`, the local costs, the
     PowerSGD pair and the verdicts on the targets."""
     table = summarise(result, baseline=ALLREDUCE, extra=EXTRA)
     local = {model: local_costs(record["local"]) for model, record in result["models"].items()}
@@ -130,7 +130,7 @@ def _findings(result: dict, digest: dict) -> list[str]:
 
 def write(result: dict, results_dir: Path, command: str) -> None:
     """``ddp_hooks.json``, ``ddp_hooks.png`` and the "ddp_hooks" section of ``performance.md``."""
-    from benchmarks.report import update_section
+    from benchmarks.common.report import update_section
 
     digest = summary(result)
     results_dir.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,7 @@
 """What the bandwidth-limited step benchmarks share (:mod:`~benchmarks.performance.bandwidth` over
 Horovod, :mod:`~benchmarks.performance.ddp_hooks` over ``torch.distributed``).
 
-Both run their workers in the namespaces of :class:`~benchmarks.performance.netns.Cluster` and
+Both run their workers in the namespaces of :class:`~benchmarks.common.netns.Cluster` and
 change the links' rate between phases while the workers keep running: rank 0 writes a request
 into a control directory and waits until the driver, which owns the network, has applied it.
 Within a phase the ways are interleaved step by step (the order rotated every iteration), and
@@ -49,7 +49,7 @@ def ring_allreduce_bytes(nbytes: float, world_size: int) -> float:
 
 def interface_bytes() -> tuple[int, int]:
     """(sent, received) bytes of this namespace's link so far."""
-    from benchmarks.performance.netns import IFACE
+    from benchmarks.common.netns import IFACE
 
     base = Path("/sys/class/net") / IFACE / "statistics"
     return int((base / "tx_bytes").read_text()), int((base / "rx_bytes").read_text())
@@ -232,10 +232,10 @@ def reproducing_options(argv: Sequence[str]) -> list[str]:
 def launch_workers(module: str, args: argparse.Namespace, job_class: Any, workers: int, env: Mapping[str, str],
                    extra: Sequence[str] = ()) -> dict:
     """Run ``python -m MODULE --worker`` on ``workers`` ranks of a fresh :class:`Cluster` as
-    ``job_class`` (:class:`~benchmarks.performance.netns.HorovodJob` or ``TorchJob``) starts them,
+    ``job_class`` (:class:`~benchmarks.common.netns.HorovodJob` or ``TorchJob``) starts them,
     serving their rate requests; returns what rank 0 wrote, with the machine and its load."""
-    from benchmarks.performance.netns import Cluster, unavailable_reason
-    from benchmarks.report import machine
+    from benchmarks.common.netns import Cluster, unavailable_reason
+    from benchmarks.common.report import machine
 
     reason = unavailable_reason()
     if reason:

@@ -2,7 +2,7 @@
 
 import pytest
 
-from benchmarks.performance.limited_link import paired_vs_bound, summarise
+from benchmarks.common.limited_link import paired_vs_bound, summarise
 
 
 def test_each_step_is_divided_by_the_bound_of_its_own_iteration():

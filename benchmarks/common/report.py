@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "results"
 REPO = RESULTS.parents[1]
 
 

@@ -4,7 +4,7 @@ written (a suite run once failed on a request's temporary file)."""
 
 import threading
 
-from benchmarks.performance.limited_link import request_rate, serve_rate_requests
+from benchmarks.common.limited_link import request_rate, serve_rate_requests
 
 
 class Link:

@@ -1,6 +1,6 @@
 """A rate-limited benchmark's report names the command that reproduces it."""
 
-from benchmarks.performance.limited_link import reproducing_options
+from benchmarks.common.limited_link import reproducing_options
 
 
 def test_the_command_keeps_the_options_that_shaped_the_run_but_not_where_its_report_went():

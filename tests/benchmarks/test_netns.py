@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from benchmarks.performance.netns import DEFERRED_SIGNALS, _signals_deferred
+from benchmarks.common.netns import DEFERRED_SIGNALS, _signals_deferred
 
 
 class Delivered(Exception):

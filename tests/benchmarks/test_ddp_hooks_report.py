@@ -4,9 +4,9 @@ verdicts, computed from the measurements."""
 import pytest
 import torch
 
+from benchmarks.common.ddp_hooks_report import WAYS, local_costs, paired_ratio, summary
+from benchmarks.common.limited_link import interleave
 from benchmarks.performance.ddp_hooks import powersgd_elements
-from benchmarks.performance.ddp_hooks_report import WAYS, local_costs, paired_ratio, summary
-from benchmarks.performance.limited_link import interleave
 
 
 def test_interleave_rotates_the_order_and_keeps_only_the_timed_steps():

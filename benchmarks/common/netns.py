@@ -338,7 +338,7 @@ class HorovodJob(_Workers):
         hosts = ",".join(f"{cluster.namespace(rank)}:1" for rank in range(cluster.workers))
         plan = get_host_assignments(parse_hosts(hosts), cluster.workers)
         self.rendezvous = subprocess.Popen(
-            cluster.command(cluster.switch, [sys.executable, "-m", "benchmarks.performance.netns",
+            cluster.command(cluster.switch, [sys.executable, "-m", "benchmarks.common.netns",
                                              "rendezvous", hosts]),
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True,
             env={**os.environ, **(env or {})}, cwd=cwd)
