@@ -22,7 +22,7 @@ test: setup
 	$(PY) -m pytest
 
 unit: setup
-	$(PY) -m pytest tests/unit
+	$(PY) -m pytest tests/unit tests/benchmarks -m "not distributed"
 
 lint: setup
 	$(PY) -m ruff check .

@@ -2,11 +2,12 @@
 decompress and memory update), for every route and compressor family, on Horovod's optimizer
 (``horovodrun``, Gloo and MPI) and on the DDP hook (``torchrun``): the training loop sees only the
 engine's own error, and recovery (``TorchState.restore()``, or a checkpoint loaded into fresh
-objects) continues bit for bit as if nothing had failed (``workers/fault_sweep_worker.py``)."""
+objects) continues bit for bit as if nothing had failed (``fault_sweep_worker.py``)."""
 
 import pytest
-from fault_sweep_worker import CONFIGS
-from launcher import run_checks, run_torchrun_checks
+
+from tests.distributed.fault_sweep_worker import CONFIGS
+from tests.distributed.launcher import run_checks, run_torchrun_checks
 
 pytestmark = pytest.mark.distributed
 

@@ -3,8 +3,8 @@ users launch it (``python script.py`` with ``devices=2`` for Lightning, which st
 itself; ``accelerate launch --multi_gpu --num_processes 2`` for Accelerate), on CPU with Gloo.
 
 Every run trains the same tiny model on the same batches with the same LEGACY schedule
-(workers/frameworks_common.py) and must end exactly where the plain torchrun path ends
-(``DistributedDataParallel`` + ``grace_legacy.ddp.register`` by hand, workers/plain_ddp_worker.py):
+(frameworks_common.py) and must end exactly where the plain torchrun path ends
+(``DistributedDataParallel`` + ``grace_legacy.ddp.register`` by hand, plain_ddp_worker.py):
 the same final parameters bit for bit on every rank, the same bytes recorded, with compression
 really on (volume < 1 on every rank, both epochs' phases seen) and the hook called at every step.
 """
@@ -17,11 +17,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from launcher import WORKERS, WorkerFailure, free_port, run_command, torchrun
 
-if str(WORKERS) not in sys.path:
-    sys.path.insert(0, str(WORKERS))  # the workers' shared set-up, as they import it
-from frameworks_common import EPOCHS, STEPS  # noqa: E402
+from tests.distributed.frameworks_common import EPOCHS, STEPS
+from tests.distributed.launcher import WORKERS, WorkerFailure, free_port, run_command, torchrun
 
 pytestmark = pytest.mark.distributed
 

@@ -5,7 +5,8 @@ real torchrun writes ``compression.scalars()`` to an event file, the numbers the
 import re
 
 import pytest
-from launcher import REPO, TORCHRUN, free_port, run_command, run_script
+
+from tests.distributed.launcher import REPO, TORCHRUN, free_port, run_command, run_script
 
 pytestmark = pytest.mark.distributed
 

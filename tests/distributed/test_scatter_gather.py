@@ -1,10 +1,11 @@
 """ScatterGather under real launchers: Horovod's all-to-all and allgather (horovodrun, Gloo and MPI)
 and torch.distributed's (torchrun, Gloo), 2, 3 (uneven shards) and 4 ranks, every case bit for bit
 against the independent two-phase reference; and the default route of a trained model
-(``workers/scatter_gather_worker.py``)."""
+(``scatter_gather_worker.py``)."""
 
 import pytest
-from launcher import run_checks, run_torchrun_checks
+
+from tests.distributed.launcher import run_checks, run_torchrun_checks
 
 pytestmark = pytest.mark.distributed
 

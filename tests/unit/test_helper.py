@@ -3,7 +3,6 @@ LEGACY reference flags) into a ``Grace`` bundle, and refuses unknown names and c
 would corrupt the gradient with errors that say what to use."""
 
 import pytest
-import torch
 
 import grace_legacy
 from grace_legacy import (
@@ -142,20 +141,6 @@ def test_design_card_names():
     assert grace_legacy.LegacyCompressor is Legacy
     assert grace_legacy.grace_from_params is grace_from_params
     assert {"LegacyCompressor", "grace_from_params"} <= set(grace_legacy.__all__)
-
-
-def test_distributed_optimizer_takes_grace_as_compression_and_refuses_both():
-    hvd = pytest.importorskip("horovod.torch")
-    assert grace_legacy.DistributedOptimizer is hvd.DistributedOptimizer
-    model = torch.nn.Linear(3, 2)
-    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
-    grc = grace_from_params({"compressor": "topk", "communicator": "allgather"})
-    for compression in (hvd.Compression.none, hvd.Compression.fp16, TopK(0.1)):
-        with pytest.raises(ValueError, match="both grace=.* and compression="):
-            hvd.DistributedOptimizer(sgd, grace=grc, compression=compression,
-                                     named_parameters=model.named_parameters())
-    with pytest.raises(TypeError, match="grace must be a grace_legacy Grace bundle or Compressor"):
-        hvd.DistributedOptimizer(sgd, grace={"compressor": "topk"}, named_parameters=model.named_parameters())
 
 
 def test_compressor_from_name_sets_the_knob_or_leaves_it_to_a_schedule():
