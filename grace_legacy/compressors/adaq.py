@@ -11,11 +11,11 @@ import torch
 
 from grace_legacy.compressors.entries import DENSITY, kept_count
 from grace_legacy.compressors.quantization import check_seed
+from grace_legacy.compressors.sparse import index_dtype
 from grace_legacy.core.compressor import Compressor, Payload
 from grace_legacy.core.memory import Memory
-from grace_legacy.core.sparse import index_dtype
-from grace_legacy.core.validation import ArgumentTypeError, check_gradient
 from grace_legacy.memories.residual import Residual
+from grace_legacy.runtime.validation import ArgumentTypeError, check_gradient
 
 
 class AdaQContext(NamedTuple):
@@ -64,13 +64,13 @@ class AdaQ(Compressor):
     sample once; this one does that, with the sample's size set like :class:`~grace_legacy.DGC`'s.
     """
 
-    knob = DENSITY
+    parameter = DENSITY
     uniform_payload = False
 
     def __init__(self, ratio: float | None = None, *, seed: int = 0, sample_ratio: float = 0.01,
                  min_samples: int = 128) -> None:
         super().__init__()
-        self._set_knob(ratio)
+        self._set_value(ratio)
         self.seed = check_seed(seed, "AdaQ")
         for argument, value in (("sample_ratio", sample_ratio), ("min_samples", min_samples)):
             if isinstance(value, bool) or not isinstance(value, numbers.Real):
@@ -85,7 +85,7 @@ class AdaQ(Compressor):
 
     @property
     def ratio(self) -> float | None:
-        return self.knob_value
+        return self.value
 
     def sample_size(self, count: int) -> int:
         """How many of a side's ``count`` entries are sampled (all of them when it is at least ``count``)."""

@@ -7,16 +7,16 @@ from typing import Any, ClassVar
 import torch
 
 from grace_legacy.core.compressor import Compressor, Payload
-from grace_legacy.core.recycle import MMAP_CEILING, Recycler
-from grace_legacy.core.validation import check_gradient
+from grace_legacy.runtime.buffers import MMAP_CEILING, BufferPool
+from grace_legacy.runtime.validation import check_gradient
 
 
 class NoCompression(Compressor):
-    """Sends the gradient as it is. Its payload is additive, so it goes through a plain allreduce:
-    this is also the route any compressor takes for a tensor it leaves uncompressed."""
+    """Sends the gradient as it is, through a plain allreduce (the route of every uncompressed tensor)."""
 
     additive = True
     lossless = True
+    delivers_nonfinite = True  # a sum keeps every inf and NaN
 
     def compress(self, tensor: torch.Tensor, name: str) -> tuple[Payload, Any]:
         check_gradient(tensor, "NoCompression")
@@ -34,16 +34,14 @@ class _WireCast(Compressor):
     payload is additive: every rank's cast is summed by one allreduce, in the wire dtype."""
 
     additive = True
+    delivers_nonfinite = True  # the cast keeps inf and NaN (and makes inf of what overflows); a sum keeps them
     #: the 2-byte floating type the payload travels in
     wire_dtype: ClassVar[torch.dtype]
 
     def __init__(self) -> None:
         super().__init__()
-        # Outputs above glibc's largest mmap threshold, one per size, used again once the caller
-        # has let go of them (grace_legacy.core.recycle): each fresh one is a new mapping whose
-        # pages fault at every step. Smaller ones come warm from the heap, and a kept one, cold,
-        # would cost more than it saves.
-        self._outputs = Recycler(min_bytes=MMAP_CEILING)
+        # Outputs above glibc's mmap ceiling are kept per size (docs/DESIGN.md#kept-buffers).
+        self._outputs = BufferPool(min_bytes=MMAP_CEILING)
 
     def compress(self, tensor: torch.Tensor, name: str) -> tuple[Payload, Any]:
         check_gradient(tensor, type(self).__name__)
@@ -61,13 +59,10 @@ class _WireCast(Compressor):
 
 
 class FP16(_WireCast):
-    """Casts to IEEE half precision for the wire and back to the gradient's dtype on arrival.
-
-    2 bytes per element: 11 significant bits and 5 exponent bits. Values beyond fp16's range
-    (|x| > 65504) become inf, as with Horovod's own ``Compression.fp16``, and values too small for
-    it (below about 3e-8) become 0; the payload is additive and is averaged by an allreduce in fp16. Works
-    for fp32, fp64, fp16 and bf16 gradients (a bf16 value beyond fp16's range becomes inf).
-    """
+    """Casts to IEEE half precision for the wire (2 bytes per element, averaged by an allreduce in
+    fp16) and back to the gradient's dtype (fp32, fp64, fp16 or bf16). Values beyond fp16's range
+    (|x| > 65504) become inf, as with Horovod's ``Compression.fp16``, and values below about 3e-8
+    become 0."""
 
     wire_dtype = torch.float16
 
@@ -77,13 +72,12 @@ class BF16(_WireCast):
     ``bf16_compress_hook`` as a compressor.
 
     2 bytes per element, rounded to nearest even: 8 significant bits and fp32's 8 exponent bits,
-    so unlike :class:`FP16` every finite fp32 gradient stays finite and none underflows to 0 that
-    fp32 keeps; the price is 3 fewer significant bits. The payload is additive and is averaged by
-    an allreduce in bf16 (under Horovod, which cannot reduce bf16, by a gather summed in fp32 on
-    every rank: :meth:`grace_legacy.backends.horovod.HorovodBackend.allreduce_async`). Works for
-    fp32, fp64, fp16 and bf16 gradients; a bf16 gradient travels unchanged, and an fp64 one beyond
-    bf16's range (about 3.4e38) becomes inf.
-    """
+    so every finite fp32 gradient stays finite and no normal fp32 value underflows to 0; the price
+    is 3 fewer significant bits than :class:`FP16`. Averaged by an allreduce in bf16 (under
+    Horovod, which has no bf16 type, by a gather summed in fp32 on every rank:
+    :meth:`grace_legacy.backends.horovod.HorovodBackend.allreduce_async`). Works for fp32, fp64,
+    fp16 and bf16 gradients; a bf16 gradient travels unchanged, an fp64 one beyond bf16's range
+    (about 3.4e38) becomes inf."""
 
     wire_dtype = torch.bfloat16
 

@@ -9,13 +9,13 @@ from typing import Any, NamedTuple
 import torch
 
 from grace_legacy.core.compressor import Compressor, Payload
-from grace_legacy.core.knob import Knob
 from grace_legacy.core.memory import Memory
-from grace_legacy.core.validation import check_gradient
+from grace_legacy.core.parameter import ScheduledParameter
 from grace_legacy.memories.residual import Residual
+from grace_legacy.runtime.validation import check_gradient
 
 #: The absolute error bound. Above 1 it would only drop values that are sent in full anyway.
-ERROR_BOUND = Knob("error_bound", low=0.0, high=1.0, low_inclusive=False, high_inclusive=True)
+ERROR_BOUND = ScheduledParameter("error_bound", low=0.0, high=1.0, low_inclusive=False, high_inclusive=True)
 
 #: The tags, two bits each, four to a byte (the first value in the lowest two bits).
 DROPPED, EIGHT_BITS, SIXTEEN_BITS, FULL = 0, 1, 2, 3
@@ -82,7 +82,7 @@ class INCEPTIONN(Compressor):
     in the order of the elements. Their sizes depend on the data, so ranks send different sizes
     (``uniform_payload = False``, a size header in the gather) and the dense fallback does not
     apply. Gathered, aggregated as the mean of the decoded tensors. An inf or NaN is sent as it is
-    and reaches every rank. Knob: ``error_bound``, in (0, 1] (a larger bound drops more values and
+    and reaches every rank. Scheduled parameter: ``error_bound``, in (0, 1] (a larger bound drops more values and
     needs fewer bits for the others). Recommended memory: :class:`~grace_legacy.memories.Residual`,
     which returns what truncation and dropping left out (a dropped value would otherwise be lost
     at every step).
@@ -95,17 +95,17 @@ class INCEPTIONN(Compressor):
     paper states, for every value below 1.
     """
 
-    knob = ERROR_BOUND
+    parameter = ERROR_BOUND
     uniform_payload = False
     delivers_nonfinite = True
 
     def __init__(self, error_bound: float | None = None) -> None:
         super().__init__()
-        self._set_knob(error_bound)
+        self._set_value(error_bound)
 
     @property
     def error_bound(self) -> float | None:
-        return self.knob_value
+        return self.value
 
     def compress(self, tensor: torch.Tensor, name: str) -> tuple[Payload, Any]:
         check_gradient(tensor, "INCEPTIONN")

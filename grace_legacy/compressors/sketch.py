@@ -11,13 +11,13 @@ import torch
 
 from grace_legacy.compressors.quantization import work_dtype
 from grace_legacy.core.compressor import Compressor, Payload
-from grace_legacy.core.knob import Knob
 from grace_legacy.core.memory import Memory
-from grace_legacy.core.validation import check_gradient
+from grace_legacy.core.parameter import ScheduledParameter
 from grace_legacy.memories.residual import Residual
+from grace_legacy.runtime.validation import check_gradient
 
 #: The number of buckets: bucket indices travel as one byte, so at most 256.
-QUANTILES = Knob("quantiles", low=1, high=256, integer=True)
+QUANTILES = ScheduledParameter("quantiles", low=1, high=256, integer=True)
 
 _INF = math.inf
 
@@ -48,7 +48,7 @@ class Sketch(Compressor):
 
     Payload ``[means, indices]``: ``q`` means in the gradient's dtype and ``n`` uint8 indices, the
     same sizes on every rank: ``n`` bytes plus ``q`` values, padded to 8. Gathered (each rank has
-    its own buckets), aggregated as the mean of the decoded tensors. Knob: ``quantiles`` (an
+    its own buckets), aggregated as the mean of the decoded tensors. Scheduled parameter: ``quantiles`` (an
     integer in [1, 256]; fewer buckets, coarser values, the same bytes per element).
     Recommended memory: :class:`~grace_legacy.memories.Residual` (a bucket mean is biased for
     each of its elements).
@@ -63,16 +63,16 @@ class Sketch(Compressor):
     and keeps the paper's one byte per index.
     """
 
-    knob = QUANTILES
+    parameter = QUANTILES
     delivers_nonfinite = True
 
     def __init__(self, quantiles: int | None = None) -> None:
         super().__init__()
-        self._set_knob(quantiles)
+        self._set_value(quantiles)
 
     @property
     def quantiles(self) -> int | None:
-        return self.knob_value
+        return self.value
 
     def compress(self, tensor: torch.Tensor, name: str) -> tuple[Payload, Any]:
         check_gradient(tensor, "Sketch")

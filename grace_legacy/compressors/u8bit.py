@@ -12,8 +12,8 @@ import torch
 from grace_legacy.compressors.quantization import work_dtype
 from grace_legacy.core.compressor import Compressor, Payload
 from grace_legacy.core.memory import Memory
-from grace_legacy.core.validation import check_gradient
 from grace_legacy.memories.residual import Residual
+from grace_legacy.runtime.validation import check_gradient
 
 #: Bits after the sign: 7, so 128 magnitudes.
 MAGNITUDE_BITS = 7
@@ -79,7 +79,7 @@ class U8bit(Compressor):
     Payload ``[s, codes]``: the scale in the gradient's dtype (exact) and ``n`` uint8 codes, the
     same sizes on every rank: ``n`` bytes plus the scale, padded to 8. Gathered (each rank has its
     own scale), aggregated as the mean of the decoded tensors. An inf or NaN makes ``s`` inf or NaN
-    and so decodes every element to inf or NaN: the overflow reaches every rank. No knob: the
+    and so decodes every element to inf or NaN: the overflow reaches every rank. No scheduled parameter: the
     format has no parameter. Recommended memory: :class:`~grace_legacy.memories.Residual`, since
     rounding to the nearest magnitude is biased and drops everything below ``2.75e-7 s``.
 

@@ -1,11 +1,6 @@
-"""Packing boolean tensors 8 to a byte, for the 1-bit compressors.
-
-Layout: element ``i`` of the flattened input is bit ``i % 8`` (least significant first) of byte
-``i // 8``, like ``numpy.packbits(..., bitorder="little")``. ``n`` bits take ``ceil(n / 8)``
-bytes; the unused high bits of the last byte are zero, so equal inputs pack to equal bytes.
-Both directions are whole-tensor operations (no Python loop over elements) and run on the
-tensor's own device: on CPU through ``numpy.packbits``/``numpy.unpackbits`` (zero-copy views,
-much faster there than the shifts and sums torch needs), elsewhere in torch.
+"""Packing boolean tensors 8 to a byte: element ``i`` of the flattened input is bit ``i % 8`` (least
+significant first) of byte ``i // 8``, as ``numpy.packbits(..., bitorder="little")``; the unused high
+bits of the last byte are zero, so equal inputs pack to equal bytes. On the tensor's own device.
 """
 
 from __future__ import annotations

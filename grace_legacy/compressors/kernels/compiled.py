@@ -1,14 +1,6 @@
-"""What the compiled CPU loops share: one switch, and one way to compile them.
-
-The loops in :mod:`~grace_legacy.compressors.kernels.scan`, :mod:`~grace_legacy.compressors.kernels.sign_passes`
-and :mod:`~grace_legacy.compressors.kernels.stochastic` are numba functions. Each module builds them in
-its own ``_kernels()`` on first use, so importing grace_legacy never imports numba; compiled code
-is cached on disk beside the module (``__pycache__``), so a later process loads it instead of
-compiling again.
-
-:data:`ENABLED` lets tests hold the quantizers and 1-bit compressors to the tensor arithmetic
-that other devices run, on a CPU too; the formula tests run both ways and compare bit for bit.
-Top-k's selection has no such switch: its torch path (for other devices) is tested directly.
+"""What the compiled CPU loops share: one switch and one way to compile them. Each kernel module
+builds its numba loops in its own ``_kernels()`` on first use, cached on disk
+(docs/DESIGN.md#compiled-passes). Top-k's selection has no switch: its torch path is tested directly.
 """
 
 from __future__ import annotations
@@ -28,9 +20,8 @@ def applies(tensor: torch.Tensor, dtypes: Collection[torch.dtype] | None = None)
 
 
 def loop():
-    """The decorator that compiles a loop: no Python objects (``njit``), the GIL released (Horovod's
-    threads run meanwhile), cached on disk, and no bounds checks (each loop's indices are checked by
-    its caller's sizes). Imports numba, so call it inside a ``_kernels()``."""
+    """The decorator that compiles a loop (``njit``, GIL released, cached, no bounds checks: the
+    callers check sizes). Imports numba, so call it inside a ``_kernels()``."""
     import numba
 
     return numba.njit(nogil=True, cache=True, boundscheck=False)

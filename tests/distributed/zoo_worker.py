@@ -1,0 +1,175 @@
+"""Every registered compressor case (``tests/registry.py``), trained through the stock
+``hvd.DistributedOptimizer`` and compared at every step with an independent aggregation of its
+twin's decompressed payloads.
+
+Run with ``--cases FAMILY ...`` to pick families of cases (``zoo.FAMILIES``); all by default, and
+``--dtype`` to train the model in float32 (the default), float16 or bfloat16: its gradients, the
+twin's and every rule's arithmetic are then in that dtype.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import horovod.torch as hvd
+import torch
+
+from grace_legacy.grace import _DENSE
+from grace_legacy.runtime import wire
+from tests.distributed.checks import Recorder, gather_from_ranks, gathered_goes_dense, parse_args
+from tests.distributed.harness import STEPS, Net, batch, local_gradients, loss_of
+from tests.distributed.zoo import FAMILIES, Observation, cases, mean_rule
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def predicted_packed_bytes(concrete, tensor: torch.Tensor) -> int | None:
+    try:
+        spec = concrete.payload_spec_for(tensor.shape, tensor.dtype)
+    except NotImplementedError:
+        return None
+    return wire.packed_size_of(spec, with_header=not concrete.uniform_payload)
+
+
+def twin_step(twin, memory, grad: torch.Tensor, name: str, communicator, dense_fallback: bool,
+              world_size: int | None = None) -> tuple[torch.Tensor, int, str]:
+    """What this rank contributes for ``grad``: the decompressed payload, its bytes and route.
+
+    Bytes are counted with the gather layout, which every non-additive route (Allgather,
+    Broadcast) hands to the backend byte for byte."""
+    return twin_step_sent(twin, memory, grad, name, communicator, dense_fallback, world_size)[:3]
+
+
+def twin_step_sent(twin, memory, grad: torch.Tensor, name: str, communicator, dense_fallback: bool,
+                   world_size: int | None = None) -> tuple[torch.Tensor, int, str, list[torch.dtype]]:
+    """:func:`twin_step`, and the floating dtypes its payload travels in."""
+    compensated = memory.compensate(grad, name)
+    concrete = twin.compressor_for(compensated, name)
+    route = "dense"
+    if concrete is not None and dense_fallback and concrete.aggregates_by_mean:
+        gathered = communicator.carries_non_additive if communicator is not None else not concrete.additive
+        packed = predicted_packed_bytes(concrete, compensated) if gathered else None
+        world = hvd.size() if world_size is None else world_size
+        if packed is not None and gathered_goes_dense(packed, grad.numel(), world, grad.element_size()):
+            concrete, route = None, "dense-fallback"
+    if concrete is None:
+        memory.update(compensated, name, _DENSE, [compensated], None)
+        return compensated, compensated.numel() * compensated.element_size(), route, [compensated.dtype]
+    payload, ctx = concrete.compress(compensated, name)
+    memory.update(compensated, name, concrete, payload, ctx)
+    if concrete.additive and communicator is None:
+        sent, route = sum(p.numel() * p.element_size() for p in payload), "allreduce"
+    else:
+        sent = wire.packed_size(payload, with_header=not concrete.uniform_payload)
+        route = communicator.route if communicator is not None else "allgather"
+    return concrete.decompress(payload, ctx), sent, route, [p.dtype for p in payload if p.is_floating_point()]
+
+
+#: Routes whose payloads the backend sums (in its own order and precision) rather than gathers.
+SUMMED_ROUTES = ("dense", "dense-fallback", "allreduce")
+
+
+def compare_with_rule(rec: Recorder, label: str, actual: torch.Tensor, combined: torch.Tensor, twin_memory,
+                      name: str, route: str, dtypes: list[torch.dtype], contributions: list[torch.Tensor],
+                      step: int, case) -> torch.Tensor:
+    """Check ``actual`` against the rule's ``combined`` as the twin's memory turns it into the
+    gradient, and return that. Where the backend sums in 16 bits (a 16-bit model, or a payload
+    such as FP16's or BF16's) it sums in its own order and precision: held to
+    :func:`summed_bound` instead of the case's tolerances. ``dtypes``: the model's, then the payload's."""
+    narrow = route in SUMMED_ROUTES and any(torch.finfo(d).bits <= 16 for d in dtypes)
+    probe = copy.deepcopy(twin_memory) if narrow else None
+    expected = twin_memory.aggregated(name, combined)
+    if probe is None:
+        rec.close(actual, expected, label, case.rtol, case.atol)
+        return expected
+    bound = summed_bound(contributions, expected, dtypes, step,
+                         lambda t: copy.deepcopy(probe).aggregated(name, t))
+    excess = (actual.double() - expected.double()).abs() - bound
+    rec.check(f"{label} (within the rounding of a 16-bit sum)", bool((excess <= 0).all()),
+              f"max excess over the bound {excess.max().item():.3e}")
+    return expected
+
+
+def summed_bound(contributions: list[torch.Tensor], expected: torch.Tensor, dtypes: list[torch.dtype],
+                 step: int, shifted) -> torch.Tensor:
+    """How far, element by element, a sum the backend computes in a 16-bit dtype may lie from the
+    rule's.
+
+    Summing ``P`` values in any order, each addition rounding to a dtype with machine epsilon
+    ``eps`` (``u = eps / 2``), lands within ``(P - 1) u sum_r |c_r|`` of the exact sum, and the mean
+    within ``u ((P - 1) / P sum_r |c_r| + |mean|)`` of the exact mean: the backend's and the
+    rule's (rank order) are each that close, so within ``eps (sum_r |c_r| + |mean|)`` of each
+    other, plus the smallest subnormal where the result is too small for a relative bound. ``eps``
+    is the coarsest of the model's dtype and the payload's. A memory's ``aggregated`` map carries the
+    bound through ``shifted`` (the same map applied to the mean moved by it), plus one more
+    rounding of the result; a memory that accumulates the means (EF21) adds one such bound per
+    step, hence the factor ``step + 1``.
+    """
+    eps = max(torch.finfo(d).eps for d in dtypes)
+    tiny = max(torch.finfo(d).smallest_normal * torch.finfo(d).eps for d in dtypes)
+    magnitude = sum(c.double().abs() for c in contributions)
+    mean = sum(c.double() for c in contributions) / len(contributions)
+    on_mean = eps * (magnitude + mean.abs()) + tiny
+    through = (shifted(mean + on_mean) - shifted(mean)).abs()
+    return (step + 1) * (through + eps * expected.double().abs() + tiny)
+
+
+def run_case(rec: Recorder, case, dtype: torch.dtype) -> None:
+    compression, twin, twin_memory = case.build()
+    twin.set_rank(hvd.rank())
+    torch.manual_seed(0)
+    model = Net().to(dtype)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                                   named_parameters=model.named_parameters(), compression=compression)
+    communicator = getattr(compression, "communicator", None)
+    expected_bytes, routes, observations = 0, set(), []
+    for step in range(STEPS + 1):
+        opt.zero_grad()
+        local = local_gradients(model, step, 1)
+        loss_of(model, batch(step, hvd.rank())).backward()
+        opt.synchronize()
+        for name, p in model.named_parameters():
+            contribution, sent, route, dtypes = twin_step_sent(twin, twin_memory, local[name], name, communicator,
+                                                               getattr(compression, "dense_fallback", True))
+            expected_bytes += sent
+            routes.add(route)
+            contributions = gather_from_ranks(contribution)
+            observations.append(Observation(step, name, contributions, route))
+            # Dense tensors are averaged whatever the compressor's rule; as the bundle does, the
+            # memory then turns the aggregate into the gradient (EF21, EF-signSGD).
+            combined = mean_rule(contributions) if route.startswith("dense") else case.rule(contributions)
+            compare_with_rule(rec, f"{case.label}: step {step} {name}", p.grad, combined, twin_memory, name, route,
+                              [dtype, *dtypes], contributions, step, case)
+            rec.check(f"{case.label}: step {step} {name} shape and dtype",
+                      p.grad.shape == p.shape and p.grad.dtype == p.dtype)
+        twin.end_step()
+        with opt.skip_synchronize():
+            opt.step()
+    stats = compression.stats
+    rec.check(f"{case.label}: stats bytes_sent equals the twin's payload bytes", stats["bytes_sent"] == expected_bytes,
+              f"{stats['bytes_sent']} != {expected_bytes}")
+    required = case.routes if dtype == torch.float32 or case.half_routes is None else case.half_routes
+    rec.check(f"{case.label}: routes used", required <= routes, f"used {routes}, expected {required}")
+    rec.check(f"{case.label}: the bundle's routes are the twin's", set(stats["tensors_by_route"]) == routes,
+              f"bundle {stats['tensors_by_route']}, twin {routes}")
+    if case.check is not None:
+        rec.guard(f"{case.label}: final check", case.check, compression, observations)
+
+
+def main() -> None:
+    args = parse_args([(("--cases",), {"nargs": "*", "default": None}),
+                       (("--dtype",), {"choices": sorted(DTYPES), "default": "float32"})])
+    hvd.init()
+    torch.set_num_threads(1)
+    rec = Recorder(args.out)
+    labels = []
+    for family in args.cases or FAMILIES:
+        for case in cases(family):
+            labels.append(case.label)
+            rec.guard(case.label, run_case, rec, case, DTYPES[args.dtype])
+    rec.extra["cases"] = labels
+    rec.write()
+
+
+if __name__ == "__main__":
+    main()
