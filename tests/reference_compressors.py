@@ -299,3 +299,59 @@ class AdaQReference(_Reference):
 
     def recommended_memory(self):
         return Residual()
+
+
+# -- holding a compressor to its reference ---------------------------------------------------------
+
+#: The gradient dtypes every reference is held in.
+DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
+#: Contents that reach every branch of the compressors above.
+CONTENTS = ["normal", "zeros", "ties", "tiny", "wide", "nonfinite", "one"]
+
+
+def awkward_gradient(content: str, numel: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    """A gradient of ``numel`` elements in ``dtype``: normal draws, zeros, a few repeated values
+    (ties), the dtype's subnormals and smallest normals, magnitudes from 1e-12 to 100, an inf, a
+    NaN and a -inf among normal draws, or one element."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(numel, generator=g, dtype=torch.float64)
+    if content == "zeros":
+        x.zero_()
+    elif content == "ties":
+        x = torch.randint(-3, 4, (numel,), generator=g).double() / 4
+    elif content == "tiny":
+        x *= torch.finfo(dtype).tiny * 3
+    elif content == "wide":
+        x *= torch.pow(10.0, torch.randint(-12, 3, (numel,), generator=g).double())
+    elif content == "nonfinite":
+        x[[1, numel // 2, numel - 2]] = torch.tensor([math.inf, math.nan, -math.inf], dtype=torch.float64)
+    elif content == "one":
+        x = x[:1]
+    return x.to(dtype)
+
+
+def assert_same(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
+    """Equal dtype, shape and values, NaN where NaN (bit for bit but for NaN payloads)."""
+    assert actual.dtype == expected.dtype and actual.shape == expected.shape, (what, actual, expected)
+    torch.testing.assert_close(actual, expected, rtol=0, atol=0, equal_nan=True, msg=what)
+
+
+def assert_matches_reference(compressor: Compressor, reference: Compressor, content: str, dtype: torch.dtype,
+                             label: str) -> None:
+    """``compressor`` sends the payload ``reference`` sends and decodes it to the same values, part
+    for part, for ranks 0 and 3 over two steps of a 7 x 43 gradient of ``content`` (one element
+    for ``"one"``)."""
+    for rank in (0, 3):
+        compressor.set_rank(rank)
+        reference.set_rank(rank)
+        for step in range(2):
+            x = awkward_gradient(content, 301, dtype, seed=10 * rank + step)
+            x = x.view(7, 43) if content != "one" else x
+            payload, ctx = compressor.compress(x, "layer.weight")
+            expected, reference_ctx = reference.compress(x, "layer.weight")
+            assert len(payload) == len(expected)
+            for i, (part, part_expected) in enumerate(zip(payload, expected, strict=True)):
+                assert_same(part, part_expected, f"{label} rank {rank} step {step}: payload part {i}")
+            decoded = compressor.decompress(payload, ctx)
+            assert_same(decoded, reference.decompress(expected, reference_ctx), f"{label}: decoded")
+            assert decoded.shape == x.shape and decoded.dtype == dtype

@@ -35,6 +35,7 @@ from grace_legacy import (
     QSGD,
     Accordion,
     AdaQ,
+    Allgather,
     Broadcast,
     Compressor,
     DGCMemory,
@@ -133,10 +134,22 @@ def parameter_values(parameter: ScheduledParameter) -> st.SearchStrategy[Any]:
 # -- reference cases ----------------------------------------------------------------------------
 
 
+def case_bundle(compressor: Compressor, memory: Any = None, **options: Any) -> Grace:
+    """The bundle a case trains with. A payload that cannot be summed goes by ``Allgather()``
+    unless the case names its communicator: with none named, 3 or more ranks would send it by the
+    scatter-gather wherever that moves fewer link bytes, and a case's twin models one rank's
+    payload combined with the others' by the rule. The scatter-gather has its own reference
+    (``tests/two_phase.py``), with every compressor's set-up there."""
+    if "communicator" not in options and not compressor.additive:
+        options["communicator"] = Allgather()
+    return Grace(compressor, memory=memory, **options)
+
+
 def pair(make_compressor: Callable[[], Any], make_memory: Callable[[], Any],
          dense_fallback: bool = True) -> Callable[[], tuple]:
-    """A case's set-up: the optimizer's Grace bundle and an identical, separate twin."""
-    return lambda: (Grace(make_compressor(), memory=make_memory(), dense_fallback=dense_fallback), make_compressor(),
+    """A case's set-up: the optimizer's Grace bundle (:func:`case_bundle`) and an identical,
+    separate twin."""
+    return lambda: (case_bundle(make_compressor(), make_memory(), dense_fallback=dense_fallback), make_compressor(),
                     make_memory())
 
 
@@ -144,12 +157,12 @@ def pair_without_memory(make_compressor: Callable[[], Any], dense_fallback: bool
     """As :func:`pair` with no memory. The dense fallback is off by default: it would send the
     smallest tensors through Horovod's allreduce, whose summation order is not the reference's,
     and the quantizers' cases check every quantized value bit for bit."""
-    return lambda: (Grace(make_compressor(), memory=NoMemory(), dense_fallback=dense_fallback), make_compressor(),
+    return lambda: (case_bundle(make_compressor(), NoMemory(), dense_fallback=dense_fallback), make_compressor(),
                     NoMemory())
 
 
 def through(communicator: Any, make_compressor: Callable[[], Any], make_memory: Callable[[], Any]):
-    return lambda: (Grace(make_compressor(), memory=make_memory(), communicator=communicator),
+    return lambda: (case_bundle(make_compressor(), make_memory(), communicator=communicator),
                     make_compressor(), make_memory())
 
 
@@ -157,7 +170,7 @@ def against(make_reference: Callable[[], Any], make_compressor: Callable[[], Any
             **grace: Any) -> Callable[[], tuple]:
     """A case whose twin is an independent reference (:mod:`tests.reference_compressors`) rather
     than a second copy of the library's compressor; ``grace``: the bundle's other arguments."""
-    return lambda: (Grace(make_compressor(), memory=make_memory(), **grace), make_reference(), make_memory())
+    return lambda: (case_bundle(make_compressor(), make_memory(), **grace), make_reference(), make_memory())
 
 
 #: Quantized tensors are gathered (each rank has its own scale) and the twin draws the same numbers
@@ -322,21 +335,21 @@ SCHEDULE_AND_COMMUNICATOR_CASES: dict[str, list[Case]] = {
     # picks is really sent (on 4 ranks s=256, two bytes an element, would otherwise go dense).
     "quantize": [
         Case("Legacy(QSGD) by layer", lambda: (
-            Grace(Legacy(QSGD(seed=11), by="layer", values=[None, 4, 16, 300], splits=[5, 100, 500]),
-                  dense_fallback=False),
+            case_bundle(Legacy(QSGD(seed=11), by="layer", values=[None, 4, 16, 300], splits=[5, 100, 500]),
+                        dense_fallback=False),
             RuleTwin(QSGD(seed=11), lambda n, step: [None, 4, 16, 300][first_group(n, [5, 100, 500])]), NoMemory()),
             routes={"allgather", "dense"}),
         # The rebuttal's QSGD groups (<600 dense, <100k s=256, <1M s=64, else s=16) on this model:
         # only the first two groups occur, so the 960-element fc1.weight is compressed at s=256.
         Case("Legacy(QSGD) rebuttal groups", lambda: (
-            Grace(Legacy(QSGD(seed=12), by="layer", values=[None, 256, 64, 16], splits=[600, 100_000, 1_000_000]),
-                  dense_fallback=False),
+            case_bundle(Legacy(QSGD(seed=12), by="layer", values=[None, 256, 64, 16],
+                               splits=[600, 100_000, 1_000_000]), dense_fallback=False),
             RuleTwin(QSGD(seed=12), lambda n, step: [None, 256, 64, 16][first_group(n, [600, 100_000, 1_000_000])]),
             NoMemory()), routes={"allgather", "dense"}),
         # By epoch, counting steps (one epoch per step): levels 256, 64, 16 over the 4 steps run.
         Case("Legacy(QSGD) by epoch", lambda: (
-            Grace(Legacy(QSGD(seed=13), by="epoch", values=[256, 64, 16], epochs=4, steps_per_epoch=1),
-                  dense_fallback=False),
+            case_bundle(Legacy(QSGD(seed=13), by="epoch", values=[256, 64, 16], epochs=4, steps_per_epoch=1),
+                        dense_fallback=False),
             RuleTwin(QSGD(seed=13), lambda n, step: [256, 64, 16][equal_phase(step, 4, 3)]), NoMemory()),
             routes={"allgather"}, **EXACT),
     ],

@@ -27,6 +27,8 @@ from tests.two_phase import SETUPS, SIZES, STEPS, gradients, reference
 
 # What each rank compares against the reference.
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+#: The set-ups also run in bfloat16 (every one does in-process, tests/unit/test_scatter_gather.py).
+IN_BFLOAT16 = ("topk+residual", "signsgd", "qsgd", "bf16", "sketch+residual")
 
 
 def through_backend(rec: Recorder, backend, label: str, fused: bool, dtype: torch.dtype) -> None:
@@ -107,7 +109,7 @@ def main() -> None:
         dist.init_process_group("gloo")
         backend, rec = TorchDistributedBackend(), Recorder(args.out, dist.get_rank())
     for label in SETUPS:
-        for dtype in DTYPES.values() if label in ("topk+residual", "signsgd", "qsgd") else [torch.float32]:
+        for dtype in DTYPES.values() if label in IN_BFLOAT16 else [torch.float32]:
             rec.guard(f"{label} {dtype}: fused", through_backend, rec, backend, label, True, dtype)
         rec.guard(f"{label}: per tensor", through_backend, rec, backend, label, False, torch.float32)
     rec.guard("default route", default_route, rec, args.engine)

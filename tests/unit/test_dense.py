@@ -1,11 +1,13 @@
 """The uncompressed compressors (``compressors/dense.py``): FP16 and BF16 round-trip as plain casts,
 keep dtype and shape, reuse their large output only once the caller let go, refuse sparse layouts;
-BF16 keeps fp32's range; NoCompression is lossless and additive."""
+BF16 equals its independent reference (``tests/reference_compressors.py``) and keeps fp32's
+range; NoCompression is lossless and additive."""
 
 import pytest
 import torch
 
 from grace_legacy import BF16, FP16, NoCompression
+from tests.reference_compressors import CONTENTS, DTYPES, BF16Reference, assert_matches_reference
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
@@ -30,6 +32,12 @@ def test_bf16_rounds_to_nearest_bfloat16_and_back(dtype):
     assert out.dtype == dtype and torch.equal(out, x.to(torch.bfloat16).to(dtype))
     if dtype == torch.bfloat16:
         assert torch.equal(out, x)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("content", CONTENTS)
+def test_bf16_payload_and_decoded_values_equal_the_reference(content, dtype):
+    assert_matches_reference(BF16(), BF16Reference(), content, dtype, "BF16")
 
 
 def test_bf16_keeps_fp32s_range_where_fp16_does_not():

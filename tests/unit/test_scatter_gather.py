@@ -53,7 +53,7 @@ def test_matches_the_reference_bit_for_bit_fused(label, world):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
-@pytest.mark.parametrize("label", ["topk+residual", "qsgd", "signsgd", "fp16"])
+@pytest.mark.parametrize("label", sorted(SETUPS))
 def test_matches_the_reference_in_other_dtypes(label, dtype):
     got, expected = library(label, 3, True, dtype), reference(label, 3, dtype)
     for step in range(STEPS):
