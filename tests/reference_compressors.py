@@ -301,6 +301,22 @@ class AdaQReference(_Reference):
         return Residual()
 
 
+class ReferenceFamily:
+    """The references of one compressor at each value of its scheduled parameter, the base of a
+    ``tests.reference.RuleTwin``: ``with_value(v)`` is ``make(v)`` at this family's rank."""
+
+    def __init__(self, make) -> None:
+        self.make, self.rank = make, 0
+
+    def set_rank(self, rank: int) -> None:
+        self.rank = rank
+
+    def with_value(self, value) -> Compressor:
+        reference = self.make(value)
+        reference.set_rank(self.rank)
+        return reference
+
+
 # -- holding a compressor to its reference ---------------------------------------------------------
 
 #: The gradient dtypes every reference is held in.

@@ -82,6 +82,7 @@ from tests.reference_compressors import (
     AdaQReference,
     BF16Reference,
     INCEPTIONNReference,
+    ReferenceFamily,
     SketchReference,
     U8bitReference,
 )
@@ -197,6 +198,9 @@ class Entry:
     family: str
     #: reference cases: the synchronized gradient equals an independent rule's
     cases: tuple[Case, ...]
+    #: an independent reference of ``typical`` (``tests/reference_compressors.py``), the twin of
+    #: the dtype contract (``test_contract_dtypes.py``); ``None``: a second ``typical`` is the twin
+    reference: Callable[[], Compressor] | None = None
 
     @property
     def name(self) -> str:
@@ -211,7 +215,7 @@ ENTRIES: list[Entry] = [
     Entry(FP16, "FP16", FP16, {}, "core", (
         Case("FP16", pair(FP16, NoMemory), routes={"allreduce"}),)),
     Entry(BF16, "BF16", BF16, {}, "core", (
-        Case("BF16", against(BF16Reference, BF16, NoMemory), routes={"allreduce"}),)),
+        Case("BF16", against(BF16Reference, BF16, NoMemory), routes={"allreduce"}),), reference=BF16Reference),
     Entry(TopK, "TopK(0.1)", lambda: TopK(0.1), {"ratio": parameter_values(DENSITY)}, "core", (
         Case("TopK+Residual", pair(lambda: TopK(0.1), Residual), routes={"allgather"}),
         # EF21 applies its running estimate g <- g + mean_r D(sent_r): the twin's memory.aggregated does it.
@@ -269,7 +273,7 @@ ENTRIES: list[Entry] = [
              routes={"allgather"}, **EXACT),
         Case("U8bit via Broadcast, one tensor per collective",
              against(U8bitReference, U8bit, NoMemory, communicator=Broadcast(), dense_fallback=False),
-             routes={"broadcast"}, **EXACT),)),
+             routes={"broadcast"}, **EXACT),), reference=U8bitReference),
     Entry(Sketch, "Sketch(16)", lambda: Sketch(16), {"quantiles": parameter_values(QUANTILES)}, "grace_tf", (
         Case("Sketch(16)+Residual", against(lambda: SketchReference(16), lambda: Sketch(16), Residual),
              routes={"allgather", "dense-fallback"}, half_routes={"dense-fallback"}),
@@ -278,7 +282,7 @@ ENTRIES: list[Entry] = [
              routes={"allgather"}, **EXACT),
         Case("Sketch(3) via Broadcast", against(lambda: SketchReference(3), lambda: Sketch(3), NoMemory,
                                                 communicator=Broadcast(), dense_fallback=False),
-             routes={"broadcast"}, **EXACT),)),
+             routes={"broadcast"}, **EXACT),), reference=lambda: SketchReference(16)),
     # 2**-10 is the bound GRACE's code ends up with for its default 2e-10 (see INCEPTIONN's docstring):
     # the Net's gradients then take every form but the full one; 2e-10 itself sends most in full.
     Entry(INCEPTIONN, "INCEPTIONN(2**-10)", lambda: INCEPTIONN(2**-10), {"error_bound": parameter_values(ERROR_BOUND)},
@@ -290,7 +294,8 @@ ENTRIES: list[Entry] = [
              routes={"allgather"}, **EXACT),
         Case("INCEPTIONN(2**-20)+Residual via Broadcast",
              against(lambda: INCEPTIONNReference(2**-20), lambda: INCEPTIONN(2**-20), Residual,
-                     communicator=Broadcast()), routes={"broadcast"}, **EXACT),)),
+                     communicator=Broadcast()), routes={"broadcast"}, **EXACT),),
+          reference=lambda: INCEPTIONNReference(2**-10)),
     # min_samples=16: fc1.weight's ~480 entries of each sign are sampled, the smaller tensors taken whole.
     Entry(AdaQ, "AdaQ(0.3)", lambda: AdaQ(0.3, seed=12, min_samples=16),
           {"ratio": parameter_values(DENSITY), "seed": seeds, "sample_ratio": st.floats(1e-9, 1.0),
@@ -304,7 +309,8 @@ ENTRIES: list[Entry] = [
              routes={"allgather"}, **EXACT),
         Case("AdaQ(0.3)+Residual via Broadcast",
              against(lambda: AdaQReference(0.3, seed=17), lambda: AdaQ(0.3, seed=17), Residual,
-                     communicator=Broadcast()), routes={"broadcast"}, **EXACT),)),
+                     communicator=Broadcast()), routes={"broadcast"}, **EXACT),),
+          reference=lambda: AdaQReference(0.3, seed=12, min_samples=16)),
     # PowerSGD's two rounds are checked by their own worker (tests/distributed/test_powersgd.py) against a
     # reference of the two allreduces; the state tests pair it with every memory.
     Entry(PowerSGD, "PowerSGD(2)", lambda: PowerSGD(2, seed=6),
@@ -352,6 +358,23 @@ SCHEDULE_AND_COMMUNICATOR_CASES: dict[str, list[Case]] = {
                         dense_fallback=False),
             RuleTwin(QSGD(seed=13), lambda n, step: [256, 64, 16][equal_phase(step, 4, 3)]), NoMemory()),
             routes={"allgather"}, **EXACT),
+    ],
+    # LEGACY setting GRACE's TensorFlow compressors' parameters, against rules written out here
+    # over their independent references. Sketch's buckets by phase, one epoch per step: 64, 8,
+    # then 2 buckets (no dense fallback, so that the 16-bit runs compress too). AdaQ's ratio by size:
+    # dense below 5 elements, 0.5 below 100, 0.1 from there (fc1.weight and fc2.weight); the dense
+    # tensors are summed by Horovod in its own order, hence the default tolerances.
+    "grace_tf": [
+        Case("Legacy(Sketch) by epoch", lambda: (
+            case_bundle(Legacy(Sketch(), by="epoch", values=[64, 8, 2], epochs=4, steps_per_epoch=1), Residual(),
+                        dense_fallback=False),
+            RuleTwin(ReferenceFamily(SketchReference), lambda n, step: [64, 8, 2][equal_phase(step, 4, 3)]),
+            Residual()), routes={"allgather"}, **EXACT),
+        Case("Legacy(AdaQ) by layer", lambda: (
+            case_bundle(Legacy(AdaQ(seed=18, min_samples=16), by="layer", values=[None, 0.5, 0.1], splits=[5, 100])),
+            RuleTwin(ReferenceFamily(lambda ratio: AdaQReference(ratio, seed=18, min_samples=16)),
+                     lambda n, step: [None, 0.5, 0.1][first_group(n, [5, 100])]), Residual()),
+            routes={"allgather", "dense"}),
     ],
     "sparse": [
         Case("TopK(0.1)+Residual via Broadcast", through(Broadcast(), lambda: TopK(0.1), Residual),

@@ -3,6 +3,7 @@ LEGACY reference flags) into a ``Grace`` bundle, and refuses unknown names and c
 would corrupt the gradient with errors that say what to use."""
 
 import pytest
+import torch
 
 import grace_legacy
 from grace_legacy import (
@@ -136,6 +137,18 @@ def test_legacy_keys_build_the_reference_schedule():
     qsgd = grace_from_params({"compressor": "qsgd", "communicator": "allgather", "legacy_by": "epoch",
                               "group_compressions": "4,16", "epochs": 10}).compressor
     assert qsgd.table == [[4], [16]]
+
+
+def test_legacy_keys_schedule_adaqs_share_and_sketchs_buckets():
+    adaq = grace_from_params({"compressor": "adaq", "communicator": "auto", "legacy_by": "layer",
+                              "group_compressions": "100,30,5", "group_splits": "1000,100000"}).compressor
+    assert isinstance(adaq, Legacy) and isinstance(adaq.base, AdaQ)
+    assert adaq.table == [[1.0, 0.3, 0.05]] and adaq.splits == [1000, 100000]
+    sketch = grace_from_params({"compressor": "sketch", "communicator": "auto", "legacy_by": "epoch",
+                                "group_compressions": "256,64,16", "epochs": 9}).compressor
+    assert isinstance(sketch, Legacy) and isinstance(sketch.base, Sketch)
+    assert sketch.table == [[256], [64], [16]]
+    assert sketch.value_for(torch.zeros(10), "w") == 256
 
 
 @pytest.mark.parametrize(("params", "message"), [
