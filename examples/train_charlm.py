@@ -29,7 +29,7 @@ from torch import nn
 
 import grace_legacy  # noqa: F401  (makes hvd.DistributedOptimizer accept grace_legacy compression)
 from grace_legacy import Grace, Legacy, Residual, TopK
-from grace_legacy.runtime.cost import bytes_sent
+from grace_legacy.runtime.cost import link_bytes
 
 
 class CharLSTM(nn.Module):
@@ -144,8 +144,9 @@ def main() -> None:
 
     stats = compression.stats
     uniform = TopK(args.budget / 100)
-    budget = sum(bytes_sent(uniform, p.shape, p.dtype, hvd.size()) for p in model.parameters()) / sum(
-        p.numel() * p.element_size() for p in model.parameters())
+    # In link bytes, as the volume counts them (and as budget matching matched them).
+    budget = sum(link_bytes(uniform, p.shape, p.dtype, hvd.size()) for p in model.parameters()) / sum(
+        link_bytes(None, p.shape, p.dtype, hvd.size()) for p in model.parameters())
     if hvd.rank() == 0:
         print(f"validation perplexity {perplexity(model, valid, args.seq_len):.2f} | {hvd.size()} workers | "
               f"volume {stats['volume']:.2%} (uniform Top-k {args.budget:g}%: {budget:.2%})")

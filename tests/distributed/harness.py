@@ -55,10 +55,10 @@ def local_gradients(model: nn.Module, step: int, passes: int) -> dict[str, torch
 
 def train_and_compare(rec: Recorder, label: str, compression, reference, *, op=hvd.Average, passes=1,
                       process_set=hvd.global_process_set, expected_bytes=None, rtol=1e-6, atol=1e-7,
-                      before_step=None, exact=frozenset(), steps=STEPS, dtype=torch.float32) -> None:
+                      before_step=None, exact=frozenset(), steps=STEPS, dtype=torch.float32) -> torch.nn.Module:
     """Train ``steps`` steps; at each compare every synchronized gradient with
     ``reference(name, local_grad, step)`` (``None``: train only). ``before_step(step)`` runs first (e.g. set_epoch);
-    parameters named in ``exact`` must match bit for bit. ``dtype``: the model's."""
+    parameters named in ``exact`` must match bit for bit. ``dtype``: the model's. Returns the trained model."""
     torch.manual_seed(0)
     model = Net().to(dtype)
     sgd = torch.optim.SGD(model.parameters(), lr=0.05)
@@ -90,6 +90,7 @@ def train_and_compare(rec: Recorder, label: str, compression, reference, *, op=h
         rec.check(f"{label}: stats bytes_dense", stats["bytes_dense"] == dense, f"{stats['bytes_dense']} != {dense}")
         rec.check(f"{label}: stats volume", abs(stats["volume"] - sent / dense) < 1e-12,
                   f"{stats['volume']} != {sent / dense}")
+    return model
 
 
 def mean_over_ranks(transform, process_set=hvd.global_process_set, op=hvd.Average):

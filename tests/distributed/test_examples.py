@@ -16,6 +16,7 @@ pytestmark = pytest.mark.distributed
 EXAMPLES = REPO / "examples"
 
 
+@pytest.mark.smoke
 def test_synthetic_benchmark_with_a_legacy_schedule():
     pytest.importorskip("torchvision.models")
     flags = ["--legacy-by", "layer", "--group-compressions", "100,1", "--group-splits", "10000"]
@@ -46,4 +47,6 @@ def test_character_language_model_with_a_budget_matched_schedule():
     assert last, out[-3000:]
     perplexity, volume, budget = map(float, last.groups())
     assert 1 < perplexity < 256  # better than a uniform guess over bytes
-    assert volume == pytest.approx(budget, rel=0.02)
+    # Budget matching prices each tensor sent alone; fused buckets share their alignment and cut
+    # scatter-gather shards across tensors, so the run sends a few percent less on a model this small.
+    assert budget * 0.95 <= volume <= budget * 1.005
