@@ -293,10 +293,17 @@ class Grace:
         """Undo this step's changes to ``name``'s memory and compressor state (skipped step)."""
         self.memory.undo(name)
         self.compressor.undo(name)
+        # A scatter-gather keeps state under the names of ``name``'s segments: the compressor's of
+        # this rank's own segments (Signum's momentum), the owner's feedback on the shards it owns.
+        prefix = f"{name}["
+        compressors = [self.compressor] + ([self._schedule.base] if self._schedule is not None else [])
+        segments = {segment for c in compressors if c.undo_log is not None for segment in c.undo_log.names()
+                    if segment.startswith(prefix)}
+        for segment in segments:
+            self.compressor.undo(segment)
         if self.owner_memory is not None and self.owner_memory.undo_log is not None:
-            # The owner's feedback on the segments of ``name`` (ScatterGather's segment names).
             for segment in self.owner_memory.undo_log.names():
-                if segment.startswith(f"{name}["):
+                if segment.startswith(prefix):
                     self.owner_memory.undo(segment)
 
     def describe(self) -> dict[str, str]:
