@@ -81,7 +81,7 @@ def run_case(rec: Recorder, label: str, schedule, memory, twin, twin_memory, ste
         opt.synchronize()
         contributions = {}
         for name, _ in model.named_parameters():
-            contributions[name], sent, route = twin_step(twin, twin_memory, local[name], name, None,
+            contributions[name], sent, route = twin_step(twin, twin_memory, local[name], name, grace.communicator,
                                                          grace.dense_fallback, process_set.size())
             expected_bytes += sent
             routes.add(route)
