@@ -499,7 +499,8 @@ def framing_note(runs: list[dict]) -> str:
 
 def write(result: dict, results_dir: Path, command: str) -> None:
     results_dir.mkdir(parents=True, exist_ok=True)
-    (results_dir / "link_bytes.json").write_text(json.dumps(result, indent=1))
+    # Compact: every rank's counters of every step are in it.
+    (results_dir / "link_bytes.json").write_text(json.dumps(result, separators=(",", ":")))
     head = ("| engine | workers | way | link | frames | background | framing | corrected | collectives | stats "
             "| planner | corrected / collectives (raw) | vs dense, measured | vs dense, planner |\n"
             + "|---" * 14 + "|")
