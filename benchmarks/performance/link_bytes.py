@@ -21,13 +21,16 @@ its step, and takes:
 * **link**: the TCP payload, Ethernet frames less one set of headers per packet
   (:mod:`benchmarks.common.link_counters`), the mean of sent and received. Averaged over the
   ranks it is the step's traffic over the number of ranks, whichever rank carries more of it;
-* **coordination** (Horovod only): Horovod's background thread coordinates the ranks every cycle,
-  busy or not, with small messages on the same connections. It is measured in idle windows (every
-  rank asleep, before and after the ways) as payload bytes per second, and each step is charged
-  that rate times its duration. While a step runs the ranks share 2 cores and the thread runs
-  fewer cycles than when idle, so this over-estimates: *link - coordination* is a lower bound of
-  the collectives' bytes and *link* an upper bound. torch.distributed has no such traffic (its
-  idle windows read zero);
+* **background**: what the links carry with no collective under way, measured in idle windows
+  (every rank asleep, before and after the ways). Horovod's background thread coordinates the
+  ranks every cycle, busy or not, with small messages on the same connections; torch.distributed
+  sends next to nothing. A step is charged the smaller of two over-estimates
+  (:func:`charge_overheads`): the idle rate times its duration (a step on shared cores runs fewer
+  coordination cycles than an idle second) and its packets times the idle payload per packet;
+* **framing** (torch.distributed): what one call of each kind puts on the link beyond its
+  counted bytes (:func:`framing_per_call`: the sizes exchanged before a gather or an all-to-all,
+  Gloo's header on each message), times the step's calls of that kind;
+* **corrected**: *link - background - framing*;
 * **collectives**: what grace_legacy's backend handed to the engine, as link bytes with
   bandwidth-optimal algorithms (:class:`~benchmarks.common.link_counters.CollectiveCounter`:
   the step's ``wire_bytes`` plus the per-step inf/NaN flags' allreduce); for dense, a ring
@@ -36,7 +39,7 @@ its step, and takes:
 
 and the **planner**: ``grace_legacy.planner.plan(C, shapes, world_size=P, route=R,
 dense_fallback=False)``, the mean over the ranks of ``rank_link_bytes``. Ratios to dense divide
-each way's figure by dense's own (measured by measured, predicted by predicted).
+each way's corrected link bytes by dense's (the planner's by the planner's).
 
 Results: ``benchmarks/results/link_bytes.md``, ``link_bytes.json`` and ``link_bytes.png``.
 """
