@@ -3,7 +3,9 @@ on the 8x8 digits and on mnist1d.
 
     python -m benchmarks.accuracy.paper_tables                      # all four tables, 5 seeds
     python -m benchmarks.accuracy.paper_tables --tables mnist1d-qsgd mnist1d-powersgd
-    python -m benchmarks.accuracy.paper_tables --quick              # a smoke run
+    python -m benchmarks.accuracy.paper_tables --tables mnist1d-qsgd --arms "uniform s=4"
+    python -m benchmarks.accuracy.paper_tables --tables             # the report again, from the JSON
+    python -m benchmarks.accuracy.paper_tables --quick              # a smoke run, all tables in one launch
 
 Each table is one ``horovodrun -np 4`` launch whose workers train every arm for every seed (see
 :mod:`benchmarks.common.paper_arms` for the arms and the tables, :mod:`benchmarks.common.resnets`
@@ -15,8 +17,11 @@ a schedule could win at most. On the digits, at the rebuttal's values, there is 
 the values are chosen where uniform compression costs 3 points or more.
 
 Results go to ``benchmarks/results/paper_tables.md`` and ``paper_tables.png``, the raw runs to
-``paper_tables.json``; ``--tables`` reruns some tables and keeps the others from that JSON. The
-whole run takes about 30 minutes for the digits and 45 for mnist1d on a loaded 2-core machine.
+``paper_tables.json``; ``--tables`` reruns some tables and keeps the others from that JSON, and
+``--arms`` trains only the arms named and adds their runs to a table's earlier ones (a seed fixes
+the initial weights and the batches in any launch, so they pair by seed as a launch's own runs
+do). On a 2-core machine shared with other work the digits take about 30 minutes, mnist1d 45 to
+90 (the tables' reports give each one's time and load).
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ WORKERS = 4
 #: Where a table measured before the report recorded it says so.
 EARLIER = "by an earlier version of this benchmark, which did not record where and when (see this file's history)."
 PARTIAL = "paper_tables.partial"   # where workers save the runs so far, under --results
+ARMS_VARIABLE = "PAPER_TABLES_ARMS"   # how --arms reaches the workers (a JSON list of names)
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -77,7 +83,9 @@ def _train_table(key: str, args: argparse.Namespace) -> dict[str, Any]:
     def save(runs: list[dict]) -> None:
         (Path(args.partial) / f"{key}.json").write_text(json.dumps(result(runs)))
 
-    return result(run_arms(task, table_arms(table, matching), args.seeds, table.build, train, test, epochs,
+    chosen = json.loads(os.environ.get(ARMS_VARIABLE, "null"))
+    arms = [arm for arm in table_arms(table, matching) if chosen is None or arm.name in chosen]
+    return result(run_arms(task, arms, args.seeds, table.build, train, test, epochs,
                            on_run=save if args.partial else None))
 
 
@@ -87,6 +95,10 @@ def _rows(table, result: dict[str, Any]) -> list[dict[str, Any]]:
 
     runs = result["runs"]
     summary = {arm: s for (_, arm), s in summarize(runs).items()}
+    # Dense, then the uniform arms by value, then the rest as trained (arms added later included).
+    uniform_order = [table.uniform_name(v) for v in sorted({*table.candidates, *table.controls, table.reference})]
+    first = ["dense", *uniform_order]
+    summary = {arm: summary[arm] for arm in sorted(summary, key=lambda a: first.index(a) if a in first else len(first))}
     reference = table.reference_name
     uniforms = [arm for arm, s in summary.items() if s["family"] == "uniform"]
     paper_reference = table.paper[reference][1]
@@ -132,6 +144,28 @@ def _headroom_line(table, result: dict[str, Any]) -> str:
             f"{verdict}.")
 
 
+def _controls(table, result: dict[str, Any]) -> list[str]:
+    """The control uniform arms (as many wire bytes as the reference) against each schedule."""
+    from benchmarks.common.analysis import paired
+
+    runs, expected = result["runs"], result["matching"]["uniform_expected"]
+    lines = []
+    for value in table.controls:
+        control = table.uniform_name(value)
+        if not any(r["arm"] == control for r in runs):
+            continue
+        lines += [f"**Control** {control}: expected wire volume {expected[str(value)]:.4f}, the same as "
+                  f"{table.reference_name}'s ({expected[str(table.reference)]:.4f}): QSGD's levels travel as int8 "
+                  "for every s up to 127, so wire bytes cannot tell levels apart there. It is the by-epoch "
+                  "schedule's highest level, trained to show what more levels alone buy at "
+                  "equal bytes:", "", f"| arm | vs {control} (points, 95%) | verdict |", "|---|---|---|"]
+        for arm in [table.reference_name, *(a.name for a in table.schedules)]:
+            difference = paired(runs, arm, control)
+            lines.append(f"| {arm} | {difference} | {difference.verdict()} |")
+        lines.append("")
+    return lines
+
+
 def _scaling_line(table) -> str:
     if table.factor == 1:
         return (f"Values: the rebuttal's own ({table.reference_name} and its schedules), unscaled.")
@@ -155,7 +189,7 @@ def _section(table, result: dict[str, Any], seeds: int) -> list[str]:
              f"{task.weight_decay}) at {4 * task.lr:g} divided by {task.decay:g} at "
              f"{', '.join(f'{m:.0%}' for m in task.milestones)} of the run, {seeds} seeds.", ""]
     lines += [f"Measured: {result.get('measured', EARLIER)}", ""]
-    lines += [_scaling_line(table), "", _headroom_line(table, result), "",
+    lines += [_scaling_line(table), "", _headroom_line(table, result), "", *_controls(table, result),
               f"Size groups ({setting.describe_splits(table.splits)}), this network's parameters:", "",
               "| group | rebuttal's range (elements) | range here | tensors | elements |", "|---|---|---|---|---|"]
     total = sum(g["elements"] for g in result["groups"])
@@ -226,6 +260,8 @@ def _plot(tables, results: dict[str, dict], path: Path) -> None:
             if r["paper_difference"] is not None:
                 left.plot(r["paper_difference"], y, "x", color="#c44", label="rebuttal (its uniform)")
         left.axvline(0, color="gray", linewidth=0.8)
+        left.axvline(100 * headroom(table, result).mean, color="black", linestyle="--", linewidth=0.8,
+                     label="dense (the headroom)")
         left.set_yticks(range(len(rows)), [r["arm"] for r in rows], fontsize=7)
         left.set_xlabel(f"accuracy - {table.reference_name} (percentage points)")
         left.set_title(table.title, fontsize=9)
@@ -263,6 +299,7 @@ def _merged(results: dict[str, dict], path: Path) -> dict[str, dict]:
 def write_report(results: dict[str, dict], args: argparse.Namespace, partial: bool = False) -> None:
     """The report of the tables in ``results`` (all of them, or those finished so far), with those
     of the report already in ``args.results`` that were not run again."""
+    from benchmarks.common.analysis import paired
     from benchmarks.common.paper_arms import TABLES
 
     results = _merged(results, args.results / "paper_tables.json")
@@ -280,16 +317,23 @@ def write_report(results: dict[str, dict], args: argparse.Namespace, partial: bo
               "lower values (the rebuttal's scaled, each table says how) where it does, and state that headroom. "
               "The rebuttal's volumes come from its own encoding (QSGD at fewer bits per level than int8), ours "
               "are this library's measured wire bytes.", ""]
-    lines += ["| table | headroom: dense - uniform (points, 95%) | seeds | arms within noise of the matched uniform "
-              "| better | worse |", "|---|---|---|---|---|---|"]
+    lines += ["Verdicts against the byte-matched uniform arm, and against the equal-bytes control where a table has "
+              "one (see its section):", "",
+              "| table | headroom: dense - uniform (points, 95%) | seeds | within noise of the matched uniform "
+              "| better | worse | against the control |", "|---|---|---|---|---|---|---|"]
     for key, result in results.items():
         table = TABLES[key]
         rows = [r for r in _rows(table, result) if r["family"] in ("legacy", "adaptive") and "vs_matched" in r]
         verdicts = [r["vs_matched"].verdict() for r in rows]
+        trained = {run["arm"] for run in result["runs"]}
+        controls = [table.uniform_name(v) for v in table.controls if table.uniform_name(v) in trained]
+        against = "; ".join(f"{a.name}: {paired(result['runs'], a.name, c).verdict()} than {c}"
+                            .replace("within noise than", "within noise of")
+                            for c in controls for a in table.schedules) or "-"
         lines.append(f"| {table.title} | {headroom(table, result)} ({table.reference_name}) | {seeds[key]} | "
                      f"{verdicts.count('within noise')} of {len(rows)} | "
                      + " | ".join(", ".join(r["arm"] for r, v in zip(rows, verdicts, strict=True) if v == word) or "-"
-                                  for word in ("better", "worse")) + " |")
+                                  for word in ("better", "worse")) + f" | {against} |")
     lines.append("")
     for key, result in results.items():
         lines += _section(TABLES[key], result, seeds[key])
@@ -308,6 +352,9 @@ def main() -> None:
         parser.add_argument("--tables", nargs="*", default=list(TABLES), choices=list(TABLES),
                             help="the tables to run (default: all); the report keeps the others from its JSON, "
                                  "and with none only the report is written again, from that JSON")
+        parser.add_argument("--arms", nargs="+", metavar="ARM",
+                            help="train only these arms of the tables run (names as in the report) and add their runs "
+                                 "to the tables' earlier runs in the JSON, in place of earlier runs of the same arms")
         parser.add_argument("--table", help=argparse.SUPPRESS)
 
     args = parse_study_arguments(__doc__, SEEDS, QUICK_SEEDS, f"{PARTIAL}/", options)
@@ -324,6 +371,7 @@ def main() -> None:
     if not args.tables:
         write_report({}, args)
         return
+    earlier = _earlier_tables(args) if args.arms else {}
     results = {}
     partial.mkdir(parents=True, exist_ok=True)
     # A launch per table, so that the report is written after each; a smoke run's tables share one
@@ -332,17 +380,54 @@ def main() -> None:
         load_before, launched = os.getloadavg(), time.perf_counter()
         options = ["--table", ",".join(keys), "--seeds", str(args.seeds), "--partial", str(partial.resolve()),
                    *(["--quick"] if args.quick else [])]
-        launch = run_workers("benchmarks.accuracy.paper_tables", WORKERS, *options)
+        # Arm names hold spaces, which horovodrun's command line to the workers would split.
+        launch = run_workers("benchmarks.accuracy.paper_tables", WORKERS, *options,
+                             env={ARMS_VARIABLE: json.dumps(args.arms) if args.arms else None})
         load_after = os.getloadavg()
-        for result in launch.values():
-            result["measured"] = (
-                f"{machine()}; load average (1, 5, 15 min) {', '.join(f'{x:.1f}' for x in load_before)} before "
-                f"and {', '.join(f'{x:.1f}' for x in load_after)} after; wall time "
-                f"{(time.perf_counter() - launched) / 60:.1f} min; `python -m benchmarks.accuracy.paper_tables "
-                f"--tables {' '.join(keys)}{' --quick' if args.quick else ''}`.")
+        command = " ".join(["--tables", *keys, *(["--quick"] if args.quick else []),
+                            *(["--arms", *(f'"{a}"' for a in args.arms)] if args.arms else [])])
+        measured = (f"{machine()}; load average (1, 5, 15 min) {', '.join(f'{x:.1f}' for x in load_before)} "
+                    f"before and {', '.join(f'{x:.1f}' for x in load_after)} after; wall time "
+                    f"{(time.perf_counter() - launched) / 60:.1f} min; `python -m benchmarks.accuracy.paper_tables "
+                    f"{command}`.")
+        for key, result in launch.items():
+            result["measured"] = measured
+            if args.arms:
+                launch[key] = _added(earlier[key], result, args.arms)
         results.update(launch)
         write_report(results, args)   # after each launch, so a stopped run keeps the finished tables
     shutil.rmtree(partial)
+
+
+def _earlier_tables(args: argparse.Namespace) -> dict[str, dict]:
+    """The earlier results of the tables ``--arms`` adds to; a ValueError if one has none, or if
+    an arm is not one of its arms."""
+    from benchmarks.common.paper_arms import TABLES, matched_uniforms, table_arms
+
+    path = args.results / "paper_tables.json"
+    earlier = json.loads(path.read_text()) if path.exists() else {}
+    for key in args.tables:
+        if key not in earlier:
+            raise ValueError(f"--arms adds runs to a table's earlier runs, and {path} has none of {key!r}")
+        result, table = earlier[key], TABLES[key]
+        names = [a.name for a in table_arms(table, matched_uniforms(table, table.build(), result["epochs"],
+                                                                    result["steps_per_epoch"], WORKERS))]
+        unknown = [arm for arm in args.arms if arm not in names]
+        if unknown:
+            raise ValueError(f"--arms: {unknown} not among {key!r}'s arms {names}")
+    return earlier
+
+
+def _added(earlier: dict[str, Any], new: dict[str, Any], arms: list[str]) -> dict[str, Any]:
+    """``earlier``'s runs with those of ``arms`` replaced by ``new``'s (the same seeds, epochs and
+    steps, so the runs still pair by seed), and a note of the launch that added them."""
+    if (new["epochs"], new["steps_per_epoch"]) != (earlier["epochs"], earlier["steps_per_epoch"]):
+        raise ValueError(f"--arms: the new runs have {new['epochs']} epochs of {new['steps_per_epoch']} steps, the "
+                         f"earlier {earlier['epochs']} of {earlier['steps_per_epoch']}: they would not pair")
+    runs = [run for run in earlier["runs"] if run["arm"] not in arms] + new["runs"]
+    measured = (f"{earlier.get('measured', EARLIER)} Added by a later launch ({', '.join(arms)}): "
+                f"{new['measured']}")
+    return {**earlier, "runs": runs, "matching": new["matching"], "measured": measured}
 
 
 if __name__ == "__main__":

@@ -107,6 +107,8 @@ class Table:
     #: arm -> (the rebuttal's name for it, its accuracy %, its volume %)
     paper: dict[str, tuple[str, float, float]] = field(default_factory=dict)
     adaptive: tuple[str, ...] = ()               # arms whose bytes only a run can tell
+    #: Uniform values trained as controls: as many wire bytes as the reference (see qsgd_table).
+    controls: list[int] = field(default_factory=list)
 
     @property
     def factor(self) -> Fraction:
@@ -174,7 +176,11 @@ def _names(values: Sequence[int | None]) -> str:
 
 
 def qsgd_table(key: str, setting: Setting, reference: int, epochs: int, quick_epochs: int) -> Table:
-    """The rebuttal's QSGD table on ResNet-9 in ``setting``, its values scaled to uniform ``s=reference``."""
+    """The rebuttal's QSGD table on ResNet-9 in ``setting``, its values scaled to uniform ``s=reference``.
+
+    QSGD's levels travel as int8 for every ``s`` up to 127, so the schedules' levels there cost the
+    reference's wire bytes whatever they are, and so does a uniform arm at the schedules' highest
+    level: it is trained as a control, to show what more levels alone buy at equal bytes."""
     def build() -> nn.Module:
         return ResNet9(divisor=setting.divisor, dims=setting.dims)
 
@@ -191,7 +197,8 @@ def qsgd_table(key: str, setting: Setting, reference: int, epochs: int, quick_ep
          Arm(by_layer, "legacy", False, _qsgd_legacy("layer", layer, splits))],
         splits, paper={f"uniform s={reference}": ("uniform s=32", 87.21, 18.76),
                        by_epoch: ("LEGACY epoch s=64,32,16", 87.97, 18.76),
-                       by_layer: ("LEGACY layer s=-,256,64,16", 88.42, 16.4)})
+                       by_layer: ("LEGACY layer s=-,256,64,16", 88.42, 16.4)},
+        controls=[epoch[0]])
 
 
 def powersgd_table(key: str, setting: Setting, reference: int, epochs: int, quick_epochs: int) -> Table:
@@ -271,8 +278,9 @@ def matched_uniforms(table: Table, model: nn.Module, epochs: int, steps: int, wo
 
 
 def table_arms(table: Table, matches: dict[str, Any]) -> list[Arm]:
-    """Dense, the reference uniform and every matched uniform value, then the rebuttal's arms."""
-    values = sorted({table.reference, *(m["uniform"] for m in matches["matches"].values())})
+    """Dense, the reference uniform, every matched uniform value and the controls, then the
+    rebuttal's arms."""
+    values = sorted({table.reference, *(m["uniform"] for m in matches["matches"].values()), *table.controls})
     return [DENSE, *(table.uniform_arm(v) for v in values), *table.schedules]
 
 

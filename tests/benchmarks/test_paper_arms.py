@@ -100,3 +100,50 @@ def test_headroom_is_dense_minus_uniform_paired_by_seed():
     assert room.mean == pytest.approx(statistics.fmean(differences))
     assert (room.low, room.high) == (pytest.approx(room.mean - half), pytest.approx(room.mean + half))
     assert room.seeds == 5
+
+
+@pytest.mark.parametrize("key", ["qsgd", "mnist1d-qsgd"])
+def test_the_qsgd_control_is_the_epoch_schedules_top_level_at_the_references_wire_bytes(key):
+    from benchmarks.common.paper_arms import matched_uniforms, table_arms
+
+    table = TABLES[key]
+    top = scale([64], table.factor)[0]
+    assert table.controls == [top]
+    matching = matched_uniforms(table, table.build(), 3, 5, 4)
+    expected = matching["uniform_expected"]
+    assert expected[str(top)] == expected[str(table.reference)]  # int8 levels either way
+    names = [arm.name for arm in table_arms(table, matching)]
+    assert names[:3] == ["dense", table.reference_name, table.uniform_name(top)]
+
+
+def test_added_arms_replace_their_earlier_runs_and_must_pair():
+    from benchmarks.accuracy.paper_tables import _added
+
+    def run(arm, seed, final):
+        return {"arm": arm, "seed": seed, "final": final}
+
+    earlier = {"runs": [run("dense", 0, 0.9), run("uniform s=2", 0, 0.8), run("uniform s=4", 0, 0.1)],
+               "epochs": 12, "steps_per_epoch": 15, "matching": {}, "measured": "first."}
+    new = {"runs": [run("uniform s=4", 0, 0.85)], "epochs": 12, "steps_per_epoch": 15, "matching": {"m": 1},
+           "measured": "second."}
+    combined = _added(earlier, new, ["uniform s=4"])
+    assert combined["runs"] == [run("dense", 0, 0.9), run("uniform s=2", 0, 0.8), run("uniform s=4", 0, 0.85)]
+    assert combined["measured"] == "first. Added by a later launch (uniform s=4): second."
+    with pytest.raises(ValueError, match="would not pair"):
+        _added(earlier, {**new, "epochs": 2}, ["uniform s=4"])
+
+
+def test_arms_must_be_a_tables_arms_and_the_table_must_have_earlier_runs(tmp_path):
+    import argparse
+    import json
+
+    from benchmarks.accuracy.paper_tables import _earlier_tables
+
+    args = argparse.Namespace(results=tmp_path, tables=["mnist1d-qsgd"], arms=["uniform s=4"])
+    with pytest.raises(ValueError, match="has none of 'mnist1d-qsgd'"):
+        _earlier_tables(args)
+    (tmp_path / "paper_tables.json").write_text(json.dumps({"mnist1d-qsgd": {"epochs": 12, "steps_per_epoch": 15}}))
+    assert set(_earlier_tables(args)) == {"mnist1d-qsgd"}
+    args.arms = ["uniform s=3"]
+    with pytest.raises(ValueError, match="not among"):
+        _earlier_tables(args)
