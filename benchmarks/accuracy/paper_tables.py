@@ -306,8 +306,9 @@ def write_report(results: dict[str, dict], args: argparse.Namespace, partial: bo
     seeds = {key: len({run["seed"] for run in result["runs"]}) for key, result in results.items()}
     lines = ["# The rebuttal's tables, reproduced small", "",
              "`python -m benchmarks.accuracy.paper_tables` (all four tables; `--tables KEY ...` runs some, and the "
-             "report keeps the others from its JSON). Each table is one `horovodrun -np 4 --gloo` launch; each "
-             "says where and when it was measured.", ""]
+             "report keeps the others from its JSON; `--arms NAME ...` adds arms to a table's runs). Each table is "
+             "one `horovodrun -np 4 --gloo` launch, and one more per `--arms`; each says where and when it was "
+             "measured.", ""]
     if partial:
         lines += ["**Partial**: the runs a launch had finished when it was stopped (from "
                   f"`{PARTIAL}/`).", ""]
