@@ -1,4 +1,5 @@
-"""What the compiled CPU loops share: one switch, and one way to compile them.
+"""What the compiled CPU loops share: when they apply, how they are compiled, and how many
+threads a pass gets.
 
 The loops in :mod:`~grace_legacy.compressors.kernels.scan`, :mod:`~grace_legacy.compressors.kernels.sign_passes`
 and :mod:`~grace_legacy.compressors.kernels.stochastic` are numba functions. Each module builds them in
@@ -6,31 +7,116 @@ its own ``_kernels()`` on first use, so importing grace_legacy never imports num
 is cached on disk beside the module (``__pycache__``), so a later process loads it instead of
 compiling again.
 
+Threads. A pass over ``n`` elements runs on :func:`threads_for` ``(n)`` threads: as many as
+``torch.get_num_threads()`` allows (so ``OMP_NUM_THREADS=1``, which horovodrun and torchrun
+workers are usually given, or ``torch.set_num_threads(1)`` keeps every pass on the calling
+thread), at most numba's pool (``NUMBA_NUM_THREADS``, the CPU count by default), and at most one
+per :data:`PER_THREAD` elements, below which starting threads costs more than it saves. A pass
+on several threads goes over fixed blocks of :data:`BLOCK` elements, never over one block per
+thread: what each block computes, and the order in which blocks' partial sums are added, depend
+on ``n`` alone, so every result is bit for bit the same whatever the thread count (tested at 1 to
+4 threads, ``tests/unit/test_threads.py``).
+
+numba's threading layer is ``workqueue`` unless ``NUMBA_THREADING_LAYER`` says otherwise: it
+needs neither TBB nor OpenMP, its idle threads sleep instead of spinning beside PyTorch's own
+OpenMP pool, and it survives a ``fork`` (a GNU OpenMP layer kills a forked child that launches a
+parallel loop). It must never be entered by two threads at once, so launches are serialized by a
+lock (each launch takes its threads from the one pool anyway).
+
 :data:`ENABLED` lets tests hold the quantizers and 1-bit compressors to the tensor arithmetic
 that other devices run, on a CPU too; the formula tests run both ways and compare bit for bit.
-Top-k's selection has no such switch: its torch path (for other devices) is tested directly.
+The wider switch, :mod:`grace_legacy.core.paths`, sends every CPU tensor down the device path.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection
+import functools
+import os
+import threading
+from collections.abc import Callable, Collection, Iterator
+from contextlib import contextmanager
+from typing import Any
 
 import torch
+
+from grace_legacy.core import paths
 
 #: Whether the compiled loops run where they can; tests clear it to take the tensor path on CPU.
 ENABLED = True
 
+#: Elements per block of a pass that may run on several threads. Fixed, so that results never
+#: depend on the thread count; a multiple of 64, so blocks split neither a byte of packed bits nor
+#: a pair of elements that share a random word.
+BLOCK = 1 << 16
+#: The fewest elements worth giving one more thread: waking a pool thread costs tens of
+#: microseconds, about what a pass does on this many elements.
+PER_THREAD = 1 << 18
+
+_LAUNCH = threading.Lock()
+
 
 def applies(tensor: torch.Tensor, dtypes: Collection[torch.dtype] | None = None) -> bool:
-    """Whether the compiled loops handle ``tensor``: a CPU tensor while :data:`ENABLED`, of one of
-    ``dtypes`` when they are given."""
-    return ENABLED and tensor.device.type == "cpu" and (dtypes is None or tensor.dtype in dtypes)
+    """Whether the compiled loops handle ``tensor``: a tensor on the CPU's own path
+    (:func:`grace_legacy.core.paths.cpu_path`) while :data:`ENABLED`, of one of ``dtypes`` when
+    they are given."""
+    return ENABLED and paths.cpu_path(tensor) and (dtypes is None or tensor.dtype in dtypes)
 
 
-def loop():
+@functools.cache
+def _numba() -> Any:
+    """numba, with its threading layer chosen (see the module docstring) before any parallel loop runs."""
+    import numba
+
+    if not os.environ.get("NUMBA_THREADING_LAYER"):
+        numba.config.THREADING_LAYER = "workqueue"
+    return numba
+
+
+def loop() -> Callable:
     """The decorator that compiles a loop: no Python objects (``njit``), the GIL released (Horovod's
     threads run meanwhile), cached on disk, and no bounds checks (each loop's indices are checked by
     its caller's sizes). Imports numba, so call it inside a ``_kernels()``."""
-    import numba
+    return _numba().njit(nogil=True, cache=True, boundscheck=False)
 
-    return numba.njit(nogil=True, cache=True, boundscheck=False)
+
+def parallel_loop() -> Callable:
+    """As :func:`loop`, for a loop whose ``numba.prange`` runs on several threads; run it through
+    :func:`run`, which sets how many."""
+    return _numba().njit(nogil=True, cache=True, boundscheck=False, parallel=True)
+
+
+def blocks(n: int) -> int:
+    """How many blocks of :data:`BLOCK` elements cover ``n`` elements (the last may be short)."""
+    return -(-n // BLOCK)
+
+
+def pool_size() -> int:
+    """Threads in numba's pool (``NUMBA_NUM_THREADS``): the most a pass can run on."""
+    return _numba().config.NUMBA_NUM_THREADS
+
+
+def threads_for(n: int) -> int:
+    """How many threads a pass over ``n`` elements runs on (see the module docstring): at least 1."""
+    wanted = min(torch.get_num_threads(), n // PER_THREAD)
+    return max(1, min(wanted, pool_size())) if wanted > 1 else 1
+
+
+def run(serial: Callable, parallel: Callable, n: int, *args: Any) -> Any:
+    """``serial(*args)`` when a pass over ``n`` elements gets one thread, else ``parallel(*args)`` on
+    :func:`threads_for` ``(n)`` threads. The two must compute the same results (the parallel one
+    by fixed blocks); only their speed differs."""
+    threads = threads_for(n)
+    if threads == 1:
+        return serial(*args)
+    with launched(threads):
+        return parallel(*args)
+
+
+@contextmanager
+def launched(threads: int) -> Iterator[None]:
+    """Within the block, this thread's parallel loops run on ``threads`` threads, and no other
+    thread launches any (the workqueue layer must not be entered twice at once)."""
+    numba = _numba()
+    with _LAUNCH:
+        numba.set_num_threads(threads)
+        yield

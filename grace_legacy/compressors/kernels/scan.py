@@ -21,6 +21,10 @@ compiled by numba, because in numpy each is several calls with a temporary apiec
   same at every fraction kept. It writes the entry's own bits and its position in the index
   dtype of the wire, so the payload needs no gather and no conversion afterwards.
 
+The candidate and range passes run on several threads where a tensor is large enough
+(:mod:`~grace_legacy.compressors.kernels.compiled`): by fixed blocks, each block's results placed
+after those of the blocks before it, so the output is the serial pass's, whatever the thread count.
+
 Their speed against the alternatives is measured by ``benchmarks/performance/throughput.py``
 (``benchmarks/results/performance.md``).
 
@@ -31,6 +35,7 @@ beside this file), so importing grace_legacy stays cheap.
 from __future__ import annotations
 
 import functools
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -52,7 +57,9 @@ BINS = 2048
 
 
 @functools.cache
-def _kernels():
+def _kernels() -> SimpleNamespace:
+    import numba
+
     compiled = _compiled.loop()
 
     @compiled
@@ -146,7 +153,95 @@ def _kernels():
             found += (magnitude >= lower) & (magnitude <= upper)
         return found
 
-    return at_or_above, at_or_above_in_blocks, largest, in_range
+    # On several threads, by blocks of compiled.BLOCK entries (the blocked pass's sub-blocks of
+    # 64 lie within them): the candidates of every block are counted first, so each block knows
+    # where its own go, then written there; the result is the serial passes' exactly.
+    big = _compiled.BLOCK
+    parallel = _compiled.parallel_loop()
+
+    @compiled
+    def count_range(bits, mask, lower, start, end):  # pragma: no cover - compiled
+        hits = 0
+        for i in range(start, end):  # no branch: vectorized
+            hits += (bits[i] & mask) >= lower
+        return hits
+
+    @compiled
+    def write_range(bits, mask, lower, positions, magnitudes, at, start, end, sparse):  # pragma: no cover
+        found = at
+        whole = start + (end - start) // BLOCK * BLOCK if sparse else start
+        for first in range(start, whole, BLOCK):
+            hits = 0
+            for i in range(first, first + BLOCK):
+                hits += (bits[i] & mask) >= lower
+            if hits:
+                for i in range(first, first + BLOCK):
+                    magnitude = bits[i] & mask
+                    if magnitude >= lower:
+                        positions[found] = i
+                        magnitudes[found] = magnitude
+                        found += 1
+        for i in range(whole, end):
+            magnitude = bits[i] & mask
+            if magnitude >= lower:
+                positions[found] = i
+                magnitudes[found] = magnitude
+                found += 1
+
+    @compiled
+    def candidates(bits, mask, lower, positions, magnitudes, sparse):  # pragma: no cover - compiled
+        if sparse:
+            return at_or_above_in_blocks(bits, mask, lower, positions, magnitudes)
+        return at_or_above(bits, mask, lower, positions, magnitudes)
+
+    @parallel
+    def candidates_parallel(bits, mask, lower, positions, magnitudes, sparse):  # pragma: no cover - compiled
+        n = bits.size
+        count = (n + big - 1) // big
+        counts = np.empty(count, np.int64)
+        for b in numba.prange(count):
+            counts[b] = count_range(bits, mask, lower, b * big, min(n, (b + 1) * big))
+        offsets = np.empty(count, np.int64)
+        total = 0
+        for b in range(count):
+            offsets[b] = total
+            total += counts[b]
+        if total > positions.size:  # the caller makes room and comes again
+            return total
+        for b in numba.prange(count):
+            if counts[b]:
+                write_range(bits, mask, lower, positions, magnitudes, offsets[b], b * big, min(n, (b + 1) * big),
+                            sparse)
+        return total
+
+    @compiled
+    def in_range_block(bits, mask, lower, upper, positions, kept, start, end):  # pragma: no cover - compiled
+        # As in_range, each block's entries written from the block's own start.
+        found = start
+        for i in range(start, end):
+            entry = bits[i]
+            magnitude = entry & mask
+            positions[found] = i
+            kept[found] = entry
+            found += (magnitude >= lower) & (magnitude <= upper)
+        return found - start
+
+    @parallel
+    def in_range_parallel(bits, mask, lower, upper, positions, kept, counts):  # pragma: no cover - compiled
+        n = bits.size
+        for b in numba.prange(counts.size):
+            counts[b] = in_range_block(bits, mask, lower, upper, positions, kept, b * big, min(n, (b + 1) * big))
+
+    @parallel
+    def gather_blocks(positions, kept, counts, offsets, out_positions, out_kept):  # pragma: no cover - compiled
+        for b in numba.prange(counts.size):
+            start, at = b * big, offsets[b]
+            for j in range(counts[b]):
+                out_positions[at + j] = positions[start + j]
+                out_kept[at + j] = kept[start + j]
+
+    return SimpleNamespace(candidates=candidates, candidates_parallel=candidates_parallel, largest=largest,
+                           in_range=in_range, in_range_parallel=in_range_parallel, gather_blocks=gather_blocks)
 
 
 def candidates_at_or_above(bits: np.ndarray, mask: int, lower: int, expected: int,
@@ -159,20 +254,23 @@ def candidates_at_or_above(bits: np.ndarray, mask: int, lower: int, expected: in
     of the exact count. The results are views of arrays at most ``max(expected, MIN_ROOM)`` long;
     they are copied out when they would hold on to more than twice their size.
     """
-    at_or_above, at_or_above_in_blocks, _, _ = _kernels()
-    if expected * SPARSE_BLOCKS < bits.size:
-        at_or_above = at_or_above_in_blocks
+    kernels = _kernels()
+    sparse = expected * SPARSE_BLOCKS < bits.size
 
     def room_for(count):
         return np.empty(count, dtype=np.int64), np.empty(count, dtype=bits.dtype)
 
+    def scan(positions, magnitudes):
+        return _compiled.run(kernels.candidates, kernels.candidates_parallel, bits.size,
+                             bits, mask, lower, positions, magnitudes, sparse)
+
     positions, magnitudes = room_for(min(bits.size, max(expected, MIN_ROOM)))
-    found = at_or_above(bits, mask, lower, positions, magnitudes)
+    found = scan(positions, magnitudes)
     if limit is not None and found > limit:
         return None
     if found > positions.size:
         positions, magnitudes = room_for(found)
-        at_or_above(bits, mask, lower, positions, magnitudes)
+        scan(positions, magnitudes)
     if 2 * found < positions.size:
         return positions[:found].copy(), magnitudes[:found].copy()
     return positions[:found], magnitudes[:found]
@@ -185,9 +283,8 @@ def largest(positions: np.ndarray, magnitudes: np.ndarray, k: int) -> np.ndarray
     if not 1 <= k <= positions.size or positions.size != magnitudes.size:
         raise ValueError(f"largest: need 1 <= k <= {positions.size} and as many magnitudes as "
                          f"positions, got k={k} and {magnitudes.size} magnitudes")
-    _, _, compiled_largest, _ = _kernels()
     out = np.empty(k, dtype=np.int64)
-    compiled_largest(positions, magnitudes, k, BINS, out)
+    _kernels().largest(positions, magnitudes, k, BINS, out)
     return out
 
 
@@ -201,10 +298,21 @@ def entries_in_range(bits: np.ndarray, mask: int, lower: int, upper: int,
     made ``bits.size`` long; only the slots written are touched (untouched pages of ``np.empty``
     cost nothing). A result under half of that is copied out rather than holding on to the rest.
     """
-    _, _, _, in_range = _kernels()
+    kernels = _kernels()
     positions = np.empty(bits.size, dtype=index_dtype)
     kept = np.empty(bits.size, dtype=bits.dtype)
-    found = in_range(bits, mask, lower, upper, positions, kept)
-    if 2 * found < bits.size:
-        return kept[:found].copy(), positions[:found].copy()
-    return kept[:found], positions[:found]
+    threads = _compiled.threads_for(bits.size)
+    if threads == 1:
+        found = kernels.in_range(bits, mask, lower, upper, positions, kept)
+        if 2 * found < bits.size:
+            return kept[:found].copy(), positions[:found].copy()
+        return kept[:found], positions[:found]
+    # Each block's entries land at the block's own start; then they are gathered, in block order.
+    counts = np.empty(_compiled.blocks(bits.size), dtype=np.int64)
+    with _compiled.launched(threads):
+        kernels.in_range_parallel(bits, mask, lower, upper, positions, kept, counts)
+        offsets = np.cumsum(counts) - counts
+        found = int(counts.sum())
+        out_positions, out_kept = np.empty(found, dtype=index_dtype), np.empty(found, dtype=bits.dtype)
+        kernels.gather_blocks(positions, kept, counts, offsets, out_positions, out_kept)
+    return out_kept, out_positions
