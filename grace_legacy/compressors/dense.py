@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 
+from grace_legacy.core import paths
 from grace_legacy.core.compressor import Compressor, Payload
 from grace_legacy.core.recycle import MMAP_CEILING, Recycler
 from grace_legacy.core.validation import check_gradient
@@ -53,7 +54,7 @@ class FP16(Compressor):
 
     def decompress(self, payload: Payload, ctx: Any) -> torch.Tensor:
         half = payload[0]
-        if ctx == torch.float16 or half.numel() * ctx.itemsize < self._outputs.min_bytes or half.device.type != "cpu":
+        if ctx == torch.float16 or half.numel() * ctx.itemsize < self._outputs.min_bytes or not paths.cpu_path(half):
             return _CAST_TO[ctx](half)
         out = self._outputs.empty((half.numel(), ctx), half.numel(), ctx, half.device)
         return out.view(half.shape).copy_(half)

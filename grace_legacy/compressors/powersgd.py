@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from grace_legacy.compressors.kernels import products
 from grace_legacy.core.compressor import Compressor, Payload
 from grace_legacy.core.journal import StepJournal
 from grace_legacy.core.knob import Knob
@@ -55,6 +56,10 @@ class PowerSGD(Compressor):
     The first ``Q`` of a tensor is drawn from ``N(0, 1)`` by a generator seeded with
     ``derived_seed(seed, name, 0)`` and no rank, so every rank starts from the same ``Q``; a
     change of rank (a LEGACY schedule) draws a new one from ``derived_seed(seed, name, step)``.
+
+    On a CPU the three products run as compiled loops whose order of additions is fixed by the
+    shapes (:mod:`~grace_legacy.compressors.kernels.products`), so the results do not depend on
+    the thread count as a BLAS's do; other devices use torch's products.
 
     Sent dense instead: tensors of fewer than 2 dimensions, and matrices for which rank-``r``
     factors are not smaller than the matrix, ``(n + m) * r >= n * m``. Works for fp32 and fp64;
@@ -109,12 +114,15 @@ class PowerSGD(Compressor):
         work = self._work_dtype(tensor.dtype)
         matrix = tensor.reshape(matrix_shape(tensor.shape)).to(work)
         q = self._start_q(name, matrix.shape[1], work, tensor.device, step)
-        return [matrix @ q], PowerContext(name, tensor.shape, tensor.dtype, matrix)
+        p = products.matrix_times(matrix, q) if products.kernels_apply(matrix) else matrix @ q
+        return [p], PowerContext(name, tensor.shape, tensor.dtype, matrix)
 
     def next_round(self, reduced: Payload, ctx: PowerContext) -> tuple[Payload, PowerContext]:
         ctx.p_hat = orthonormal_columns(reduced[0])
         # M^T P^ as (P^T M)^T: QR's Q is column-major, and torch multiplies a transposed M by it
         # an order of magnitude slower on a CPU.
+        if products.kernels_apply(ctx.matrix):
+            return [products.transposed_times(ctx.p_hat, ctx.matrix).t().contiguous()], ctx
         return [(ctx.p_hat.t() @ ctx.matrix).t().contiguous()], ctx
 
     def end_exchange(self, reduced: Payload, ctx: PowerContext) -> None:
@@ -124,7 +132,9 @@ class PowerSGD(Compressor):
     def decompress(self, payload: Payload, ctx: PowerContext) -> torch.Tensor:
         if ctx.p_hat is None:
             raise ValueError("PowerSGD: decompress needs the second round's payload (Q), after next_round")
-        return (ctx.p_hat @ payload[0].t()).reshape(ctx.shape).to(ctx.dtype)
+        q = payload[0]
+        decoded = products.times_transposed(ctx.p_hat, q) if products.kernels_apply(q) else ctx.p_hat @ q.t()
+        return decoded.reshape(ctx.shape).to(ctx.dtype)
 
     def payload_spec(self, numel: int, dtype: torch.dtype) -> list[tuple[int, torch.dtype]]:
         raise NotImplementedError("PowerSGD's payload depends on the matrix shape, not only on its element count; "

@@ -29,6 +29,8 @@ from collections.abc import Callable, Hashable
 
 import torch
 
+from grace_legacy.core import paths
+
 _storage_use_count = getattr(torch._C, "_storage_Use_Count", None)
 
 
@@ -108,7 +110,7 @@ class Recycler:
                     and buffer.device == device and _references(buffer) == alone):
                 return buffer if clear is None else clear(buffer)
         buffer = make(numel, dtype=dtype, device=device)
-        if buffer.device.type == "cpu":
+        if paths.cpu_path(buffer):
             self._kept[key] = (buffer, _references(buffer))
         else:
             self._kept.pop(key, None)

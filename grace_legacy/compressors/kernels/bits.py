@@ -4,14 +4,17 @@ Layout: element ``i`` of the flattened input is bit ``i % 8`` (least significant
 ``i // 8``, like ``numpy.packbits(..., bitorder="little")``. ``n`` bits take ``ceil(n / 8)``
 bytes; the unused high bits of the last byte are zero, so equal inputs pack to equal bytes.
 Both directions are whole-tensor operations (no Python loop over elements) and run on the
-tensor's own device: on CPU through ``numpy.packbits``/``numpy.unpackbits`` (zero-copy views,
-much faster there than the shifts and sums torch needs), elsewhere in torch.
+tensor's own device: on CPU (:func:`grace_legacy.core.paths.cpu_path`) through
+``numpy.packbits``/``numpy.unpackbits`` (zero-copy views, much faster there than the shifts and
+sums torch needs), elsewhere in torch.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import torch
+
+from grace_legacy.core import paths
 
 BITS_PER_BYTE = 8
 
@@ -33,7 +36,7 @@ def pack_bits(bits: torch.Tensor) -> torch.Tensor:
     if not isinstance(bits, torch.Tensor) or bits.dtype != torch.bool:
         got = bits.dtype if isinstance(bits, torch.Tensor) else type(bits).__name__
         raise TypeError(f"pack_bits: expected a bool tensor, got {got}")
-    if bits.device.type == "cpu":
+    if paths.cpu_path(bits):
         if bits.numel() == 0:  # numpy's empty result can carry strides torch cannot view
             return torch.empty(0, dtype=torch.uint8)
         return torch.from_numpy(np.packbits(bits.reshape(-1).numpy(), bitorder="little"))
@@ -59,7 +62,7 @@ def unpack_bits(packed: torch.Tensor, numel: int) -> torch.Tensor:
     if packed.dim() == 0 or packed.shape[-1] != packed_length(numel):
         raise ValueError(f"unpack_bits: {numel} bits need {packed_length(numel)} bytes in the last "
                          f"dimension, got shape {tuple(packed.shape)}")
-    if packed.device.type == "cpu" and numel > 0:
+    if paths.cpu_path(packed) and numel > 0:
         spread = np.unpackbits(packed.numpy(), axis=-1, count=numel, bitorder="little")
         return torch.from_numpy(spread).view(torch.bool)
     return _unpack_bits_torch(packed, numel)
