@@ -106,13 +106,12 @@ def _gather(backend: ThreadBackend, tensor: torch.Tensor, name: str) -> list[tor
     return [row.view(tensor.shape) for row in rows]
 
 
-def _rank(case: Case, backend: ThreadBackend, device: torch.device, steps: int) -> RankReport:
+def _rank(case: Case, backend: ThreadBackend, device: torch.device, steps: int, names: list[str]) -> RankReport:
     report = RankReport()
     rank, world = backend.rank(), backend.size()
     compression, twin, twin_memory = case.build()
     report.compression = compression
     twin.set_rank(rank)
-    names = list(TENSORS)
     compression.plan_buckets([(name, gradient(name, 0, 0).numel() * 4) for name in names])
     communicator = getattr(compression, "communicator", None)
     expected_bytes, routes = 0, set()
@@ -153,11 +152,13 @@ def _rank(case: Case, backend: ThreadBackend, device: torch.device, steps: int) 
     return report
 
 
-def run_case(case: Case, world: int = 4, device: torch.device | str = "cpu", steps: int = STEPS) -> list[str]:
-    """Run ``case`` on ``world`` in-process ranks with gradients on ``device``; every failed check,
-    described (empty when the case holds)."""
+def run_case(case: Case, world: int = 4, device: torch.device | str = "cpu", steps: int = STEPS,
+             names: list[str] | None = None) -> list[str]:
+    """Run ``case`` on ``world`` in-process ranks with gradients on ``device`` (the tensors ``names``,
+    default all of :data:`TENSORS`); every failed check, described (empty when the case holds)."""
     device = torch.device(device)
-    reports = run_ranks(world, lambda backend: _rank(case, backend, device, steps))
+    chosen = list(TENSORS) if names is None else list(names)
+    reports = run_ranks(world, lambda backend: _rank(case, backend, device, steps, chosen))
     failures = [failure for report in reports for failure in report.failures]
     if case.check is not None and not failures:
         try:

@@ -13,7 +13,7 @@ from checks import Recorder, gather_from_ranks, gathered_goes_dense, parse_args
 from harness import STEPS, Net, batch, local_gradients, loss_of
 from zoo import FAMILIES, Observation, cases, mean_rule
 
-from grace_legacy.core import wire
+from grace_legacy.core import paths, wire
 from grace_legacy.grace import _DENSE
 
 
@@ -105,6 +105,7 @@ def main() -> None:
             labels.append(case.label)
             rec.guard(case.label, run_case, rec, case)
     rec.extra["cases"] = labels
+    rec.extra["device_path"] = paths.FORCE_DEVICE_PATH  # GRACE_LEGACY_DEVICE_PATH, as this process read it
     rec.write()
 
 
