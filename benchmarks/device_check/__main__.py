@@ -99,10 +99,14 @@ def environment(stage: Stage, device: torch.device) -> None:
     info = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
             "cuda available": torch.cuda.is_available(), "cpus": os.cpu_count(),
             "torch threads": torch.get_num_threads(), "device": str(device)}
-    if device.type == "cuda":
+    if device.type == "cuda" and torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(device)
         info["gpu memory GiB"] = round(torch.cuda.get_device_properties(device).total_memory / 2**30, 1)
-        info["nccl"] = ".".join(map(str, torch.cuda.nccl.version())) if torch.distributed.is_nccl_available() else None
+        try:  # a tuple in recent releases, an int in older ones
+            version = torch.cuda.nccl.version()
+            info["nccl"] = ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
+        except Exception as err:
+            info["nccl"] = f"unknown ({type(err).__name__})"
     for module in ("numba", "numpy", "hypothesis", "mpi4py", "horovod"):
         spec = importlib.util.find_spec(module)
         info[module] = None if spec is None else _version(module)

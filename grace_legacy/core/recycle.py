@@ -15,9 +15,9 @@ not) and every array exported from a storage in the storage's use count, and a P
 ``UntypedStorage`` object in its own reference count; both are compared with what they were when
 the buffer was made, when grace_legacy alone held it.
 
-Only CPU buffers are kept: on an accelerator, an operation queued on another stream may still read
-a buffer that Python no longer references, and the caching allocator already makes fresh buffers
-cheap there.
+Only CPU buffers are kept (on the CPU's own path, :mod:`grace_legacy.core.paths`): on an
+accelerator, an operation queued on another stream may still read a buffer that Python no longer
+references, and the caching allocator already makes fresh buffers cheap there.
 """
 
 from __future__ import annotations
