@@ -118,5 +118,18 @@ def launched(threads: int) -> Iterator[None]:
     thread launches any (the workqueue layer must not be entered twice at once)."""
     numba = _numba()
     with _LAUNCH:
+        before = numba.get_num_threads()  # this thread's own setting, which other numba code may rely on
         numba.set_num_threads(threads)
-        yield
+        try:
+            yield
+        finally:
+            numba.set_num_threads(before)
+
+
+def _unlock_in_child() -> None:
+    # A fork while another thread held the lock would leave the child's copy locked for good.
+    global _LAUNCH
+    _LAUNCH = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_unlock_in_child)
