@@ -60,13 +60,13 @@ def parse_args() -> argparse.Namespace:
 
 def build_compression(args: argparse.Namespace) -> Grace:
     name, _, value = args.compression.partition(":")
-    knob = (int(value) if value.isdigit() else float(value)) if value else None
+    parameter = (int(value) if value.isdigit() else float(value)) if value else None
     if args.legacy_by is None:
-        compressor = compressor_from_name(name, knob)
+        compressor = compressor_from_name(name, parameter)
     else:
-        if knob is not None:
+        if parameter is not None:
             raise SystemExit(f"--compression {args.compression}: a LEGACY schedule sets the parameter; drop ':{value}'")
-        compressor = Legacy.from_strings(compressor_from_name(name, with_knob=False), args.legacy_by,
+        compressor = Legacy.from_flags(compressor_from_name(name, with_value=False), args.legacy_by,
                                          group_compressions=args.group_compressions,
                                          group_splits=args.group_splits, epochs=args.epochs)
     return Grace(compressor)

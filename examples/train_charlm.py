@@ -29,7 +29,7 @@ from torch import nn
 
 import grace_legacy  # noqa: F401  (makes hvd.DistributedOptimizer accept grace_legacy compression)
 from grace_legacy import Grace, Legacy, Residual, TopK
-from grace_legacy.core.cost import bytes_sent
+from grace_legacy.runtime.cost import bytes_sent
 
 
 class CharLSTM(nn.Module):
@@ -119,7 +119,7 @@ def main() -> None:
     compression = Grace(schedule, memory=Residual())
     if hvd.rank() == 0:
         print(f"{len(train):,} training and {len(valid):,} validation bytes of standard-library source")
-        print(f"LEGACY schedule: {schedule.to_strings()}")
+        print(f"LEGACY schedule: {schedule.to_flags()}")
     optimizer = hvd.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=args.lr),
                                          named_parameters=model.named_parameters(), compression=compression)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)

@@ -53,7 +53,7 @@ def main() -> None:
     (x_train, y_train), (x_test, y_test) = load_split(args.seed)
 
     model = DigitsCNN()
-    compression = Grace(Legacy.from_strings(TopK(), "layer", group_compressions=args.group_compressions,
+    compression = Grace(Legacy.from_flags(TopK(), "layer", group_compressions=args.group_compressions,
                                             group_splits=args.group_splits), memory=Residual())
     optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9),
                                          named_parameters=model.named_parameters(), compression=compression)

@@ -3,7 +3,7 @@
 The public names are the compressors, memories and communicators of the subpackages, ``Grace``
 (a compressor + memory + communicator bundle), the schedules ``Legacy``, ``DGCWarmup``,
 ``Accordion`` and ``LGreCo``, and what a user needs to write a compressor, memory, communicator or
-schedule of their own (``Compressor``, ``Memory``, ``Communicator``, ``Knob``, ``KnobSchedule``,
+schedule of their own (``Compressor``, ``Memory``, ``Communicator``, ``ScheduledParameter``, ``Schedule``,
 ``Backend``, ``Pending``), and the errors a run can raise (``RanksDisagree``, ``RanksStalled``).
 
 GRACE users keep their scripts: ``grace_from_params(params)`` reads GRACE's parameter dictionary
@@ -18,6 +18,8 @@ compressors, schedules and ``Grace`` bundles when Horovod is installed (see
 whose ``uninstall()`` undoes that). Without Horovod everything else works.
 """
 
+import warnings
+
 from grace_legacy import communicators, compressors, memories, schedules
 from grace_legacy.communicators import *  # noqa: F403  (each subpackage's __all__ is public)
 from grace_legacy.compressors import *  # noqa: F403
@@ -25,13 +27,13 @@ from grace_legacy.consistency import RanksDisagree as RanksDisagree
 from grace_legacy.core import Backend as Backend
 from grace_legacy.core import Communicator as Communicator
 from grace_legacy.core import Compressor as Compressor
-from grace_legacy.core import Knob as Knob
 from grace_legacy.core import Memory as Memory
 from grace_legacy.core import Pending as Pending
-from grace_legacy.core.stall import RanksStalled as RanksStalled
+from grace_legacy.core import ScheduledParameter as ScheduledParameter
 from grace_legacy.grace import Grace as Grace
 from grace_legacy.helper import grace_from_params as grace_from_params
 from grace_legacy.memories import *  # noqa: F403
+from grace_legacy.runtime.stall import RanksStalled as RanksStalled
 from grace_legacy.schedules import *  # noqa: F403
 from grace_legacy.schedules import Legacy as LegacyCompressor  # noqa: F401  (the design card's name)
 
@@ -51,8 +53,19 @@ else:
 
 __version__ = "0.1.0"
 
+#: Public names of earlier releases: still importable, with a ``DeprecationWarning``.
+_EARLIER_NAMES = {"Knob": ("ScheduledParameter", ScheduledParameter), "KnobSchedule": ("Schedule", schedules.Schedule)}
+
+
+def __getattr__(name: str) -> object:
+    if name in _EARLIER_NAMES:
+        new, value = _EARLIER_NAMES[name]
+        warnings.warn(f"grace_legacy.{name} is called grace_legacy.{new} now", DeprecationWarning, stacklevel=2)
+        return value
+    raise AttributeError(f"module 'grace_legacy' has no attribute {name!r}")
+
 __all__ = sorted([
-    "Backend", "Communicator", "Compressor", "Grace", "Knob", "LegacyCompressor", "Memory", "Pending",
+    "Backend", "Communicator", "Compressor", "Grace", "ScheduledParameter", "LegacyCompressor", "Memory", "Pending",
     "RanksDisagree", "RanksStalled", "grace_from_params", *_HOROVOD_NAMES,
     *communicators.__all__, *compressors.__all__, *memories.__all__, *schedules.__all__,
 ])

@@ -1,14 +1,6 @@
-"""Catching ranks that disagree, before they exchange a single gradient.
-
-Ranks that run different models, compressors or schedules would otherwise send collectives that
-never match (a hang) or that match by accident (a silently wrong gradient). Each rank describes
-its set-up as a mapping of named items (a text, or a list of entries such as the parameters),
-and the ranks compare one 64-bit digest of the whole description with one tiny allgather whose
-shape is the same on every rank whatever it describes (so ranks with different numbers of
-parameters still meet in it). Only on a mismatch do they gather the descriptions themselves,
-so that every rank raises the same :class:`RanksDisagree` naming each differing item and which
-ranks hold which variant.
-"""
+"""Catching ranks that disagree, before they exchange a single gradient: each rank describes its
+set-up as named items, and every rank raises the same :class:`RanksDisagree` naming each differing
+item and which ranks hold which variant (docs/DESIGN.md#ranks-agree)."""
 
 from __future__ import annotations
 
@@ -68,13 +60,9 @@ def _list_variant(value: Sequence[str], reference: Sequence[str], reference_rank
 
 
 def describe_differences(per_rank: Sequence[Description], rank_labels: Sequence[int] | None = None) -> list[str]:
-    """One line per item on which the ranks' descriptions differ, naming who holds what.
-
-    ``per_rank[i]`` is rank ``i``'s description; ``rank_labels[i]`` how rank ``i`` is named in
-    the message (e.g. its global rank when the ranks are a process set's). An item missing on a
-    rank counts as the text ``<missing>``. Each item's most common variant (the lowest ranks on a
-    tie) comes first; a list item's other variants are shown as the entries they add and lack.
-    """
+    """One line per item on which the ranks' descriptions (``per_rank[i]``: rank ``i``'s) differ,
+    naming each rank by ``rank_labels[i]``. A missing item reads ``<missing>``; each item's most common
+    variant (the lowest ranks on a tie) comes first, a list item's others as the entries they add and lack."""
     labels = list(range(len(per_rank))) if rank_labels is None else list(rank_labels)
     if len(labels) != len(per_rank):
         raise ValueError(f"rank_labels must name each of the {len(per_rank)} ranks, got {len(labels)} labels")
@@ -115,13 +103,9 @@ def _gather_texts(backend: Backend, text: bytes, lengths: Sequence[int], name: s
 
 def verify_ranks_agree(backend: Backend, description: Description, name: str = "consistency",
                        rank_labels: Sequence[int] | None = None) -> None:
-    """Raise :class:`RanksDisagree` on every rank if any rank's ``description`` differs.
-
-    A collective: every rank of ``backend`` must call it, with the same ``name``. It costs one
-    allgather of two numbers per rank when the ranks agree, and one more of the descriptions
-    when they do not; every rank then sees the same gathered data and raises the same message.
-    ``rank_labels`` names the ranks in the message (see :func:`describe_differences`).
-    """
+    """Raise :class:`RanksDisagree` on every rank if any rank's ``description`` differs. A collective
+    (every rank of ``backend``, the same ``name``): one allgather of two numbers per rank when the
+    ranks agree, one more of the descriptions when not. ``rank_labels``: see :func:`describe_differences`."""
     text = canonical(description).encode()
     # (digest, length): the same shape on every rank, whatever the description holds.
     mine = torch.tensor([[description_digest(description), len(text)]], dtype=torch.int64)

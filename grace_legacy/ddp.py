@@ -1,47 +1,17 @@
-"""grace_legacy compression as a ``DistributedDataParallel`` communication hook.
+"""grace_legacy compression as a ``DistributedDataParallel`` communication hook (docs/DDP.md)::
 
-One line after wrapping the model::
+    state = grace_legacy.ddp.register(DistributedDataParallel(model), Legacy(TopK(), ...))
 
-    ddp_model = DistributedDataParallel(model)
-    state = grace_legacy.ddp.register(ddp_model, Legacy(TopK(), ...))
+``compression`` is what ``hvd.DistributedOptimizer`` accepts from grace_legacy, and every gradient
+is what the Horovod path computes from the same local gradients (compressed per parameter under its
+name, averaged over the process group), the same bits on every rank, with the same guarantees. All
+buckets complete at the last one, in one issue order every rank shares
+(docs/DESIGN.md#one-issue-order); the schedules count one step per backward pass that reaches it.
 
-or PyTorch's spelling, as with its own hooks::
-
-    state = grace_legacy.ddp.GraceState(ddp_model, Legacy(TopK(), ...))
-    ddp_model.register_comm_hook(state, grace_legacy.ddp.grace_hook)
-
-``compression`` is what ``hvd.DistributedOptimizer`` accepts from grace_legacy: a compressor, a
-schedule or a ``Grace`` bundle, and every gradient is what the Horovod path computes from the same
-local gradients: compressed per parameter under its name (LEGACY's layer rule and every memory
-are per tensor), averaged over the process group like DDP's own allreduce (summed, then divided by
-the group's size, as Horovod averages), the same bits on every rank.
-
-Why the hook runs the way it does. DDP hands the hook flat buckets in index order, and
-``torch.distributed`` matches collectives by the order each rank issues them. Collectives issued
-from future callbacks run on whichever thread completes a future, in orders that differ between
-ranks (a mismatch or a hang; PyTorch's own ``powerSGD_hook`` meets it with more than one bucket).
-So everything is issued from the hook itself, in an order every rank shares: each bucket's
-parameters are compressed and their first collectives launched as the bucket arrives (they
-overlap the rest of the backward pass), and when the last bucket arrives every parameter is
-collected in one fixed order, which launches the further rounds of multi-round compressors
-(PowerSGD), then one allreduce tells every rank which gradients were not finite, the schedules
-count the step (once per backward pass that reaches the hook, whatever the number of buckets), and
-every bucket's future is completed. DDP waits for the futures only at the end of the backward
-pass, so no gradient is applied later than with DDP's own allreduce.
-
-The guarantees of the Horovod path hold here too: ranks that differ in parameters, compression
-set-up or schedule raise the same :class:`~grace_legacy.consistency.RanksDisagree` on every rank
-at registration or at the first backward pass; a gradient that is not finite on any rank is NaN
-on every rank (``torch.amp.GradScaler`` then skips the step everywhere) and every tensor's
-compression state is rolled back; :meth:`GraceState.state_dict` resumes bit for bit. A dead rank
-ends the job: ``torchrun`` stops the others, and a rank waiting in a Gloo collective sees the
-closed connection.
-
-DDP's options: ``no_sync()`` accumulates without calling the hook, and the step after it is one
-step; ``find_unused_parameters=True``: a parameter unused on this rank takes part with zeros, and
-one unused on every rank keeps its gradient as DDP leaves it (its share of an error-feedback
-residual sent that step is then not applied); ``static_graph=True`` and
-``gradient_as_bucket_view=True`` work unchanged; DDP's experimental ``mixed_precision``,
+DDP's options: ``no_sync()`` accumulates without the hook; with ``find_unused_parameters=True`` a
+parameter unused on this rank takes part with zeros, and one unused on every rank keeps its
+gradient as DDP leaves it (its share of a residual sent that step is not applied);
+``static_graph`` and ``gradient_as_bucket_view`` work unchanged; ``mixed_precision``,
 ``skip_all_reduce_unused_params``, sparse gradients and a model whose parameters are all delayed
 (``delay_all_reduce_named_params``) are refused with a ``ValueError`` naming them.
 """
@@ -90,36 +60,35 @@ def _refuse_options(ddp_model: DistributedDataParallel) -> None:
 
 class GraceState:
     """The state of :func:`grace_hook` for one DDP model: the ``Grace`` bundle, the backend on the
-    model's process group, and each parameter's name.
-
-    Building it is a collective (every rank of the group, in the same order): the ranks compare
-    their set-ups here and again at the first backward pass. ``set_epoch``, ``stats``,
-    ``state_dict`` and ``load_state_dict`` are the bundle's (see :class:`~grace_legacy.Grace`);
-    gather ``state_dict()`` from every rank to checkpoint, and have each rank load its own.
-    """
+    model's process group, each parameter's name. Building it is a collective: the ranks compare
+    their set-ups here and at the first backward pass. ``set_epoch``, ``stats``, ``scalars``,
+    ``state_dict`` and ``load_state_dict`` are the bundle's (each rank saves and loads its own)."""
 
     def __init__(self, ddp_model: DistributedDataParallel, compression: Compressor | Grace) -> None:
+        # The compression first: checking it needs no process group, so a wrong one is reported
+        # with or without a DistributedDataParallel model.
+        self.grace: Grace = as_bundle(compression, "grace_legacy.ddp")
         if not isinstance(ddp_model, DistributedDataParallel):
             raise TypeError(f"grace_legacy.ddp: ddp_model must be a torch.nn.parallel.DistributedDataParallel, "
-                            f"got {type(ddp_model).__name__}")
+                            f"got {type(ddp_model).__name__}: register the wrapped model (with Accelerate the one "
+                            f"accelerator.prepare returns, which is wrapped only when more than one process runs; "
+                            f"with Lightning use grace_legacy.lightning's strategies)")
         _refuse_options(ddp_model)
-        self.grace: Grace = as_bundle(compression, "grace_legacy.ddp")
         self.backend = TorchDistributedBackend(ddp_model.process_group)
         ignored = getattr(ddp_model, "parameters_to_ignore", set())
-        # The module's own names, as Horovod users name parameters (no "module." prefix): seeds
-        # and LEGACY's rules depend on them.
+        # The module's own names, as Horovod users name parameters: seeds and LEGACY's rules use them.
         named = [(name, p) for name, p in ddp_model.module.named_parameters()
                  if p.requires_grad and name not in ignored]
         self._names = {id(p): name for name, p in named}
         self._parameters = {name: p for name, p in named}
-        # Gradients arrive roughly in reverse registration order, so the bundle's fused buckets
-        # fill while backward goes on; results are collected in this order on every rank.
+        # Reverse registration order: buckets fill while backward goes on; results are collected
+        # in this order on every rank.
         self._order = [name for name, _ in reversed(named)]
-        self.grace.plan_buckets([(name, self._parameters[name].numel() * self._parameters[name].element_size())
-                                 for name in self._order])
+
         self._options = {option: str(getattr(ddp_model, option, None)) for option in
                          ("find_unused_parameters", "static_graph", "gradient_as_bucket_view")}
         self._step: _Step | None = None
+        self._abandoned = False
         self._verified = False
         self.steps = 0
         self._verify("registration")
@@ -142,6 +111,10 @@ class GraceState:
             if self._step is not None:
                 raise RuntimeError("grace_legacy.ddp: a backward pass started before the previous one's buckets "
                                    "were all exchanged")
+            if self._abandoned:
+                # The last backward pass failed half-way: its state is undone before this one starts.
+                self.grace.undo_step()
+                self._abandoned = False
             if not self._verified:
                 # Again here: set_epoch or a loaded state may have moved one rank's schedule.
                 self._verify("first-step")
@@ -162,10 +135,14 @@ class GraceState:
                 if name is None:
                     raise RuntimeError("grace_legacy.ddp: DDP handed over a parameter that was not in the model "
                                        "when the hook was registered")
-                step.pending[name] = self.grace.start(gradient, name, self.backend, average=True)
+                # Fused as DDP fused them: each bucket launches as it arrives, overlapping the rest
+                # of the backward pass as DDP's own allreduce does.
+                step.pending[name] = self.grace.start(gradient, name, self.backend, average=True, hold=True)
                 names.append(name)
+            self.grace.launch_held(f"ddp{index}", self.backend, average=True)
         except BaseException:
             self._step = None  # the backward pass fails with the error; the next one starts afresh
+            self._abandoned = True
             raise
         future: torch.futures.Future = torch.futures.Future(
             devices=[buffer.device] if buffer.device.type == "cuda" else None)
@@ -188,16 +165,16 @@ class GraceState:
             if flagged:
                 # GradScaler skips the whole step, so no tensor's memory or schedule may keep it.
                 for name in self._order:
-                    self.grace.discard(name)
+                    self.grace.undo(name)
             self.grace.end_step(self.backend)
         except BaseException as error:
             for _, _, future in step.buckets:
                 future.set_exception(error)
             self._step = None
+            self._abandoned = True
             raise
         for buffer, names, future in step.buckets:
-            # Into the bucket itself, as PyTorch's hooks do: DDP then has nothing to copy, and no
-            # bucket-sized tensor is allocated (and its fresh pages faulted in) every step.
+            # Into the bucket itself, as PyTorch's hooks do: no bucket-sized tensor per step.
             offset = 0
             for name in names:
                 result = results[name].reshape(-1)
@@ -216,6 +193,10 @@ class GraceState:
     def stats(self) -> dict[str, Any]:
         return self.grace.stats
 
+    def scalars(self, prefix: str = "grace") -> dict[str, float]:
+        """:attr:`stats` as flat numbers for TensorBoard or W&B (:meth:`grace_legacy.Grace.scalars`)."""
+        return self.grace.scalars(prefix)
+
     def reset_stats(self) -> None:
         self.grace.reset_stats()
 
@@ -224,6 +205,9 @@ class GraceState:
         return self.grace.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self._abandoned:  # a failed backward pass's state goes before the checkpoint's comes
+            self.grace.undo_step()
+            self._abandoned = False
         self.grace.load_state_dict(state)
         self._verified = False
 

@@ -1,38 +1,11 @@
 """Elastic Horovod: ``hvd.elastic.TorchState(model, optimizer, compression=compression)`` saves,
-restores and synchronizes grace_legacy compression state as ranks leave and join.
-
-Horovod's elastic state picks a handler for every keyword it is given from a registry
-(``horovod.torch.elastic.state.get_handler_registry``). :func:`install` (run by ``import
-grace_legacy``) puts one entry in front of it that matches only ``Grace`` bundles and grace_legacy
-compressors, so every other object is handled exactly as before. The handler follows Horovod's
-cycle for the bundle that runs the compression (for a bare compressor, the bundle
-``hvd.DistributedOptimizer`` built around it):
-
-* ``state.commit()`` saves a copy of the bundle's state (:meth:`Grace.state_dict`), next to the
-  model's and optimizer's copies.
-* A failure (a rank raising or killed: the others get ``HorovodInternalError``) restores every
-  survivor to that copy, so residuals, step counters and schedule progress match the model and
-  optimizer of the last commit; the interrupted step's half-filled buckets are dropped.
-* After every reset (ranks lost or added), synchronization sends rank 0's shared state (its
-  configuration and compressor state, not its residuals) to every rank, and each rank continues
-  from it with :meth:`Grace.rejoin`: progress, decisions and the step
-  counters behind every generator are rank 0's, so every rank picks the same knob and draws
-  alike; the error-feedback residuals stay with the process that owns them.
-
-Why survivors keep their residuals: a residual is gradient its process computed and has not yet
-delivered, in that process's own units; delivering it later is what error feedback does, and
-nothing in it depends on the rank number, which a reset may change, or on the world size,
-which divides the aggregate only when it is delivered. A newcomer starts with none, as at the
-start of training. What leaves with a lost rank is its undelivered residual, the same kind of
-loss as its uncommitted steps. State that is a function of the whole world (EF21's estimate of
-the mean over all ranks) is not sound to keep: every rank starts it afresh.
-
-The new rank and size reach everything that uses them at the next step, where the bundle takes
-its new place (:meth:`Grace.enter`): the rank in every per-rank seed, the size in the dense
-fallback's cost test, and a fresh agreement check (:mod:`grace_legacy.consistency`), which the
-ranks that joined take part in. Bucket plans depend only on the parameters and stay as they are.
-Only the global process set is supported: elastic Horovod renumbers ranks on a reset, so a
-process set of fixed ranks would no longer name the same processes.
+restores and synchronizes grace_legacy compression state as ranks leave and join (docs/ELASTIC.md;
+why: docs/DESIGN.md#elastic-state). :func:`install` (run by ``import grace_legacy``) puts one entry
+in front of Horovod's elastic handler registry, matching only ``Grace`` bundles and grace_legacy
+compressors. For the bundle that runs the compression (for a bare compressor, the one
+``hvd.DistributedOptimizer`` built around it), ``state.commit()`` saves a copy of its state, a
+failure restores every survivor to it and drops the interrupted step, and after every reset each
+rank continues from rank 0's shared state (:meth:`Grace.rejoin`).
 """
 
 from __future__ import annotations
@@ -52,8 +25,7 @@ COMPRESSION_TYPES = (Grace, Compressor)
 
 
 class CompressionStateHandler(_hvd_state.StateHandler):
-    """Horovod's elastic ``StateHandler`` for a ``Grace`` bundle or a grace_legacy compressor
-    (see the module docstring for what save, restore and sync do)."""
+    """Horovod's elastic ``StateHandler`` for a ``Grace`` bundle or a grace_legacy compressor."""
 
     def __init__(self, compression: Grace | Compressor) -> None:
         super().__init__(compression)
@@ -77,7 +49,7 @@ class CompressionStateHandler(_hvd_state.StateHandler):
 
     def restore(self) -> None:
         bundle = self._bundle()
-        bundle.abandon_step()
+        bundle.undo_step()
         if self._saved is None:
             return
         state = copy.deepcopy(self._saved)

@@ -2,64 +2,52 @@
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from grace_legacy.communicators import Allgather, Allreduce
-from grace_legacy.communicators.flight import Member
-from grace_legacy.communicators.fusion import BucketPlan, FusedExchange, default_bucket_bytes
+from grace_legacy.communicators import Allgather, Allreduce, ScatterGather
+from grace_legacy.communicators.buckets import BucketFiller, BucketPlan, default_bucket_bytes, launch_bucket
+from grace_legacy.communicators.exchange import Parcel
 from grace_legacy.compressors import NoCompression
-from grace_legacy.core import wire
 from grace_legacy.core.backend import Backend, Pending
 from grace_legacy.core.communicator import Communicator
 from grace_legacy.core.compressor import Compressor, Payload
-from grace_legacy.core.cost import gather_costs_more
-from grace_legacy.core.memory import Memory
-from grace_legacy.core.saved_state import refuse_other_configuration, saved_configuration
+from grace_legacy.core.memory import Memory, NoMemory
 from grace_legacy.core.seeds import derived_seed
-from grace_legacy.core.stall import RanksStalled, resolve_stall_timeout
+from grace_legacy.core.state import refuse_other_configuration, saved_configuration
+from grace_legacy.memories import Residual
+from grace_legacy.runtime.buffers import BufferPool
+from grace_legacy.runtime.cost import choose_route, ring_allreduce_bytes
+from grace_legacy.runtime.stall import RanksStalled, resolve_stall_timeout
+from grace_legacy.runtime.traffic import TrafficStats
+from grace_legacy.runtime.validation import ArgumentTypeError, check_flag, is_int
+from grace_legacy.schedules.base import Schedule
 
 _DENSE = NoCompression()
-
-
 _ALLREDUCE = Allreduce()
-
-
-_ALLGATHER = Allgather()
+#: The communicator of each route the bundle chooses by itself.
+_COMMUNICATORS = {"allreduce": _ALLREDUCE, "allgather": Allgather(), "scattergather": ScatterGather()}
 
 
 class Grace:
-    """Compressor + memory + communicator, as in GRACE (Xu et al., 2021).
+    """Compressor + memory + communicator, as in GRACE (Xu et al., 2021), run for every tensor; passed
+    as ``compression=`` to ``hvd.DistributedOptimizer`` (as is a bare compressor) or to the DDP hook.
+    :attr:`stats` reports the bytes sent. A tensor left uncompressed (density 1.0, a schedule's
+    ``None``, an empty tensor) takes a plain dense allreduce and leaves no residual.
 
-    ``memory=None`` takes the compressor's recommended memory (``Residual`` for sparsifiers,
-    ``NoMemory`` otherwise). ``communicator=None`` picks, per tensor, what its payload needs: an
-    allreduce for additive payloads and an allgather for everything else. A tensor the compressor
-    leaves uncompressed (``resolve`` returns ``None``: density 1.0, a LEGACY ``None`` value, an
-    empty tensor) always takes a plain dense allreduce and leaves no residual behind.
-
-    Passing a ``Grace`` (or a bare compressor) as ``compression=`` to
-    ``hvd.DistributedOptimizer`` runs it on every gradient; ``.stats`` reports the bytes sent.
-
-    ``dense_fallback`` (default on): a tensor whose gathered payload would move at least as many
-    bytes as a ring allreduce of the dense tensor (:func:`gather_costs_more`) is sent dense
-    instead, recorded under the route ``"dense-fallback"``. Only payloads whose size every rank
-    can predict from the shape take part (not Threshold's), so all ranks decide alike, and only
-    compressors whose aggregate is a mean (not SignSGD's vote, which a dense mean would change).
-
-    ``bucket_bytes``: tensors are sent in fused buckets of up to this many dense bytes, one
-    collective per kind per bucket (:mod:`grace_legacy.communicators.fusion`), once
-    :meth:`plan_buckets` has been told the tensors (``hvd.DistributedOptimizer`` does). ``None``
-    takes :func:`default_bucket_bytes`: ``HOROVOD_FUSION_THRESHOLD`` as Horovod reads it, at most
-    16 MiB; ``0`` sends every tensor on its own. A communicator that cannot be fused
-    (``Broadcast``) always sends per tensor.
-
-    ``stall_timeout``: seconds a rank waits for one collective before it raises
-    :class:`~grace_legacy.core.stall.RanksStalled`, naming the gradient and the ranks it waits for
-    (a rank stopped or hung without dying would otherwise keep the others waiting forever).
-    ``None`` takes ``GRACE_LEGACY_STALL_TIMEOUT`` from the environment, else 1800 s
-    (:data:`~grace_legacy.core.stall.DEFAULT_STALL_TIMEOUT_S`).
+    * ``memory=None``: the compressor's recommended memory.
+    * ``communicator=None``: per tensor, an allreduce for additive payloads, an allgather otherwise.
+    * ``dense_fallback``: a gathered payload that would move at least as many bytes as a ring
+      allreduce of the dense tensor is sent dense (route ``"dense-fallback"``).
+    * ``bucket_bytes``: fused buckets of up to this many dense bytes once :meth:`plan_buckets` has
+      the tensors (``None``: ``HOROVOD_FUSION_THRESHOLD`` as Horovod reads it, at most 16 MiB;
+      ``0``: per tensor; ``Broadcast`` is never fused).
+    * ``stall_timeout``: seconds a rank waits for one collective before it raises
+      :class:`~grace_legacy.runtime.stall.RanksStalled` naming the gradient and the ranks it waits
+      for (``None``: ``GRACE_LEGACY_STALL_TIMEOUT``, else 1800 s).
     """
 
     def __init__(self, compressor: Compressor, memory: Memory | None = None,
@@ -78,34 +66,46 @@ class Grace:
                 f"Grace: {communicator!r} sums payloads, but {compressor!r} sends a non-additive payload "
                 f"(indices, signs or per-rank scales) that would be corrupted by summing; use Allgather() "
                 f"or leave communicator=None")
-        if bucket_bytes is not None and (isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int)
-                                         or bucket_bytes < 0):
-            raise ValueError(f"Grace: bucket_bytes must be None or an integer >= 0, got {bucket_bytes!r}")
-        self.dense_fallback = bool(dense_fallback)
+        if bucket_bytes is not None:
+            if not isinstance(bucket_bytes, numbers.Real) or isinstance(bucket_bytes, (bool, torch.Tensor)):
+                raise ArgumentTypeError(f"Grace: bucket_bytes must be None or an integer >= 0, got {bucket_bytes!r} "
+                                        f"of type {type(bucket_bytes).__name__}")
+            if not is_int(bucket_bytes) or bucket_bytes < 0:
+                raise ValueError(f"Grace: bucket_bytes must be None or an integer >= 0, got {bucket_bytes!r}")
+            bucket_bytes = int(bucket_bytes)
+        self.dense_fallback = check_flag(dense_fallback, "dense_fallback", "Grace")
         self.stall_timeout = resolve_stall_timeout(stall_timeout)
         self.bucket_bytes = default_bucket_bytes() if bucket_bytes is None else bucket_bytes
-        self._fusion: FusedExchange | None = None
-        self._gather_cost: dict[tuple, bool] = {}
+        self._filler: BucketFiller | None = None
+        self._routes: dict[tuple, str] = {}
+        # Parcels started with hold=True, launched together by launch_held, and their buffers.
+        self._held: list[Parcel] = []
+        self._held_pool = BufferPool()
         self.compressor = compressor
+        self._schedule = compressor if isinstance(compressor, Schedule) else None
+        #: the bytes this rank sent, by route (and by a schedule's groups and phases): :attr:`stats`
+        self.traffic = TrafficStats()
+        compressor.ledger = self.traffic
         self.memory = memory if memory is not None else compressor.recommended_memory()
         compressor.check_memory(self.memory)
         self.memory.check_compressor(compressor)
         self.communicator = communicator
-        # Whether each rank can tell on its own which tensors held an inf or NaN on some rank: when
-        # the compressor sends every one it is given (its dense routes do too), and the memory
-        # neither hides one nor changes the result, any rank's inf or NaN is in every rank's
-        # result, and the results are identical on every rank. Fixed by the configuration, which
-        # every rank shares (the consistency check sees to it), so all ranks skip the flags'
-        # allreduce alike.
+        if communicator is not None and communicator.compresses and compressor.rounds != 1:
+            raise ValueError(f"Grace: {communicator!r} cannot run {compressor!r}, which needs {compressor.rounds} "
+                             f"allreduce rounds; leave communicator=None")
+        #: the error feedback a scatter-gather's owners apply before re-compressing what they summed,
+        #: for a compressor that is paired with error feedback of its own (a biased one)
+        self.owner_memory: Memory | None = (None if isinstance(compressor.recommended_memory(), NoMemory)
+                                            else Residual())
+        # Whether every rank's results show any rank's inf or NaN, so no flags need exchanging
+        # (docs/DESIGN.md#skipped-steps).
         self._flags_from_results = (compressor.delivers_nonfinite and self.memory.keeps_nonfinite
                                     and type(self.memory).aggregated is Memory.aggregated)
-        # Per tensor of the current step: the extremes (0-dim tensors) of this rank's gradient,
-        # what its memory made of it and the synchronized result; any of them inf or NaN means
-        # the tensor held one. Only looked at, all at once, in nonfinite_names: a check per tensor
-        # would cost several small tensor operations each.
+        # Per tensor of the step: the extremes of its gradient, compensated gradient and result,
+        # looked at all at once in nonfinite_names.
         self._extremes: dict[str, list[torch.Tensor]] = {}
-        # The tensors started in the current step (what abandon_step rolls back).
-        self._started: set[str] = set()
+        # The tensors started in the current step (what undo_step rolls back).
+        self._started: dict[str, Pending] = {}
         # (rank, size) of the process set this bundle ran on, and the one a loaded state expects.
         self._placement: tuple[int, int] | None = None
         self._expected_placement: tuple[int, int] | None = None
@@ -114,33 +114,29 @@ class Grace:
         """Fuse the tensors named in ``sizes`` ((name, dense bytes), in expected arrival order)
         into buckets of up to :attr:`bucket_bytes`. Every rank must give the same list."""
         fusable = self.communicator is None or self.communicator.fusable
-        self._fusion = FusedExchange(BucketPlan(sizes, self.bucket_bytes)) if fusable and self.bucket_bytes else None
+        self._filler = BucketFiller(BucketPlan(sizes, self.bucket_bytes), self.owner_memory) \
+            if fusable and self.bucket_bytes else None
 
-    def _gathers_more_than_dense(self, concrete: Compressor, tensor: torch.Tensor, world_size: int) -> bool:
-        key = (id(concrete), tensor.shape, tensor.dtype, world_size)
-        verdict = self._gather_cost.get(key)
-        if verdict is None:
-            try:
-                packed = wire.packed_size_of(concrete.payload_spec_for(tensor.shape, tensor.dtype),
-                                             with_header=not concrete.uniform_payload)
-            except NotImplementedError:  # a size only the data decides: ranks could disagree
-                verdict = False
-            else:
-                verdict = gather_costs_more(packed, tensor.numel() * tensor.element_size(), world_size)
-            self._gather_cost[key] = verdict
-        return verdict
+    def route_of(self, concrete: Compressor, shape: torch.Size, dtype: torch.dtype, world_size: int) -> str:
+        """The route of a tensor that ``concrete`` compresses at ``world_size`` ranks
+        (:func:`~grace_legacy.runtime.cost.choose_route` with this bundle's communicator and
+        dense fallback), the same on every rank."""
+        key = (id(concrete), shape, dtype, world_size)
+        route = self._routes.get(key)
+        if route is None:
+            forced = None if self.communicator is None else self.communicator.route
+            route = self._routes[key] = choose_route(concrete, shape, dtype, world_size, forced=forced,
+                                                     dense_fallback=self.dense_fallback)
+        return route
 
     def start(self, tensor: torch.Tensor, name: str, backend: Backend, average: bool,
-              overwrite: bool = False) -> Pending:
+              overwrite: bool = False, hold: bool = False) -> Pending:
         """Compress ``tensor`` and launch its collectives; call the result to get the gradient.
-
         ``overwrite``: the caller will not read ``tensor`` again, so the memory may build the
         compensated gradient in its storage (:meth:`Memory.compensate_into`)."""
-        self.enter(backend)
-        # A sparsifier or a sign may drop an inf; the flag makes sure every rank still sees it.
-        # Finite state can still overflow (momentum, an fp16 sum), so the compensated gradient is
-        # always looked at; the raw one too (first: compensate may write over it) unless the
-        # memory keeps its infs and NaNs.
+        self.join_world(backend)
+        # The raw gradient is looked at first (compensate may write over it) unless the memory keeps
+        # its infs and NaNs; the compensated one always, since finite state can overflow.
         self._extremes[name] = []
         watch = not self._flags_from_results  # else the result will show it
         if watch and not self.memory.keeps_nonfinite:
@@ -148,30 +144,39 @@ class Grace:
         compensated = (self.memory.compensate_into if overwrite else self.memory.compensate)(tensor, name)
         if watch and (compensated is not tensor or self.memory.keeps_nonfinite):
             self._watch(name, compensated)
-        concrete = self.compressor.resolve(compensated, name) if tensor.numel() else None
-        route = "dense"
-        if concrete is not None:
-            gathered = self.communicator.carries_non_additive if self.communicator else not concrete.additive
-            if (gathered and self.dense_fallback and concrete.aggregates_by_mean
-                    and self._gathers_more_than_dense(concrete, tensor, backend.size())):
-                concrete, route = None, "dense-fallback"
-        if concrete is None:
+        world_size = backend.size()
+        concrete = self.compressor.compressor_for(compensated, name) if tensor.numel() else None
+        route = "dense" if concrete is None else self.route_of(concrete, tensor.shape, tensor.dtype, world_size)
+        if route == "dense":
             # Dense: the compensated gradient itself, so a residual left from compressed steps is
             # delivered now rather than lost.
+            if concrete is not None:
+                route = "dense-fallback"
             concrete, payload, ctx, communicator = _DENSE, [compensated], None, _ALLREDUCE
         else:
-            payload, ctx = concrete.compress(compensated, name)
-            communicator = self.communicator or (_ALLREDUCE if concrete.additive else _ALLGATHER)
-            route = communicator.route
+            communicator = self.communicator or _COMMUNICATORS[route]
+            if communicator.compresses:  # it compresses shard by shard itself
+                payload, ctx = [compensated], None
+            else:
+                payload, ctx = concrete.compress(compensated, name)
 
-        def learn(final_payload: Payload, final_ctx: Any) -> None:
-            self.memory.update(compensated, name, concrete, final_payload, final_ctx)
+        def update_memory(final_payload: Payload, final_ctx: Any, encoder: Any = None) -> None:
+            self.memory.update(compensated, name, encoder or concrete, final_payload, final_ctx)
 
-        if self._fusion is not None and name in self._fusion.plan.bucket_of:
-            member = Member(name, payload, ctx, concrete, gathered=communicator.carries_non_additive, learn=learn)
-            inner = self._fusion.add(member, backend, average)
+        if communicator.fusable and (hold or (self._filler is not None and name in self._filler.plan.bucket_of)):
+            parcel = Parcel(name, payload, ctx, concrete, gathered=communicator.carries_non_additive
+                            and not communicator.compresses, sharded=communicator.compresses,
+                            update_memory=update_memory)
+            if hold:
+                self._held.append(parcel)
+                inner = parcel.pending
+            else:
+                inner = self._filler.add(parcel, backend, average)
+        elif communicator.compresses:
+            inner = communicator.start(payload, ctx, name, concrete, backend, average, on_final_payload=update_memory,
+                                       owner_memory=self.owner_memory)
         else:
-            inner = communicator.start(payload, ctx, name, concrete, backend, average, on_final_payload=learn)
+            inner = communicator.start(payload, ctx, name, concrete, backend, average, on_final_payload=update_memory)
 
         def finish() -> torch.Tensor:
             try:
@@ -182,37 +187,48 @@ class Grace:
             # A compressor can overflow finite input (FP16 beyond 65504); the step is skipped then too.
             if not inner.finite:
                 self._watch(name, result)
-            self.compressor.observe(name, result)
+            if self._schedule is not None:
+                self._schedule.observe(name, result)
             # Recorded on arrival: a multi-round payload's later rounds are only sent in inner().
-            self.compressor.record_traffic(name, tensor, inner.bytes_sent, route)
+            self.record_traffic(name, tensor, inner.bytes_sent, route, inner.wire_bytes, world_size)
             return result
 
-        self._started.add(name)
+        self._started[name] = inner
         return Pending(finish, inner.bytes_sent)
 
+    def launch_held(self, label: str, backend: Backend, average: bool) -> None:
+        """Launch the tensors started with ``hold=True`` since the last launch as one bucket
+        (``label`` names its collectives): a caller with buckets of its own (DDP's) fuses by them."""
+        held, self._held = self._held, []
+        launch_bucket(label, held, backend, average, self._held_pool, self.owner_memory)
+
+    def record_traffic(self, name: str, tensor: torch.Tensor, sent_bytes: int, route: str,
+                       wire_bytes: float = 0.0, world_size: int = 1) -> None:
+        """Count ``sent_bytes`` handed to the collectives for ``tensor`` and ``wire_bytes`` put on
+        the link, against a dense ring allreduce among ``world_size`` ranks (under a schedule's
+        labels)."""
+        labels = self._schedule.traffic_labels(name, tensor) if self._schedule is not None else None
+        dense = tensor.numel() * tensor.element_size()
+        self.traffic.record(dense_bytes=dense, sent_bytes=sent_bytes, route=route, wire_bytes=wire_bytes,
+                            wire_dense=ring_allreduce_bytes(dense, world_size), labels=labels)
+
     def _watch(self, name: str, tensor: torch.Tensor) -> None:
-        """Remember ``tensor``'s extremes for :meth:`nonfinite_names`: the minimum and maximum are
-        NaN if any entry is (both propagate NaN) and infinite if an infinity is the extreme, and
-        they cannot overflow; one pass, no temporary of the tensor's size."""
+        """Remember ``tensor``'s extremes (NaN or infinite exactly when an entry is) for
+        :meth:`nonfinite_names`."""
         if tensor.numel():
             self._extremes.setdefault(name, []).extend(torch.aminmax(tensor.detach()))
 
     def _carried_with(self, name: str) -> list[str]:
         """``name`` and the tensors fused with it."""
-        if self._fusion is None or name not in self._fusion.plan.bucket_of:
+        if self._filler is None or name not in self._filler.plan.bucket_of:
             return [name]
-        return [name, *(n for n in self._fusion.plan.buckets[self._fusion.plan.bucket_of[name]] if n != name)]
+        return [name, *(n for n in self._filler.plan.buckets[self._filler.plan.bucket_of[name]] if n != name)]
 
-    def enter(self, backend: Backend) -> bool:
-        """Take this rank's place in ``backend``'s world before sending: ``True`` when the place
-        is new (the first step, or the first since the world changed), when whoever runs the
-        bundle should check again that the ranks agree (the distributed optimizer does).
-
-        A loaded state must be entered at the rank and size that saved it (``ValueError``
-        otherwise). A rank or size that changes under a running bundle is an elastic reset that
-        Horovod did not follow with a synchronization (it skips one when ranks only left): the
-        bundle then leaves the old world as :meth:`rejoin` would, keeping rank 0's shared state
-        that every survivor already holds, and every rank sees the change alike."""
+    def join_world(self, backend: Backend) -> bool:
+        """Take this rank's place in ``backend``'s world before sending; ``True`` when the place is
+        new (the ranks' agreement should be checked again). A loaded state must be entered at the
+        rank and size that saved it (``ValueError``); a change under a running bundle leaves the old
+        world as :meth:`rejoin` would (docs/DESIGN.md#elastic-state)."""
         placement = (backend.rank(), backend.size())
         if placement == self._placement:
             return False
@@ -230,9 +246,11 @@ class Grace:
 
     # -- elastic training (horovod.elastic; see grace_legacy.elastic) ---------------------------
     def _leave_world(self) -> None:
-        self.abandon_step()
+        self.undo_step()
         if not self.memory.survives_world_change:
-            self.memory.forget()
+            self.memory.reset()
+        if self.owner_memory is not None:  # the shards, and so the owners, change with the world
+            self.owner_memory.reset()
 
     def shared_state(self) -> dict[str, Any]:
         """What :meth:`rejoin` takes from the rank every rank follows: the configuration and the
@@ -240,17 +258,9 @@ class Grace:
         return {"config": self.configuration(), "compressor": self.compressor.state_dict()}
 
     def rejoin(self, shared: dict[str, Any]) -> None:
-        """Continue in a world that changed (ranks left or joined; elastic training) from
-        ``shared``, the :meth:`shared_state` of the rank that every rank follows (rank 0).
-
-        What every rank must agree on is taken from ``shared``: the schedule's progress and
-        decisions, the step counters that seed every generator, PowerSGD's warm start
-        (:meth:`Compressor.rejoin_state`). What is this process's own is kept: its error-feedback
-        residuals, so a survivor still delivers the gradient it has not sent yet (a newcomer's
-        are empty), and its byte counts. A memory whose state is a function of the whole world
-        (EF21's estimate of the mean; ``Memory.survives_world_change``) starts afresh on every
-        rank. The next :meth:`enter` takes the new rank and size wherever they are.
-        Raises ``ValueError`` if ``shared`` was saved by another configuration."""
+        """Continue in a changed world from ``shared``, rank 0's :meth:`shared_state`: what every rank
+        must agree on comes from it, this process's residuals and byte counts stay
+        (docs/DESIGN.md#elastic-state). ``ValueError`` if another configuration saved ``shared``."""
         saved = saved_configuration(shared, "Grace.rejoin")
         refuse_other_configuration("Grace.rejoin", saved, self.configuration())
         own = self.compressor.state_dict()
@@ -260,10 +270,9 @@ class Grace:
 
     # -- the end of a step ------------------------------------------------------------------
     def nonfinite_names(self, names: Sequence[str], backend: Backend) -> set[str]:
-        """Which of ``names`` held an inf or NaN on *any* rank this step: one small allreduce of
-        one flag per name, or none where each rank's results show it (see ``delivers_nonfinite``
-        in :class:`~grace_legacy.core.compressor.Compressor`). Every rank must pass the same
-        ``names`` in the same order."""
+        """Which of ``names`` held an inf or NaN on *any* rank this step (in the gradient, its
+        compensated form or the result). A collective: every rank passes the same ``names`` in the
+        same order (docs/DESIGN.md#skipped-steps)."""
         extremes: list[torch.Tensor] = []
         owners: list[int] = []
         for index, name in enumerate(names):
@@ -280,58 +289,76 @@ class Grace:
             backend.wait(backend.allreduce_async(flags, "nonfinite-flags", average=False))
         return {n for n, flagged in zip(names, summed.tolist(), strict=True) if flagged > 0}
 
-    def discard(self, name: str) -> None:
+    def undo(self, name: str) -> None:
         """Undo this step's changes to ``name``'s memory and compressor state (skipped step)."""
-        self.memory.rollback(name)
-        self.compressor.rollback(name)
+        self.memory.undo(name)
+        self.compressor.undo(name)
+        if self.owner_memory is not None and self.owner_memory.undo_log is not None:
+            # The owner's feedback on the segments of ``name`` (ScatterGather's segment names).
+            for segment in self.owner_memory.undo_log.names():
+                if segment.startswith(f"{name}["):
+                    self.owner_memory.undo(segment)
 
     def describe(self) -> dict[str, str]:
         """What every rank must agree on, as text (see :mod:`grace_legacy.consistency`)."""
-        progress = getattr(self.compressor, "progress", None)
+        progress = self._schedule.progress if self._schedule is not None else None
         return {"compressor": repr(self.compressor), "memory": repr(self.memory),
                 "communicator": repr(self.communicator), "dense_fallback": str(self.dense_fallback),
-                "buckets": (f"{len(self._fusion.plan.buckets)} of up to {self.bucket_bytes} bytes "
-                            f"(digest {derived_seed(self._fusion.plan.buckets):016x})") if self._fusion else "none",
+                "buckets": (f"{len(self._filler.plan.buckets)} of up to {self.bucket_bytes} bytes "
+                            f"(digest {derived_seed(self._filler.plan.buckets):016x})") if self._filler else "none",
                 "schedule progress (epochs)": "none" if progress is None else str(progress)}
 
     def set_epoch(self, epoch: int) -> None:
         """Enter epoch ``epoch``, like ``DistributedSampler.set_epoch`` (schedules change phase)."""
-        self.compressor.set_epoch(epoch)
+        if self._schedule is not None:
+            self._schedule.set_epoch(epoch)
 
     def unlaunched(self) -> set[str]:
         """The tensors started this step whose collectives this rank has not launched (their
         fused bucket still waits for other members): waiting for those would never end."""
-        return self._fusion.unlaunched() if self._fusion is not None else set()
+        held = {parcel.name for parcel in self._held}
+        return held | self._filler.unlaunched() if self._filler is not None else held
 
-    def abandon_step(self) -> None:
-        """Forget the step under way as if it had not begun: the distributed optimizer calls this
-        when Horovod drops its pending gradients (``load_state_dict`` in mid-step). Buckets still
-        collecting members are emptied, and every started tensor's memory and compressor state is
-        rolled back to the end of the last step, as for a skipped step (:meth:`discard`: the byte
-        counts and the per-tensor step counters that seed random draws keep the dropped step,
-        whose collectives did run). The caller first waits for the collectives this rank launched
-        (:meth:`unlaunched` tells which it did not), so that none of them is still in flight under
-        a name the next step uses again."""
-        if self._fusion is not None:
-            self._fusion.abandon()
+    def undo_step(self) -> None:
+        """Forget the step under way (``load_state_dict`` in mid-step, an elastic restore): buckets
+        still collecting are emptied and every started tensor is undone as for a skipped step (the
+        step counters keep it: its collectives ran). First every collective this rank launched is
+        waited for and dropped, so that nothing is in flight under a name the next step uses; an
+        error there is the engine's failure, which the step already raised: the wait stops, as
+        nothing is in flight any more. Nothing that arrives reaches the memory, schedule or counts."""
+        unlaunched = self.unlaunched()
+        for name, inner in self._started.items():
+            if name not in unlaunched:
+                try:
+                    inner()
+                except Exception:  # noqa: BLE001 (the engine's failure, already raised by the step)
+                    break
+        if self._filler is not None:
+            self._filler.abandon()
+        self._held.clear()
         for name in self._started:
-            self.discard(name)
+            self.undo(name)
         self._started.clear()
         self._extremes.clear()
 
     def end_step(self, backend: Backend | None = None) -> None:
         """Count one synchronized optimizer step (the distributed optimizer calls this)."""
         self._started.clear()
-        self.memory.commit()
-        self.compressor.commit()
+        self.memory.end_step()
+        if self.owner_memory is not None:
+            self.owner_memory.end_step()
         self.compressor.end_step(backend)
 
     @property
     def stats(self) -> dict[str, Any]:
         return self.compressor.stats
 
+    def scalars(self, prefix: str = "grace") -> dict[str, float]:
+        """:attr:`stats` as flat numbers for TensorBoard or W&B (:meth:`Compressor.scalars`)."""
+        return self.compressor.scalars(prefix)
+
     def reset_stats(self) -> None:
-        self.compressor.reset_stats()
+        self.traffic.reset()
 
     # -- checkpoints ------------------------------------------------------------------------
     def configuration(self) -> dict[str, str]:
@@ -341,44 +368,24 @@ class Grace:
                 "communicator": repr(self.communicator), "dense_fallback": str(self.dense_fallback)}
 
     def state_dict(self) -> dict[str, Any]:
-        """This rank's compression state, so that a run resumed from a checkpoint continues
-        bit for bit as if it had never stopped: the memory's per-tensor state (residuals, DGC's
-        momenta, EF21's estimates), the compressor's (step counters, which fix every random
-        draw; PowerSGD's warm start; Signum's momentum), a schedule's position and decisions, the
-        byte counts of :attr:`stats`, the :meth:`configuration`, and which rank of how many saved
-        it. Plain data, copied: ``torch.save`` it, and ``torch.load(..., weights_only=True)``
-        reads it back. Call it between steps.
-
-        The state differs from rank to rank (each rank has its own residuals and draws), so
-        gather it; the model and optimizer are the same on every rank::
-
-            states = hvd.allgather_object(compression.state_dict())
-            if hvd.rank() == 0:
-                torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                            "compression": states, "epoch": epoch}, path)
-
-        and to resume, in fresh processes, on as many ranks, after building everything as before::
-
-            checkpoint = torch.load(path, weights_only=True)
-            model.load_state_dict(checkpoint["model"])
-            optimizer.load_state_dict(checkpoint["optimizer"])
-            compression.load_state_dict(checkpoint["compression"][hvd.rank()])
-
-        (with ``torch.amp.GradScaler``, save and load ``scaler.state_dict()`` too). The resumed
-        run's parameters then equal the uninterrupted run's bit for bit, given the same data in
-        the same order, the same world size and controller, and Horovod's settings unchanged.
-        """
+        """This rank's compression state, everything a run carries between steps: the memory's and
+        compressor's per-tensor state (residuals, momenta, estimates, the step counters that fix
+        every random draw, warm starts), a schedule's position and decisions, the byte counts, the
+        :meth:`configuration` and which rank of how many saved it. Plain data, copied
+        (``torch.load(..., weights_only=True)`` reads it); call it between steps. It differs from
+        rank to rank: gather it, and have each rank load its own (docs/CHECKPOINTING.md). A run
+        resumed from it ends bit for bit as the uninterrupted run, given the same data in the same
+        order, world size, controller and Horovod settings."""
         placement = self._placement or self._expected_placement
         return {"config": self.configuration(), "placement": None if placement is None else list(placement),
-                "compressor": self.compressor.state_dict(), "memory": self.memory.state_dict()}
+                "compressor": self.compressor.state_dict(), "memory": self.memory.state_dict(),
+                "owner_memory": None if self.owner_memory is None else self.owner_memory.state_dict(),
+                "traffic": self.traffic.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from ``state``, this rank's :meth:`state_dict` of an earlier run.
-
-        Raises ``ValueError`` naming every difference if the state was saved by another
-        configuration (compressor, schedule, memory, communicator or their arguments), before
-        changing anything; and at the first step if it was saved by another rank, or on another
-        number of ranks."""
+        """Continue from ``state``, this rank's :meth:`state_dict` of an earlier run. ``ValueError``
+        naming every difference, before changing anything, if another configuration saved it, and
+        at the first step if another rank or number of ranks did."""
         saved = saved_configuration(state, "Grace.load_state_dict")
         refuse_other_configuration("Grace.load_state_dict", saved, self.configuration())
         placement = state["placement"]
@@ -386,6 +393,9 @@ class Grace:
         self._placement = None
         self.compressor.load_state_dict(state["compressor"])
         self.memory.load_state_dict(state["memory"])
+        if self.owner_memory is not None:
+            self.owner_memory.load_state_dict(state["owner_memory"])
+        self.traffic.load_state_dict(state["traffic"])
 
     def __repr__(self) -> str:
         return f"Grace({self.compressor!r}, memory={self.memory!r}, communicator={self.communicator!r})"

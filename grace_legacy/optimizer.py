@@ -1,42 +1,13 @@
-"""``hvd.DistributedOptimizer`` with grace_legacy compression.
+"""``hvd.DistributedOptimizer`` with grace_legacy compression: Horovod's optimizer (hooks overlapping
+the backward pass, ``backward_passes_per_step``, ``synchronize()``/``skip_synchronize()``, ``op``,
+process sets) with only the launch of a gradient's communication replaced by the ``Grace`` bundle,
+which picks the collective the payload needs (docs/DESIGN.md#horovod-optimizer). ``import
+grace_legacy`` calls :func:`install`; any other ``compression`` (Horovod's ``Compression.none``,
+``fp16``) goes to Horovod's own function untouched.
 
-Horovod's optimizer hands every gradient to ``compression.compress`` and then to an
-*allreduce*, which would sum Top-k indices together. This module keeps everything else of
-Horovod's optimizer (gradient hooks that overlap communication with the backward pass,
-``backward_passes_per_step``, ``synchronize()``/``skip_synchronize()``, ``op``, process sets,
-unused parameters) and replaces only the step that launches a gradient's communication: it runs
-the ``Grace`` bundle, which picks the collective the payload needs. Horovod 0.28's
-``synchronize()`` already accepts a callable handle that returns the finished gradient, which is
-what ``Grace.start`` returns.
-
-Two checks guard every run. The ranks compare a digest of their parameters (names, shapes,
-dtypes), compression set-up (compressor, memory and communicator with their knobs and seeds,
-buckets) and schedule (:mod:`grace_legacy.consistency`) when the optimizer is built, before the
-user's ``broadcast_parameters`` could hang on a different model (not under elastic
-``horovodrun``, where collectives belong inside ``hvd.elastic.run``), and again before the first
-gradient collective (``set_epoch`` or a loaded state may have moved a schedule since) and the
-first after every elastic reset (:mod:`grace_legacy.elastic`); on a mismatch every rank raises
-the same :class:`~grace_legacy.consistency.RanksDisagree`. After every synchronization one
-small allreduce tells every rank which gradients held an inf or NaN on any rank (in the gradient
-itself, in its error-compensated form, or in the synchronized result; no allreduce is needed
-where the results themselves show it on every rank: ``Compressor.delivers_nonfinite``); those are made NaN
-everywhere (so ``torch.amp.GradScaler`` skips the step on every rank, as it would without
-compression) and, since the whole step is then skipped, every
-tensor's memory and compressor state (schedules' observations included) is rolled back to before
-the step.
-
-A rank that dies (killed, out of memory) ends the job instead of hanging it: ``horovodrun``
-terminates the other ranks as soon as one exits non-zero (Gloo: "Terminating remaining workers
-after failure of Process N"; MPI: ``mpirun`` aborts the job), and a surviving rank that is
-waiting in a collective gets "Horovod has been shut down" from Horovod, because Gloo sees the
-dead peer's closed connection at once. A rank that stays alive but stops taking part (stopped,
-hung) cannot be seen that way: every wait of this integration ends after the bundle's
-``stall_timeout`` with :class:`~grace_legacy.core.stall.RanksStalled`, naming the gradient and the
-ranks it waits for (:mod:`grace_legacy.backends.board`; the construction opens the board).
-
-``import grace_legacy`` calls :func:`install`, so the stock ``hvd.DistributedOptimizer`` accepts
-grace_legacy compressors and ``Grace`` bundles; any other ``compression`` (Horovod's own
-``Compression.none``/``fp16``) goes to Horovod's original function untouched.
+A gradient that held an inf or NaN on any rank is NaN on every rank and the step leaves no trace; a
+dead rank ends the job; a rank that stops taking part makes the others raise
+:class:`~grace_legacy.runtime.stall.RanksStalled` (docs/GUARANTEES.md).
 """
 
 from __future__ import annotations
@@ -49,7 +20,7 @@ import horovod.torch as hvd
 import horovod.torch.optimizer as _hvd_optimizer
 import torch
 from horovod.torch.compression import Compression
-from horovod.torch.mpi_ops import Adasum, Average, HorovodInternalError, Sum, global_process_set
+from horovod.torch.mpi_ops import Adasum, Average, Sum, global_process_set
 
 from grace_legacy.backends.horovod import HorovodBackend
 from grace_legacy.consistency import verify_ranks_agree
@@ -59,8 +30,8 @@ from grace_legacy.grace import Grace
 _horovod_distributed_optimizer = _hvd_optimizer.DistributedOptimizer
 
 class _NotGiven:
-    """``compression``'s default. It means Horovod's ``Compression.none``, but is told apart from
-    ``Compression.none`` given explicitly, so that ``grace=`` with any ``compression=`` is refused."""
+    """``compression``'s default, Horovod's ``Compression.none``, told apart from one given explicitly
+    so that ``grace=`` with any ``compression=`` is refused."""
 
     def __repr__(self) -> str:
         return "Compression.none"
@@ -109,13 +80,11 @@ def _verify_ranks_agree(self: Any, when: str) -> None:
 
 
 def _grace_allreduce_grad_async(self: Any, p: torch.Tensor) -> tuple[Any, None]:
-    if self._grace.enter(self._grace_backend):
+    if self._grace.join_world(self._grace_backend):
         if _elastic_worker():
             # A new world (the first, or one after a reset): its members post to a new board.
             self._grace_backend.open_board()
-        # Again before the first gradient collective: set_epoch or a loaded state_dict may have
-        # moved one rank's schedule since construction. And after every elastic reset: the ranks
-        # that joined must have been set up alike.
+        # Again at the first gradient and after every elastic reset (docs/DESIGN.md#ranks-agree).
         _verify_ranks_agree(self, "first-step")
     if p.grad is None:
         # Unused on this rank (a branch not taken) but perhaps not on others: every rank must
@@ -136,13 +105,8 @@ def _grace_allreduce_grad_async(self: Any, p: torch.Tensor) -> tuple[Any, None]:
 
 def _start_the_rest_in_order(self: Any) -> None:
     """Start every gradient the backward pass has not (unused on this rank, or delayed by
-    ``backward_passes_per_step``) and put the handles in one order that every rank shares.
-
-    Horovod would start the rest in the iteration order of a ``set`` and wait for them in
-    arrival order, both of which differ between ranks. A multi-round compressor (PowerSGD)
-    launches its next round only when its gradient is waited for, so ranks waiting in different
-    orders would each wait for a round the others have not launched: a deadlock.
-    """
+    ``backward_passes_per_step``) and put the handles in one order every rank shares
+    (docs/DESIGN.md#one-issue-order)."""
     order = [p for p in self._grace_order if p in self._requires_update]
     for p in order:
         if self._handles.get(p, (None, None))[0] is None:
@@ -151,12 +115,8 @@ def _start_the_rest_in_order(self: Any) -> None:
 
 
 def _average_again(self: Any) -> None:
-    """A second ``synchronize()`` with no backward pass since the first (``step()`` after
-    ``synchronize()`` outside ``skip_synchronize()``, which Horovod warns about): Horovod then
-    reduces every gradient again, which changes nothing when every rank holds the same
-    gradients. Compressing them again would not be so harmless (a second lossy pass, a second
-    error-feedback update, a schedule step counted twice), so they are reduced again dense and
-    nothing of the compression state moves."""
+    """A second ``synchronize()`` with no backward pass since the first: the gradients are averaged
+    again dense, and no compression state moves (docs/DESIGN.md#second-synchronize)."""
     backend = self._grace_backend
     launched = [(p, backend.allreduce_async(p.grad, f"again.{self._parameter_names[p]}", self.op == Average))
                 for p in self._grace_order if p in self._requires_update and p.grad is not None]
@@ -184,28 +144,15 @@ def _grace_synchronize(self: Any) -> None:
         if flagged:
             # GradScaler skips the whole step, so no tensor's memory or schedule may keep it.
             for name in by_name:
-                self._grace.discard(name)
+                self._grace.undo(name)
     self._grace.end_step(self._grace_backend)
 
 
 def _grace_load_state_dict(self: Any, *args: Any, **kwargs: Any) -> None:
-    """Horovod's ``load_state_dict``, which drops the gradients of a step under way; the step is
-    abandoned here too (:meth:`Grace.abandon_step`) after waiting for the collectives this rank
-    launched, so that none is still in flight when the next step reuses its name."""
+    """Horovod's ``load_state_dict``, which drops the gradients of a step under way; the bundle
+    drops the step too (:meth:`Grace.undo_step`), first waiting for what this rank launched."""
     if self._handles:
-        unlaunched = self._grace.unlaunched()
-        for p, (handle, _) in self._handles.items():
-            if handle is not None and self._parameter_names[p] not in unlaunched:
-                try:
-                    handle()
-                except HorovodInternalError:
-                    break  # Horovod has shut down (an elastic reset): nothing is in flight any more
-                except ValueError as err:
-                    # The shutdown also clears the handles of the same step: nothing to wait for.
-                    if "was not created or has been cleared" not in str(err):
-                        raise
-                    break
-        self._grace.abandon_step()
+        self._grace.undo_step()
     _hvd_optimizer._DistributedOptimizer.load_state_dict(self, *args, **kwargs)
 
 
@@ -214,33 +161,19 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
                          op: Any = Average, gradient_predivide_factor: float = 1.0,
                          num_groups: int = 0, groups: Any = None, sparse_as_dense: bool = False,
                          process_set: Any = global_process_set, grace: Any = None) -> torch.optim.Optimizer:
-    """Horovod's ``DistributedOptimizer``, with the same signature and behaviour, that also takes
-    a grace_legacy ``Compressor`` or ``Grace`` bundle as ``compression``.
+    """Horovod's ``DistributedOptimizer``, with the same signature and behaviour, that also takes a
+    grace_legacy ``Compressor`` or ``Grace`` bundle as ``compression`` (or as ``grace=``, GRACE's
+    keyword, so GRACE scripts run unchanged; not both).
 
-    ``grace=`` is the keyword GRACE's patched Horovod took (``grace=grace_from_params(params)``):
-    the same as ``compression=``, so GRACE training scripts run unchanged; giving both is an error.
-
-    With grace_legacy compression, ``op`` may be ``hvd.Average`` (the aggregated gradient is
-    divided by the process set's size) or ``hvd.Sum``. ``gradient_predivide_factor`` only changes
-    where Horovod divides, so the result is the same. Raises ``ValueError`` at construction for
-    what compressed payloads cannot honour: ``op=hvd.Adasum`` and explicit ``groups``.
-
-    Unused parameters: a parameter whose ``grad`` is still ``None`` on a rank when the step
-    synchronizes (a branch that rank did not take) takes part from that rank with a zero
-    gradient (plus, under error feedback, the residual the rank holds for it), as in Horovod's
-    own optimizer. The synchronized gradient is then the average (or sum) over all ranks with
-    zeros where a rank computed none, and every rank's ``p.grad`` is set to it, ``None`` before
-    or not. Every rank waits for its gradients in one shared order, so that multi-round
-    compressors (PowerSGD) cannot deadlock on gradients that arrive in different orders.
-
-    Raises :class:`~grace_legacy.consistency.RanksDisagree` (on every rank of the process set,
-    here or at the first step) when ranks differ in parameters, compression set-up or schedule.
-
-    Horovod's other behaviours hold: ``synchronize()``/``skip_synchronize()``, the warning for
-    ``step()`` after ``synchronize()`` (whose second synchronization re-averages the gradients
-    dense, see ``_average_again``), ``zero_grad()``'s error while gradients are pending, and
-    ``load_state_dict`` in mid-step, which drops the step (``_grace_load_state_dict``).
-    """
+    With grace_legacy compression ``op`` is ``hvd.Average`` (divided by the process set's size) or
+    ``hvd.Sum`` (``gradient_predivide_factor`` leaves the result as it is); ``op=hvd.Adasum`` and
+    ``groups`` raise ``ValueError``. A parameter whose ``grad`` is ``None`` on a rank (a branch not
+    taken) takes part from it with zeros (plus any residual), as in Horovod's optimizer, and every
+    rank's ``p.grad`` is set to the result. Raises
+    :class:`~grace_legacy.consistency.RanksDisagree` on every rank, here or at the first step, when
+    ranks differ in parameters, compression set-up or schedule. Horovod's other behaviours hold: a
+    second ``synchronize()`` re-averages dense, ``zero_grad()`` refuses pending gradients, and
+    ``load_state_dict`` in mid-step drops the step."""
     if grace is not None:
         if compression is not _NOT_GIVEN:
             raise ValueError(f"DistributedOptimizer: got both grace={grace!r} and compression={compression!r}; "
@@ -284,21 +217,18 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
                       op, gradient_predivide_factor, None, sparse_as_dense, process_set)
     distributed._grace = bundle
     distributed._grace_backend = HorovodBackend(process_set, bundle.stall_timeout)
-    # Gradients arrive roughly in reverse registration order during backward, so buckets of
-    # consecutive parameters in that order fill (and take off) while backward goes on.
+    # Gradients arrive roughly in reverse registration order, so buckets fill while backward goes on.
     trainable = [p for group in distributed.param_groups for p in group["params"] if p.requires_grad]
     distributed._grace_order = list(reversed(trainable))
     bundle.plan_buckets([(distributed._parameter_names[p], p.numel() * p.element_size())
                          for p in distributed._grace_order])
     if not isinstance(compression, Grace):
         _bundles_built_for[compression] = bundle
-    # Under elastic horovodrun a worker that joins later builds its optimizer while the others
-    # are synchronizing state: a collective here would meet theirs (Horovod forbids collectives
-    # outside hvd.elastic.run). The board and the check before the first gradient run there instead.
+    # Not under elastic horovodrun: a worker that joins later builds its optimizer while the others
+    # synchronize state, and Horovod forbids collectives outside hvd.elastic.run.
     if process_set.included() and not _elastic_worker():
         distributed._grace_backend.open_board()
-        # Here already, before the user's broadcast_parameters: ranks with different models
-        # would otherwise hang or fail obscurely inside it.
+        # Before the user's broadcast_parameters, which would hang on different models.
         _verify_ranks_agree(distributed, "construction")
     return distributed
 
@@ -315,17 +245,9 @@ def bundle_of(compression: Compressor | Grace) -> Grace | None:
 
 
 def install() -> None:
-    """Make ``hvd.DistributedOptimizer`` accept grace_legacy compression (idempotent).
-
-    Only the name users call, ``horovod.torch.DistributedOptimizer``, is rebound.
-    ``horovod.torch.optimizer.DistributedOptimizer`` stays Horovod's own function, because
-    Horovod's code looks it up there to recognise its optimizers: ``broadcast_optimizer_state``
-    compares ``optimizer.__module__`` with that function's module to decide whether it may take a
-    local step on an empty state. Rebinding it there made ranks with an empty state step through
-    the distributed optimizer (an allreduce the other ranks never join): a hang on the standard
-    resume pattern. Both kinds of optimizer this module builds keep Horovod's class members, so
-    their ``__module__`` is Horovod's and that check holds for them too.
-    """
+    """Make ``hvd.DistributedOptimizer`` accept grace_legacy compression (idempotent). Only the name
+    users call, ``horovod.torch.DistributedOptimizer``, is rebound; ``horovod.torch.optimizer``'s
+    stays Horovod's own (docs/DESIGN.md#install-rebinds-one-name)."""
     hvd.DistributedOptimizer = DistributedOptimizer
 
 

@@ -14,12 +14,12 @@ from typing import Any
 
 import torch
 
-from grace_legacy import Compressor, Knob, Memory, Residual
-from grace_legacy.core.validation import check_gradient
+from grace_legacy import Compressor, Memory, Residual, ScheduledParameter
+from grace_legacy.runtime.validation import check_gradient
 
-#: The knob a schedule may set: whole levels that fit an int8 code. No value means dense, so
+#: The parameter a schedule may set: whole levels that fit an int8 code. No value means dense, so
 #: ``Legacy(Int8Linear(), values=[None, 16])`` sends the first size group uncompressed.
-LEVELS = Knob("levels", low=1, high=127, integer=True)
+LEVELS = ScheduledParameter("levels", low=1, high=127, integer=True)
 
 
 def _scale_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -30,15 +30,15 @@ def _scale_dtype(dtype: torch.dtype) -> torch.dtype:
 class Int8Linear(Compressor):
     """Deterministic linear quantization: payload ``[scale (1 element), codes (n int8)]``."""
 
-    knob = LEVELS
+    parameter = LEVELS
 
     def __init__(self, levels: int | None = None) -> None:
         super().__init__()
-        self._set_knob(levels)  # checks the range; None leaves it for a schedule to set
+        self._set_value(levels)  # checks the range; None leaves it for a schedule to set
 
     @property
     def levels(self) -> int | None:
-        return self.knob_value
+        return self.value
 
     def compress(self, tensor: torch.Tensor, name: str) -> tuple[list[torch.Tensor], Any]:
         check_gradient(tensor, "Int8Linear")
@@ -60,4 +60,4 @@ class Int8Linear(Compressor):
     def recommended_memory(self) -> Memory:
         return Residual()
 
-    # The default repr, Int8Linear(levels=...), already names the only argument: the knob.
+    # The default repr, Int8Linear(levels=...), already names the only argument: the parameter.

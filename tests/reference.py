@@ -1,10 +1,10 @@
 """How a reference case is written: a compression set-up, an identical *twin* driven by hand, and
 the rule, written independently of grace_legacy, that combines every rank's decompressed payload.
 
-A distributed worker trains the case's set-up through the optimizer (``tests/distributed/
-workers/zoo_worker.py`` under horovodrun), runs the twin on the same local gradient, rank and
-seed, exchanges the twin's decompressed payloads with a plain allgather and combines them by the
-rule; the optimizer's synchronized gradient must equal the result. The cases themselves are
+A distributed worker trains the case's set-up through the optimizer
+(``tests/distributed/zoo_worker.py`` under horovodrun), runs the twin on the same local gradient,
+rank and seed, exchanges the twin's decompressed payloads with a plain allgather and combines them
+by the rule; the optimizer's synchronized gradient must equal the result. The cases themselves are
 registered in :mod:`tests.registry`.
 """
 
@@ -61,8 +61,8 @@ class Case:
 
 
 class RuleTwin:
-    """A twin that picks the knob from a rule written out in the test (not from ``Legacy``):
-    ``choose(numel, step) -> value or None`` (None: dense). Copies made with ``with_knob`` share
+    """A twin that picks the parameter from a rule written out in the test (not from ``Legacy``):
+    ``choose(numel, step) -> value or None`` (None: dense). Copies made with ``with_value`` share
     the base's step counters and generators, as ``Legacy``'s do, so the draws line up."""
 
     def __init__(self, base, choose: Callable[[int, int], Any]) -> None:
@@ -74,13 +74,13 @@ class RuleTwin:
         for c in self.configured.values():
             c.set_rank(rank)
 
-    def resolve(self, tensor: torch.Tensor, name: str):
+    def compressor_for(self, tensor: torch.Tensor, name: str):
         value = self.choose(tensor.numel(), self.step)
         if value is None:
             return None
         if value not in self.configured:
-            self.configured[value] = self.base.with_knob(value)
-        return self.configured[value].resolve(tensor, name)
+            self.configured[value] = self.base.with_value(value)
+        return self.configured[value].compressor_for(tensor, name)
 
     def end_step(self) -> None:
         self.step += 1

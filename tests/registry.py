@@ -3,20 +3,27 @@ need: how to build a typical one, the arguments the fuzzer draws, and the refere
 over horovodrun.
 
 Adding a compressor: one :class:`Entry` in :data:`ENTRIES` (see docs/IMPLEMENTING.md). From it,
-``tests/unit/test_compressor_contract.py`` checks the contract the library relies on,
-``tests/unit/test_fuzz.py`` fuzzes it alone and (with a knob) inside ``Legacy``,
-``tests/distributed/test_hvd_zoo.py`` compares its synchronized gradients with its cases'
-independent rules, and ``tests/distributed/test_hvd_state.py`` pairs it with every memory it
-accepts. ``tests/unit/test_registry.py`` fails, naming it, when a public compressor, memory or
-schedule of ``grace_legacy`` is missing here.
+the contract tests of ``tests/unit`` cover it with no other file touched:
+``test_contract_compressor.py`` checks the contract the library relies on,
+``test_contract_fuzz.py`` fuzzes it alone and (with a parameter) inside ``Legacy``, and
+``test_contract_undo.py`` and ``test_contract_in_place.py`` pair it with every memory it accepts
+(a skipped step undone without a trace; the compensated gradient built in the gradient's own
+storage). Over real launches, ``tests/distributed/test_zoo.py`` compares its synchronized
+gradients with its cases' independent rules, and ``tests/distributed/test_every_pair.py`` pairs it
+with every memory it accepts. ``tests/unit/test_contract_registry.py`` fails, naming it, when a
+public compressor, memory or schedule of ``grace_legacy`` is missing here.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+import torch
+from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
 from grace_legacy import (
@@ -32,7 +39,6 @@ from grace_legacy import (
     EFSignSGD,
     EFSignSGDMemory,
     Grace,
-    Knob,
     Legacy,
     LGreCo,
     Natural,
@@ -43,6 +49,7 @@ from grace_legacy import (
     PowerSGDMemory,
     RandomK,
     Residual,
+    ScheduledParameter,
     SignSGD,
     Signum,
     TernGrad,
@@ -72,14 +79,41 @@ LR = 0.05
 seeds = st.integers(-(2**70), 2**70)
 
 
-def knob_values(knob: Knob) -> st.SearchStrategy[Any]:
-    """Valid values of ``knob``, extremes included (the bounds, subnormals)."""
-    if knob.integer:
-        high = int(knob.high) if knob.high is not None else 10**30
-        return st.integers(int(knob.low), high)
-    low = knob.low if knob.low is not None else -1e308
-    high = knob.high if knob.high is not None else 1e308
-    return st.floats(low, high, exclude_min=not knob.low_inclusive, exclude_max=not knob.high_inclusive)
+def fuzz_settings(examples: int) -> settings:
+    """``examples`` drawn the same way on every run (derandomized, no example database), so a
+    failure reproduces and the suite's time does not drift."""
+    return settings(max_examples=examples, deadline=None, derandomize=True, database=None,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+# Numbers of every kind: floats with NaN and infinities, ints far beyond a float's range,
+# fractions, numpy scalars. Valid or not, decided by the oracle.
+numbers_of_any_kind = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.integers(-(10**400), 10**400),
+    st.sampled_from([0, -1, 1, 2, 0.0, -0.0, 1.0, 1.5, 2**31 - 1, 2**31, 2**63, 10**400, -(10**400), 1e308,
+                     5e-324, math.nan, math.inf, -math.inf]),
+    st.fractions(),
+    st.integers(-(2**63), 2**63 - 1).map(np.int64),
+    st.floats(allow_nan=True, allow_infinity=True).map(np.float64),
+)
+
+# Not numbers at all: the wrong type for any numeric argument.
+wrong_types = st.one_of(
+    st.text(max_size=5), st.booleans(), st.just(np.bool_(True)), st.complex_numbers(max_magnitude=10),
+    st.decimals(allow_nan=False, allow_infinity=False, places=3), st.lists(st.floats(0.1, 0.5), max_size=2),
+    st.floats(0.1, 0.5).map(torch.tensor), st.just(object()),
+)
+
+
+def parameter_values(parameter: ScheduledParameter) -> st.SearchStrategy[Any]:
+    """Valid values of ``parameter``, extremes included (the bounds, subnormals)."""
+    if parameter.integer:
+        high = int(parameter.high) if parameter.high is not None else 10**30
+        return st.integers(int(parameter.low), high)
+    low = parameter.low if parameter.low is not None else -1e308
+    high = parameter.high if parameter.high is not None else 1e308
+    return st.floats(low, high, exclude_min=not parameter.low_inclusive, exclude_max=not parameter.high_inclusive)
 
 
 # -- reference cases ----------------------------------------------------------------------------
@@ -123,7 +157,7 @@ class Entry:
     typical: Callable[[], Compressor]
     #: the constructor's arguments as the fuzzer draws them (``compressor(**drawn)``)
     fuzz: dict[str, st.SearchStrategy[Any]]
-    #: which launch of ``test_hvd_zoo.py`` runs ``cases`` (one horovodrun job per family)
+    #: which launch of ``tests/distributed/test_zoo.py`` runs ``cases`` (one horovodrun job per family)
     family: str
     #: reference cases: the synchronized gradient equals an independent rule's
     cases: tuple[Case, ...]
@@ -138,29 +172,29 @@ ENTRIES: list[Entry] = [
         Case("NoCompression", pair(NoCompression, NoMemory), routes={"allreduce"}),)),
     Entry(FP16, "FP16", FP16, {}, "core", (
         Case("FP16", pair(FP16, NoMemory), rtol=2e-3, atol=1e-4, routes={"allreduce"}),)),
-    Entry(TopK, "TopK(0.1)", lambda: TopK(0.1), {"ratio": knob_values(DENSITY)}, "core", (
+    Entry(TopK, "TopK(0.1)", lambda: TopK(0.1), {"ratio": parameter_values(DENSITY)}, "core", (
         Case("TopK+Residual", pair(lambda: TopK(0.1), Residual), routes={"allgather"}),
         # EF21 applies its running estimate g <- g + mean_r D(sent_r): the twin's memory.aggregated does it.
         Case("TopK(0.1)+EF21", pair(lambda: TopK(0.1), EF21), routes={"allgather"}),)),
-    Entry(RandomK, "RandomK(0.1)", lambda: RandomK(0.1, seed=1), {"ratio": knob_values(DENSITY), "seed": seeds},
+    Entry(RandomK, "RandomK(0.1)", lambda: RandomK(0.1, seed=1), {"ratio": parameter_values(DENSITY), "seed": seeds},
           "core", (Case("RandomK+Residual", pair(lambda: RandomK(0.1, seed=11), Residual), routes={"allreduce"}),)),
     Entry(DGC, "DGC(0.1)", lambda: DGC(0.1, seed=2, min_samples=16),
-          {"ratio": knob_values(DENSITY), "seed": seeds, "sample_ratio": st.floats(1e-9, 1.0),
+          {"ratio": parameter_values(DENSITY), "seed": seeds, "sample_ratio": st.floats(1e-9, 1.0),
            "min_samples": st.integers(1, 10**9)}, "sparse", (
         Case("DGC(0.1)+DGCMemory(0.9)", pair(lambda: DGC(0.1, seed=5, min_samples=16), DGCMemory),
              routes={"allgather"}),
         Case("DGC(0.1)+DGCMemory(0.5, clip=0.1)",
              pair(lambda: DGC(0.1, seed=5, min_samples=16), lambda: DGCMemory(momentum=0.5, clip=0.1)),
              routes={"allgather"}),)),
-    # At step 0 (see workers/harness.Net): |grad| peaks near 0.03 for scale, ~1e-9 for shift (the
+    # At step 0 (see tests/distributed/harness.Net): |grad| peaks near 0.03 for scale, ~1e-9 for shift (the
     # softmax sums to 1, so shifting every logit has no gradient), 0.04-0.11 for fc1.weight by rank,
     # 0.13-0.34 for fc2.bias. A threshold of 0.1 therefore leaves shift empty everywhere and
     # fc1.weight empty on some ranks only; some_payloads_empty checks that this really happened.
-    Entry(Threshold, "Threshold(0.02)", lambda: Threshold(0.02), {"threshold": knob_values(THRESHOLD)}, "sparse", (
+    Entry(Threshold, "Threshold(0.02)", lambda: Threshold(0.02), {"threshold": parameter_values(THRESHOLD)}, "sparse", (
         Case("Threshold(0.02)+Residual", pair(lambda: Threshold(0.02), Residual), routes={"allgather"}),
         Case("Threshold(0.1)+Residual with empty payloads", pair(lambda: Threshold(0.1), Residual),
              routes={"allgather"}, check=some_payloads_empty),)),
-    Entry(QSGD, "QSGD(4)", lambda: QSGD(4, seed=3), {"levels": knob_values(LEVELS), "seed": seeds}, "quantize", (
+    Entry(QSGD, "QSGD(4)", lambda: QSGD(4, seed=3), {"levels": parameter_values(LEVELS), "seed": seeds}, "quantize", (
         Case("QSGD(levels=4)", pair_without_memory(lambda: QSGD(4, seed=7)), routes={"allgather"}, **EXACT),
         Case("QSGD(levels=300)", pair_without_memory(lambda: QSGD(300, seed=8)), routes={"allgather"}, **EXACT),
         # Dense tensors go through Horovod's allreduce, whose summation order (a ring under Gloo)
@@ -174,7 +208,7 @@ ENTRIES: list[Entry] = [
         Case("Natural", pair_without_memory(lambda: Natural(seed=10)), routes={"allgather"}, **EXACT),)),
     Entry(SignSGD, "SignSGD", SignSGD, {}, "sign", (
         Case("SignSGD", pair(SignSGD, NoMemory), rule=majority_vote_rule, routes={"allgather"}),)),
-    Entry(Signum, "Signum(0.9)", lambda: Signum(0.9), {"momentum": knob_values(MOMENTUM)}, "sign", (
+    Entry(Signum, "Signum(0.9)", lambda: Signum(0.9), {"momentum": parameter_values(MOMENTUM)}, "sign", (
         Case("Signum(0.9)", pair(lambda: Signum(0.9), NoMemory), rule=majority_vote_rule, routes={"allgather"}),)),
     Entry(EFSignSGD, "EFSignSGD", lambda: EFSignSGD(LR), {"lr": st.floats(1e-30, 1e30)}, "sign", (
         # The twin memory's aggregated() divides by lr.
@@ -182,12 +216,12 @@ ENTRIES: list[Entry] = [
              routes={"allgather"}),)),
     Entry(OneBit, "OneBit", OneBit, {}, "sign", (
         Case("OneBit+Residual", pair(OneBit, Residual), routes={"allgather"}),)),
-    # PowerSGD's two rounds are checked by their own worker (test_hvd_powersgd.py) against a
+    # PowerSGD's two rounds are checked by their own worker (tests/distributed/test_powersgd.py) against a
     # reference of the two allreduces; the state tests pair it with every memory.
     Entry(PowerSGD, "PowerSGD(2)", lambda: PowerSGD(2, seed=6),
           {"rank": st.integers(1, 64) | st.integers(1, 10**30), "seed": seeds}, "core", ()),
     # The worked example of docs/IMPLEMENTING.md, registered as a new compressor would be.
-    Entry(Int8Linear, "Int8Linear(8)", lambda: Int8Linear(8), {"levels": knob_values(INT8_LEVELS)}, "core", (
+    Entry(Int8Linear, "Int8Linear(8)", lambda: Int8Linear(8), {"levels": parameter_values(INT8_LEVELS)}, "core", (
         Case("Int8Linear(8)+Residual", pair(lambda: Int8Linear(8), Residual), routes={"allgather"}),)),
 ]
 

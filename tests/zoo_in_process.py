@@ -1,6 +1,6 @@
 """The zoo's reference cases (:mod:`tests.registry`) over in-process ranks, on any device.
 
-What ``tests/distributed/workers/zoo_worker.py`` checks under horovodrun, without Horovod: ``P``
+What ``tests/distributed/zoo_worker.py`` checks under horovodrun, without Horovod: ``P``
 threads, one per rank, exchange through :class:`tests.helpers.ThreadBackend`. Each rank runs the
 case's ``Grace`` bundle as the distributed optimizer does (buckets planned from the tensors, every
 tensor started, then every result waited for, then ``end_step``) and its twin beside it on the same
@@ -14,7 +14,7 @@ the compiled CPU passes go by blocks on several threads (``huge``), values scale
 rank as a small network's are (so that Threshold(0.1) leaves some tensors empty on some ranks
 and some on every rank, as its case checks). They live on ``device``: the device check
 (``benchmarks/device_check.py``) runs these cases on a GPU, the unit tests on the CPU, there
-along both paths (:mod:`grace_legacy.core.paths`).
+along both paths (:mod:`grace_legacy.runtime.paths`).
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from grace_legacy.core import wire
 from grace_legacy.grace import _DENSE
+from grace_legacy.runtime import wire
 from tests.helpers import ThreadBackend, run_ranks
 from tests.reference import Case, Observation, mean_rule
 
@@ -72,7 +72,7 @@ def twin_step(twin, memory, grad: torch.Tensor, name: str, communicator, dense_f
     """What this rank contributes for ``grad`` by the twin: the decompressed payload, its bytes
     and its route (as ``zoo_worker.twin_step``, for any world)."""
     compensated = memory.compensate(grad, name)
-    concrete = twin.resolve(compensated, name)
+    concrete = twin.compressor_for(compensated, name)
     route = "dense"
     if concrete is not None and dense_fallback and concrete.aggregates_by_mean:
         gathered = communicator.carries_non_additive if communicator is not None else not concrete.additive

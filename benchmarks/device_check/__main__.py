@@ -13,7 +13,7 @@ recorded with its status and time:
    gradients on the device (``tests/zoo_in_process.py``): the synchronized gradient equals the
    case's independent rule, bit for bit for the quantizers.
 3. ``same payloads on the CPU``: each compressor's payload and decompressed tensor on the device
-   against the same on the CPU along the device path (:mod:`grace_legacy.core.paths`); a report,
+   against the same on the CPU along the device path (:mod:`grace_legacy.runtime.paths`); a report,
    not a pass/fail check (QSGD's and TernGrad's scales may differ in their last bit between
    devices, 1-bit SGD's and EF-signSGD's sums too).
 4. ``ddp nccl 1 rank``, ``ddp gloo 2 ranks``, ``ddp gloo 4 ranks``: real ``torchrun`` workers
@@ -123,7 +123,7 @@ def _version(module: str) -> str:
 
 
 def zoo_in_process(stage: Stage, device: torch.device, quick: bool, check: Check) -> None:
-    from grace_legacy.core import paths
+    from grace_legacy.runtime import paths
     from tests import zoo_in_process as zoo
     from tests.registry import zoo_cases
 
@@ -145,7 +145,7 @@ def zoo_in_process(stage: Stage, device: torch.device, quick: bool, check: Check
 
 
 def same_payloads(stage: Stage, device: torch.device) -> None:
-    from grace_legacy.core import paths
+    from grace_legacy.runtime import paths
     from tests.registry import ENTRIES
 
     stage.status = "report"
@@ -161,7 +161,7 @@ def same_payloads(stage: Stage, device: torch.device) -> None:
             compressor.set_rank(1)
             x = tensor.to(where)
             with paths.device_path(device_path):
-                concrete = compressor.resolve(x, "w")
+                concrete = compressor.compressor_for(x, "w")
                 payload, ctx = concrete.compress(x, "w")
                 for _ in range(concrete.rounds - 1):
                     payload, ctx = concrete.next_round(payload, ctx)
@@ -216,7 +216,7 @@ def _ddp(stage: Stage, device: torch.device, backend: str, ranks: int, quick: bo
 
 def throughput(stage: Stage, device: torch.device, quick: bool, out: Path) -> None:
     from benchmarks.performance import throughput as benchmark
-    from grace_legacy.core import paths
+    from grace_legacy.runtime import paths
 
     with paths.device_path(True):
         result = benchmark.run(quick, 1 if quick else 5, [torch.get_num_threads()], device.type,
@@ -230,7 +230,7 @@ def throughput(stage: Stage, device: torch.device, quick: bool, out: Path) -> No
 
 
 def write(check: Check, out: Path, device: torch.device, command: str) -> bool:
-    from benchmarks.report import update_section
+    from benchmarks.common.report import update_section
 
     ok = all(stage.status in ("passed", "report") for stage in check.stages)
     (out / "gpu.json").write_text(json.dumps({"command": command, "device": str(device), "ok": ok,
@@ -275,7 +275,7 @@ def main() -> None:
     command = "python -m benchmarks.device_check" + (f" --device {args.device}" if args.device != "cuda" else "") + (
         " --quick" if args.quick else "")
     check = Check(args.budget)
-    from benchmarks.report import update_section
+    from benchmarks.common.report import update_section
 
     update_section(args.out / "gpu.md", "device_check", "(running)", title="GPU results")  # first in the file
     check.run("environment", lambda stage: environment(stage, device), needs=0)

@@ -18,10 +18,10 @@ grace_legacy's backend does), so that only the exchange differs.
 
 Last, in this one process and with no collective, the CPU work of a bucket is timed both ways the
 library can lay it out, interleaved: *by part* (every member's values, then every member's
-indices: :func:`grace_legacy.core.wire.pack_columns`, :func:`~grace_legacy.core.wire.unpack_columns`,
-:func:`~grace_legacy.core.sparse.scatter_sum_columns`), which a Top-k bucket takes, and
-*member by member* (:func:`~grace_legacy.core.wire.pack_many`, :func:`~grace_legacy.core.wire.unpack_stacked`,
-:func:`~grace_legacy.core.sparse.scatter_sum_many`), which buckets whose parts do not line
+indices: :func:`grace_legacy.runtime.wire.pack_columns`, :func:`~grace_legacy.runtime.wire.unpack_columns`,
+:func:`~grace_legacy.compressors.sparse.scatter_sum_columns`), which a Top-k bucket takes, and
+*member by member* (:func:`~grace_legacy.runtime.wire.pack_many`, :func:`~grace_legacy.runtime.wire.unpack_stacked`,
+:func:`~grace_legacy.compressors.sparse.scatter_sum_many`), which buckets whose parts do not line
 up take. The 4 ranks' buffers are real packs of 4 different gradients' payloads; both ways must
 give the same sums, bit for bit.
 
@@ -62,9 +62,9 @@ def worker(args: argparse.Namespace) -> None:
 
     from grace_legacy import TopK
     from grace_legacy.backends.horovod import HorovodBackend, synchronize
-    from grace_legacy.communicators.flight import Flight, Member
-    from grace_legacy.communicators.fusion import BucketPlan, FusedExchange
-    from grace_legacy.core.sparse import SparseContext
+    from grace_legacy.communicators.buckets import BucketFiller, BucketPlan
+    from grace_legacy.communicators.exchange import BucketExchange, Parcel
+    from grace_legacy.compressors.sparse import SparseContext
 
     hvd.init()
     torch.set_num_threads(1)
@@ -103,10 +103,10 @@ def worker(args: argparse.Namespace) -> None:
     backend = CountingBackend()
 
     def members():
-        return [Member(n, compressed[n][0], compressed[n][1], compressor, gathered=True) for n in order]
+        return [Parcel(n, compressed[n][0], compressed[n][1], compressor, gathered=True) for n in order]
 
     def per_tensor():
-        flights = [(m, Flight(m.name, [m], backend, True)) for m in members()]
+        flights = [(m, BucketExchange(m.name, [m], backend, True)) for m in members()]
         return [m.pending() for m, _ in flights]
 
     def grace_reference():
@@ -123,7 +123,7 @@ def worker(args: argparse.Namespace) -> None:
         return out
 
     def fused(packed_at: list[float] | None = None):
-        exchange = FusedExchange(plan)
+        exchange = BucketFiller(plan)
         pending = [exchange.add(m, backend, True) for m in members()]
         if packed_at is not None:  # every bucket is packed and its collective submitted
             packed_at.append(time.perf_counter())
@@ -187,8 +187,8 @@ def bucket_layouts(quick: bool, density: float, world: int = 4, repetitions: int
     import torch
 
     from grace_legacy import TopK
-    from grace_legacy.core import wire
-    from grace_legacy.core.sparse import scatter_sum_columns, scatter_sum_many
+    from grace_legacy.compressors.sparse import scatter_sum_columns, scatter_sum_many
+    from grace_legacy.runtime import wire
 
     torch.set_num_threads(1)
     shapes = model_shapes(quick)
@@ -232,7 +232,7 @@ def bucket_layouts(quick: bool, density: float, world: int = 4, repetitions: int
 
 
 def launch(args: argparse.Namespace) -> dict:
-    from benchmarks.report import load_average, machine, run_workers
+    from benchmarks.common.report import load_average, machine, run_workers
 
     before, this_machine = load_average(), machine()  # before bucket_layouts sets torch's threads
     options = ["--density", str(args.density), "--iterations", str(args.iterations), "--warmup", str(args.warmup)]
@@ -250,7 +250,7 @@ def write(result: dict, results_dir: Path, command: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from benchmarks.report import load_note, median_interval, update_section
+    from benchmarks.common.report import load_note, median_interval, update_section
 
     runs = result["runs"]
     first = runs["on"]
@@ -321,7 +321,7 @@ collectives (`HOROVOD_FUSION_THRESHOLD` default vs `0`).
 
 
 def main() -> None:
-    from benchmarks.report import Repeats, benchmark_main
+    from benchmarks.common.report import Repeats, benchmark_main
 
     benchmark_main("benchmarks.performance.fusion", __doc__,
                    Repeats("--iterations", full=30, quick=3, warmup=3, quick_warmup=None),

@@ -4,7 +4,7 @@
     python -m benchmarks.performance.grace_comparison --grace /tmp/grace
 
 The throughput benchmark (:mod:`benchmarks.performance.throughput`) compares grace-legacy with
-:mod:`benchmarks.performance.reference_compressors`, a re-implementation of GRACE's
+:mod:`benchmarks.common.reference_compressors`, a re-implementation of GRACE's
 ``grace_dl/torch/compressor/`` (Xu et al., 2021). This runs GRACE's compressors themselves, from
 a checkout given with ``--grace`` (its code is never copied here), beside that reference on the
 same gradients (ResNet-50's 161 shapes by default), compress then decompress, one tensor after
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.performance import reference_compressors as ref
+from benchmarks.common import reference_compressors as ref
 from benchmarks.performance.throughput import (
     THRESHOLD_FRACTIONS,
     default_threads,
@@ -108,7 +108,7 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
-    from benchmarks.report import load_average, machine
+    from benchmarks.common.report import load_average, machine
 
     grace = grace_compressors(args.grace)
     device = torch.device(args.device)

@@ -12,7 +12,7 @@ reference take turns at going first):
   the further rounds of multi-round compressors (PowerSGD) with the payload as its own sum, and
   ``decompress``;
 * *per-tensor reference*: the straightforward GRACE-style code of
-  :mod:`benchmarks.performance.reference_compressors` (one ``torch.topk`` per tensor, ...);
+  :mod:`benchmarks.common.reference_compressors` (one ``torch.topk`` per tensor, ...);
 * *copy*: ``dst.copy_(src)`` of every gradient into a preallocated buffer, the memory-bandwidth
   floor that any pass over the gradient pays; and, for reference, *clone*: ``src.clone()``, a copy
   that allocates its output as ``decompress`` must (fresh pages cost their faults).
@@ -30,8 +30,8 @@ quartiles of the repetitions go to ``benchmarks/results/performance.md`` (sectio
 ``throughput.json`` and ``throughput.png``.
 
 ``--device cuda`` puts the gradients on the GPU and times each way with CUDA events (every
-compressor then takes its tensor formulas, :mod:`grace_legacy.core.paths`); the report goes to
-``--results`` with the device in its title (the device check, ``benchmarks/device_check.py``,
+compressor then takes its tensor formulas, :mod:`grace_legacy.runtime.paths`); the report goes to
+``--results`` with the device in its title (the device check, ``benchmarks/device_check``,
 runs it that way).
 
 Each timing also counts the minor page faults it took (``getrusage``). Outputs are fresh buffers
@@ -57,7 +57,7 @@ from statistics import NormalDist
 
 import torch
 
-from benchmarks.performance import reference_compressors as ref
+from benchmarks.common import reference_compressors as ref
 
 REPO = Path(__file__).resolve().parents[2]
 TOPK_TARGET_SPEEDUP = 3.0
@@ -138,7 +138,7 @@ def cases(quick: bool) -> list[tuple[str, Callable, Callable]]:
 
 def library_round_trip(compressor, grads: list[tuple[str, torch.Tensor]]) -> None:
     for name, grad in grads:
-        chosen = compressor.resolve(grad, name)
+        chosen = compressor.compressor_for(grad, name)
         if chosen is None:
             continue
         payload, ctx = chosen.compress(grad, name)
@@ -248,7 +248,7 @@ def run(quick: bool, repetitions: int, threads: list[int] | None = None, device:
         models: list[str] | None = None) -> dict:
     """Every case on every model at every thread count in ``threads`` (default: :func:`default_threads`),
     on ``device``; ``models`` picks some of the models by name."""
-    from benchmarks.report import load_average, machine
+    from benchmarks.common.report import load_average, machine
 
     threads = threads or default_threads()
     where = torch.device(device)
@@ -357,7 +357,7 @@ def write(result: dict, results_dir: Path, command: str, section: str = "through
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from benchmarks.report import load_note, update_section
+    from benchmarks.common.report import load_note, update_section
 
     results_dir.mkdir(parents=True, exist_ok=True)
     (results_dir / f"{section}.json").write_text(json.dumps(result, indent=1))
@@ -377,7 +377,7 @@ whole model, one tensor after another; GB/s is the
 gradient's fp32 bytes over that time. The copy is `dst.copy_(grad)` into preallocated buffers:
 the memory floor; the clone (`grad.clone()`) allocates its output, as decompress must.
 grace-legacy's NoCompression costs nothing: it sends the gradient itself, dense. The reference is
-the straightforward GRACE-style code in `benchmarks/performance/reference_compressors.py`.
+the straightforward GRACE-style code in `benchmarks/common/reference_compressors.py`.
 DGC's reference keeps about k entries (within 30%) where grace-legacy's keeps exactly k; the sign
 compressors' references send unpacked bytes where grace-legacy packs 8 signs a byte.
 The last column is the median count of minor page faults per repetition: glibc maps every buffer

@@ -1,37 +1,10 @@
 """A progress board: which ranks are alive and waiting in a collective, so that a rank whose
-collective stalls can name the ranks it waits for.
+collective stalls can name the ranks it waits for (docs/DESIGN.md#stall-detection).
 
-A stalled collective cannot ask the ranks it waits for anything through the collective library,
-which is what is stuck. The board is out of band: a key-value store
-(``torch.distributed.TCPStore``) that the process set's first rank hosts in a background thread,
-which every member reaches over TCP.
-
-What goes on it, and when: nothing at all while collectives complete within
-:data:`BEAT_AFTER_S`. A rank that has waited longer for one collective posts a *beat* (a counter
-and the collective's name) every :data:`BEAT_AFTER_S` for as long as it waits. A rank whose
-wait reaches the stall timeout reads every member's beat, keeps waiting (and beating) for
-:attr:`ProgressBoard.listen_s`, and reads them again: a rank whose counter moved is alive and
-waiting too; a rank whose counter did not move is the one being waited for, whether it is
-stopped (``SIGSTOP``, a debugger), hung outside the collectives, or still busy with something
-else. If the host itself does not answer within :data:`ANSWER_S`, the host is the one that
-stopped: a stopped process's store thread stops with it.
-
-So a step whose waits are short costs nothing on the board, a long wait one small message a
-second, and naming the stalled ranks two reads of ``P`` keys. A board that posted every rank's
-progress every step would name a rank that is a step behind as precisely, for one message per
-rank per step to the host, and the waiting ranks' beats tell the same thing as soon as it matters
-(``benchmarks/performance/stall.py`` measures both, results in
-``benchmarks/results/performance.md``).
-
-The host hands the members its address once, when the board opens (:class:`BoardAddress`): its
-host name and the IP addresses of its interfaces, because a host name alone does not say where
-the host is when processes share one but not a network (containers or network namespaces on one
-machine, each with an interface of its own). A member tries loopback when the name is its own
-(else the name), then each address, with a plain socket, and opens the store on the first
-that answers: the store's own client, given a place where nothing listens, retries for about
-twice its timeout, and a client still retrying when the process exits aborts it. A member that
-reaches none of them within :data:`ANSWER_S` works without a board, and its stall errors then
-say that they cannot name the ranks.
+A ``torch.distributed.TCPStore`` on the process set's first rank. A rank waiting longer than
+:data:`BEAT_AFTER_S` posts a *beat* (a counter and the collective's name) every :data:`BEAT_AFTER_S`;
+the rank that times out reads the beats twice, :attr:`ProgressBoard.listen_s` apart, and names the
+ranks whose counter did not move, or the host if it does not answer within :data:`ANSWER_S`.
 """
 
 from __future__ import annotations
@@ -50,9 +23,8 @@ from torch.distributed import TCPStore
 #: A wait longer than this posts beats, one every this many seconds.
 BEAT_AFTER_S = 1.0
 
-#: How long a read of the board, or a member's first connection, may take before the host
-#: counts as not answering: a round trip of microseconds, given ample room because a host that is
-#: merely slow (a busy machine) must not be named as stopped.
+#: How long a read of the board, or a member's first connection, may take before the host counts
+#: as not answering: ample, so that a merely slow host is not named as stopped.
 ANSWER_S = 10.0
 
 
@@ -131,10 +103,8 @@ _clients: dict[tuple[str, int], TCPStore] = {}
 
 
 def _within(seconds: float, fn: Callable[..., Any], *args: Any) -> Any:
-    """``fn(*args)``, or the error it raised, or a ``TimeoutError`` if it has not returned after
-    ``seconds``. A store client whose host is stopped waits for the answer forever, whatever its
-    own timeout says, so the call runs on a daemon thread that is left behind if it never returns
-    (the board is not used again then)."""
+    """``fn(*args)``, or the error it raised, or a ``TimeoutError`` after ``seconds``: the call runs
+    on a daemon thread, left behind if it never returns (a client of a stopped host waits forever)."""
     outcome: list[Any] = [TimeoutError(f"no answer within {seconds:g} s")]
 
     def call() -> None:
@@ -150,12 +120,9 @@ def _within(seconds: float, fn: Callable[..., Any], *args: Any) -> Any:
 
 
 class ProgressBoard:
-    """One process-set member's view of the board (see the module docstring).
-
-    ``board``: the board's name, the same on every member (one per process set); ``rank``: this
-    member's index in the set; ``labels``: how errors name each member (its global rank);
-    ``address``: from :func:`host_address` on the set's first member.
-    """
+    """One member's view of the board: ``board``, its name (one per process set); ``rank``, this
+    member's index in the set; ``labels``, how errors name each member (its global rank);
+    ``address``, from :func:`host_address` on the set's first member."""
 
     def __init__(self, board: str, rank: int, labels: Sequence[int], address: BoardAddress,
                  beat_s: float = BEAT_AFTER_S):

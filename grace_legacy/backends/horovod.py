@@ -9,26 +9,17 @@ import horovod.torch as hvd
 import torch
 
 from grace_legacy.backends.board import BoardAddress, ProgressBoard, host_address
-from grace_legacy.core.stall import RanksStalled, resolve_stall_timeout
+from grace_legacy.runtime.stall import RanksStalled, resolve_stall_timeout
 
-#: The first and the longest sleep between two polls of an unfinished collective. The sleeps
-#: double from the first to the longest, so a wait notices its result at most about as late as
-#: it has already waited, and never more than the longest sleep late.
+#: The first and the longest sleep between two polls of an unfinished collective; the sleeps double
+#: (docs/DESIGN.md#waiting-asleep).
 FIRST_POLL_SLEEP_S = 1e-5
 LONGEST_POLL_SLEEP_S = 1e-3
 
 
 def synchronize(handle: Any) -> torch.Tensor:
-    """``hvd.synchronize(handle)``, waiting asleep instead of busy.
-
-    Horovod's own wait calls ``sched_yield`` in a loop, so a waiting rank keeps a core busy for
-    as long as it waits. Where ranks share cores (several CPU workers on one host, or a busy
-    host), the ranks that finish their backward pass first then take CPU time from the ranks
-    they are waiting for. Sleeping costs at most ``LONGEST_POLL_SLEEP_S`` of latency per wait,
-    which costs nothing measurable when every rank has a core of its own; the waiting benchmark
-    (``benchmarks/performance/waiting.py``, results in ``benchmarks/results/performance.md``)
-    measures both cases.
-    """
+    """``hvd.synchronize(handle)``, waiting asleep instead of busy: the result is noticed at most about
+    as late as the wait has lasted, and never more than ``LONGEST_POLL_SLEEP_S`` late."""
     sleep = FIRST_POLL_SLEEP_S
     while not hvd.poll(handle):
         time.sleep(sleep)
@@ -37,36 +28,27 @@ def synchronize(handle: Any) -> torch.Tensor:
 
 
 class HorovodBackend:
-    """Asynchronous Horovod collectives restricted to one process set.
-
-    Names are prefixed so they never collide with the user's own Horovod ops; Horovod matches
-    collectives across ranks by name, so every rank must pass the same names in any order. The
-    prefix does not depend on the kind of collective: ranks that disagree on how to send a tensor
-    then meet under one name, and Horovod reports the mismatched operation instead of waiting
-    for a name nobody else sends.
-
-    :meth:`wait` raises :class:`~grace_legacy.core.stall.RanksStalled` once it has waited
-    ``stall_timeout`` seconds (:func:`~grace_legacy.core.stall.resolve_stall_timeout`: the argument, else
-    ``GRACE_LEGACY_STALL_TIMEOUT``, else the default) for one collective, naming the ranks it
-    waits for when :meth:`open_board` has opened a progress board
-    (:mod:`grace_legacy.backends.board`).
-    """
+    """Asynchronous Horovod collectives on one process set. Horovod matches collectives by name, so
+    every rank passes the same names, in any order; a prefix keeps them apart from the user's own
+    (docs/DESIGN.md#collective-names). :meth:`wait` raises
+    :class:`~grace_legacy.runtime.stall.RanksStalled` after the stall timeout, naming the ranks it
+    waits for once :meth:`open_board` has opened a progress board."""
 
     def __init__(self, process_set: Any = None, stall_timeout_s: float | None = None) -> None:
         self.process_set = hvd.global_process_set if process_set is None else process_set
         self.stall_timeout_s = resolve_stall_timeout(stall_timeout_s)
         self.board: ProgressBoard | None = None
         self._names: dict[Any, str] = {}
+        # Horovod's alltoall returns (received, received splits): the rows are the result.
+        self._alltoalls: set[Any] = set()
 
     def labels(self) -> list[int]:
         """Each member's global rank, by its rank in the process set."""
         return list(self.process_set.ranks) if self.process_set.ranks else list(range(self.size()))
 
     def open_board(self) -> None:
-        """Open the process set's progress board: a collective (every member calls it, once the
-        set is in use); the set's first member hosts it and sends the others its address. Every
-        backend of a process shares one store and one connection per host. A set of one rank has
-        nothing to wait for and opens none."""
+        """Open the process set's progress board, hosted by its first member: a collective (every
+        member calls it, once the set is in use). A set of one rank opens none."""
         if self.size() == 1:
             return
         board = f"set{self.process_set.process_set_id}"
@@ -93,6 +75,12 @@ class HorovodBackend:
     def allgather_async(self, tensor: torch.Tensor, name: str) -> Any:
         return self._launched(hvd.allgather_async(tensor, name=f"grace.{name}", process_set=self.process_set), name)
 
+    def alltoall_async(self, tensor: torch.Tensor, splits: list[int], name: str) -> Any:
+        handle = hvd.alltoall_async(tensor, splits=torch.tensor(splits, dtype=torch.int32), name=f"grace.{name}",
+                                    process_set=self.process_set)
+        self._alltoalls.add(handle)
+        return self._launched(handle, name)
+
     def broadcast_async(self, tensor: torch.Tensor, root_rank: int, name: str) -> Any:
         """``root_rank`` is a rank *within the process set*; Horovod wants the global rank."""
         members = self.process_set.ranks
@@ -101,10 +89,9 @@ class HorovodBackend:
                                                   process_set=self.process_set), f"bc{root_rank}.{name}")
 
     def wait(self, handle: Any) -> torch.Tensor:
-        """:func:`synchronize`, raising :class:`~grace_legacy.core.stall.RanksStalled` after
-        ``stall_timeout_s`` plus the board's listening time, during which the result may still
-        arrive. While it waits longer than the board's beat interval it posts a beat each interval,
-        so that ranks waiting with it can tell that it is alive."""
+        """:func:`synchronize`, raising :class:`~grace_legacy.runtime.stall.RanksStalled` after
+        ``stall_timeout_s`` plus the board's listening time (the result may still arrive then);
+        posts a beat each ``beat_s`` once it has waited that long."""
         name = self._names.pop(handle, f"handle {handle}")
         start = time.monotonic()
         deadline = start + self.stall_timeout_s
@@ -121,12 +108,14 @@ class HorovodBackend:
                 break
             time.sleep(sleep)
             sleep = min(2 * sleep, LONGEST_POLL_SLEEP_S)
+        if handle in self._alltoalls:
+            self._alltoalls.discard(handle)
+            return hvd.synchronize(handle)[0]
         return hvd.synchronize(handle)
 
     def _raise_unless_it_arrives(self, handle: Any, name: str, start: float) -> None:
         """Read the board, keep waiting (and beating) for its listening time, read it again, and
-        raise :class:`RanksStalled` naming the ranks whose beat did not move; return if the result
-        arrives meanwhile."""
+        raise :class:`RanksStalled` naming the ranks whose beat did not move, unless the result arrives."""
         board, rank = self.board, self.labels()[self.rank()]
         if board is None:
             if not hvd.poll(handle):

@@ -1,25 +1,9 @@
 """Collectives through ``torch.distributed`` (Gloo, NCCL or MPI: whatever the process group runs).
 
-``torch.distributed`` matches collectives across ranks by the order in which each rank issues
-them, not by name as Horovod does. So every rank must call this backend's ``*_async`` methods,
-and :meth:`TorchDistributedBackend.wait`, in the same order; names only label errors. The DDP hook
-(:mod:`grace_legacy.ddp`) keeps that order by issuing everything from one thread in an order fixed
-by the bucket and parameter order.
-
-An allgather takes rows of different counts from different ranks, as Horovod's does (Threshold's
-payloads, empty ones). ``torch.distributed`` gathers equal sizes only, so the ranks first gather
-their row counts (launched at once, a few bytes); the rows then travel either *padded* to the
-longest rank's count in one allgather and cut back on arrival, or *exactly*, each rank
-broadcasting its own rows (one collective per rank, but no padding). The side-by-side benchmark
-(``benchmarks/performance/variable_gather.py``, results in ``benchmarks/results/variable_gather.md``)
-measured them equal where the counts are equal (Top-k, DGC) and the exact broadcasts faster where
-padding would add half the bytes or more (Threshold's spreads, empty payloads): so by default
-(``variable_gather="auto"``) every rank, knowing all counts, picks the padded gather unless padding
-adds at least :data:`PADDING_LIMIT` of the bytes. The rows can only
-leave once the counts are known: they are launched at the next allgather, or when anything is
-waited for, whichever comes first. Both happen at the same point of every rank's sequence of
-calls, so the order stays shared; and in a DDP step the next allgather is the next bucket's, by
-when the counts have usually arrived, so the rows still overlap the backward pass.
+Every rank must call the ``*_async`` methods and :meth:`TorchDistributedBackend.wait` in the same
+order (collectives match by issue order; names only label errors). An allgather takes rows of
+different counts from different ranks, as Horovod's does (``variable_gather``:
+docs/DESIGN.md#variable-gather).
 """
 
 from __future__ import annotations
@@ -30,7 +14,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-#: How the rows of an allgather of rows of different counts travel (see the module docstring).
+#: How the rows of an allgather of rows of different counts travel: padded to the longest count,
+#: exactly (each rank broadcasting its own), or ``auto``, padded unless that moves PADDING_LIMIT
+#: times the bytes or more.
 VARIABLE_GATHERS = ("auto", "padded", "exact")
 
 #: ``"auto"`` broadcasts exactly when a padded gather would move this many times the bytes or more.
@@ -119,23 +105,50 @@ class _Gather:
         return gathered.to(self.device)
 
 
-class TorchDistributedBackend:
-    """Asynchronous ``torch.distributed`` collectives on one process group (the default group when
-    ``process_group`` is ``None``).
+class _AllToAll:
+    """An all-to-all whose receive counts are exchanged first (a few bytes), then the rows."""
 
-    Tensors may live on any device the group serves; a CPU tensor given to an NCCL-only group
-    travels through the current CUDA device and comes back to the CPU. Inputs are never changed:
-    the collectives run in place on a copy. An average is the sum divided by the group's size on
-    arrival (Gloo has no average), as Horovod does it.
-    """
+    def __init__(self, backend: TorchDistributedBackend, local: torch.Tensor, splits: list[int],
+                 device: torch.device) -> None:
+        self.backend, self.local, self.splits, self.device = backend, local, list(splits), device
+        self.sent = torch.tensor(self.splits, dtype=torch.int64, device=local.device)
+        self.received = torch.empty(backend.size(), dtype=torch.int64, device=local.device)
+        self.counts_work = dist.all_to_all_single(self.received, self.sent, group=backend.group, async_op=True)
+        self.launched: tuple[Any, torch.Tensor] | None = None
+
+    def launch(self) -> None:
+        """Wait for the counts and launch the rows (once)."""
+        if self.launched is not None:
+            return
+        self.counts_work.wait()
+        counts = self.received.tolist()
+        out = self.local.new_empty((sum(counts), *self.local.shape[1:]))
+        work = dist.all_to_all_single(out, self.local, counts, self.splits, group=self.backend.group,
+                                      async_op=True)
+        self.launched = (work, out)
+
+    def result(self) -> torch.Tensor:
+        self.launch()
+        assert self.launched is not None
+        work, out = self.launched
+        work.wait()
+        return out.to(self.device)
+
+
+class TorchDistributedBackend:
+    """Asynchronous ``torch.distributed`` collectives on one process group (default: the world).
+    Inputs are never changed (the collectives run on a copy); a CPU tensor given to an NCCL-only
+    group travels through the current CUDA device and comes back; an average is the sum divided by
+    the group's size on arrival, as Horovod does it."""
 
     def __init__(self, process_group: Any = None, *, variable_gather: str = "auto") -> None:
+        # The argument first: a typo is reported as such, with or without a process group.
+        if not isinstance(variable_gather, str) or variable_gather not in VARIABLE_GATHERS:
+            raise ValueError(f"TorchDistributedBackend: variable_gather must be one of {VARIABLE_GATHERS}, "
+                             f"got {variable_gather!r}")
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("TorchDistributedBackend: torch.distributed is not initialized; call "
                                "torch.distributed.init_process_group first (torchrun sets up its environment)")
-        if variable_gather not in VARIABLE_GATHERS:
-            raise ValueError(f"TorchDistributedBackend: variable_gather must be one of {VARIABLE_GATHERS}, "
-                             f"got {variable_gather!r}")
         self.group = process_group if process_group is not None else dist.group.WORLD
         self._rank = dist.get_rank(self.group)
         if self._rank < 0:
@@ -145,7 +158,7 @@ class TorchDistributedBackend:
         # A group served by NCCL alone cannot move CPU tensors.
         self._cpu_stage = (torch.device("cuda", torch.cuda.current_device())
                            if dist.get_backend(self.group) == "nccl" else None)
-        self._unlaunched: deque[_Gather] = deque()
+        self._unlaunched: deque[_Gather | _AllToAll] = deque()
 
     def rank(self) -> int:
         return self._rank
@@ -180,6 +193,16 @@ class TorchDistributedBackend:
         self._unlaunched.append(gather)
         return gather
 
+    def alltoall_async(self, tensor: torch.Tensor, splits: list[int], name: str) -> _AllToAll:
+        """Rows of ``tensor`` to each rank by ``splits``; what every rank sent this one, in rank order."""
+        if len(splits) != self._size or sum(splits) != tensor.shape[0]:
+            raise ValueError(f"alltoall {name!r}: splits {splits} must give each of {self._size} ranks its rows "
+                             f"of the {tensor.shape[0]}")
+        self._launch_waiting_gathers()
+        exchange = _AllToAll(self, self._staged(tensor, copy=False), splits, tensor.device)
+        self._unlaunched.append(exchange)
+        return exchange
+
     def broadcast_async(self, tensor: torch.Tensor, root_rank: int, name: str) -> _Launched:
         """``root_rank`` is a rank within the group; every rank's ``tensor`` has the root's shape."""
         staged = self._staged(tensor, copy=False)
@@ -189,6 +212,6 @@ class TorchDistributedBackend:
                               async_op=True)
         return _Launched(work, staged, None, tensor.device)
 
-    def wait(self, handle: _Launched | _Gather) -> torch.Tensor:
+    def wait(self, handle: _Launched | _Gather | _AllToAll) -> torch.Tensor:
         self._launch_waiting_gathers()
         return handle.result()

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from grace_legacy.communicators.flight import SingleFlight
+from grace_legacy.communicators.exchange import ExchangeCommunicator
 
 
-class Allgather(SingleFlight):
-    """Gathers every rank's payload, packed in one buffer (see :mod:`grace_legacy.core.wire`), and
-    lets the compressor aggregate them. Payload sizes may differ between ranks. A flight of one
-    tensor (see :mod:`grace_legacy.communicators.flight`)."""
+class Allgather(ExchangeCommunicator):
+    """Gathers every rank's payload, packed in one buffer (sizes may differ between ranks), and lets
+    the compressor aggregate them."""
 
     route = "allgather"

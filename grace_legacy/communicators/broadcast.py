@@ -7,36 +7,20 @@ from typing import Any
 
 import torch
 
-from grace_legacy.core import wire
 from grace_legacy.core.backend import Backend, Pending
 from grace_legacy.core.communicator import Communicator
 from grace_legacy.core.compressor import Compressor, Payload
+from grace_legacy.runtime import wire
 
 
 class Broadcast(Communicator):
-    """``P`` broadcasts, rank ``r`` the root of the ``r``-th, each carrying that rank's packed
-    payload (:mod:`grace_legacy.core.wire`); then the compressor aggregates the ``P`` payloads, exactly
-    as after :class:`~grace_legacy.communicators.Allgather`. Single-round compressors only.
+    """``P`` broadcasts, rank ``r`` the root of the ``r``-th, each carrying that rank's packed payload;
+    then the compressor aggregates them, exactly as after :class:`~grace_legacy.communicators.Allgather`,
+    and ``bytes_sent`` is what an ``Allgather`` would count. Single-round compressors only.
 
-    A broadcast's receivers must pass a buffer of the root's length, which they cannot know when
-    payload sizes differ between ranks (``uniform_payload = False``: Threshold). Then:
-
-    1. the wire header each rank would prepend for an allgather (its buffer length and each
-       part's leading dimension, ``8 * (1 + parts)`` bytes) is exchanged by *one* allgather,
-       launched at once;
-    2. once it has arrived, every rank knows every root's body length and joins the ``P``
-       broadcasts of the bodies (headerless; a root with an empty body is skipped by all).
-
-    One allgather of a few words rather than ``P`` header broadcasts: one collective instead of
-    ``P``, the same bytes. Each rank hands the backend its header and its body, which is byte for
-    byte what it would hand an :class:`Allgather` (the header is a multiple of 8 bytes, so the
-    body's layout is the same with or without it): ``stats`` and ``bytes_sent`` agree between
-    the two communicators. The bodies can only be launched when the gradient is collected
-    (``pending()``), since waiting for the headers earlier would stall the backward pass.
-
-    With ``uniform_payload`` (TopK, DGC) every root's buffer has the local length: no header,
-    and the ``P`` broadcasts are launched at once.
-    """
+    With ``uniform_payload`` the broadcasts start at once; otherwise (Threshold) the wire headers go
+    first, in one allgather, and the bodies' broadcasts start when the gradient is collected
+    (``pending()``; an empty body is skipped by all)."""
 
     route = "broadcast"
 

@@ -1,6 +1,5 @@
-"""Compressors: turn a gradient into a small payload and back. One module per compressor or close
-family; what a family shares lives beside it (``entries``, ``quantization``, ``signs``), and the
-compiled inner loops in ``kernels``."""
+"""Compressors: one module per compressor or close family, what a family shares beside it
+(``entries``, ``quantization``, ``signs``), their inner loops in ``kernels``."""
 
 from grace_legacy.compressors.dense import FP16, NoCompression
 from grace_legacy.compressors.dgc import DGC

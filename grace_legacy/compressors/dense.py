@@ -6,18 +6,18 @@ from typing import Any
 
 import torch
 
-from grace_legacy.core import paths
 from grace_legacy.core.compressor import Compressor, Payload
-from grace_legacy.core.recycle import MMAP_CEILING, Recycler
-from grace_legacy.core.validation import check_gradient
+from grace_legacy.runtime import paths
+from grace_legacy.runtime.buffers import MMAP_CEILING, BufferPool
+from grace_legacy.runtime.validation import check_gradient
 
 
 class NoCompression(Compressor):
-    """Sends the gradient as it is. Its payload is additive, so it goes through a plain allreduce:
-    this is also the route any compressor takes for a tensor it leaves uncompressed."""
+    """Sends the gradient as it is, through a plain allreduce (the route of every uncompressed tensor)."""
 
     additive = True
     lossless = True
+    delivers_nonfinite = True  # a sum keeps every inf and NaN
 
     def compress(self, tensor: torch.Tensor, name: str) -> tuple[Payload, Any]:
         check_gradient(tensor, "NoCompression")
@@ -31,22 +31,17 @@ class NoCompression(Compressor):
 
 
 class FP16(Compressor):
-    """Casts to IEEE half precision for the wire and back to the gradient's dtype on arrival.
-
-    2 bytes per element. Values beyond fp16's range (|x| > 65504) become inf, as with Horovod's
-    own ``Compression.fp16``; the payload is additive and is averaged by an allreduce in fp16.
-    Works for fp32, fp64, fp16 and bf16 gradients.
-    """
+    """Casts to IEEE half precision for the wire (2 bytes per element, averaged by an allreduce in
+    fp16) and back to the gradient's dtype (fp32, fp64, fp16 or bf16). Values beyond fp16's range
+    (|x| > 65504) become inf, as with Horovod's ``Compression.fp16``."""
 
     additive = True
+    delivers_nonfinite = True  # half() keeps inf and NaN (and makes inf of what overflows); a sum keeps them
 
     def __init__(self) -> None:
         super().__init__()
-        # Outputs above glibc's largest mmap threshold, one per size, used again once the caller
-        # has let go of them (grace_legacy.core.recycle): each fresh one is a new mapping whose
-        # pages fault at every step. Smaller ones come warm from the heap, and a kept one, cold,
-        # would cost more than it saves.
-        self._outputs = Recycler(min_bytes=MMAP_CEILING)
+        # Outputs above glibc's mmap ceiling are kept per size (docs/DESIGN.md#kept-buffers).
+        self._outputs = BufferPool(min_bytes=MMAP_CEILING)
 
     def compress(self, tensor: torch.Tensor, name: str) -> tuple[Payload, Any]:
         check_gradient(tensor, "FP16")

@@ -11,40 +11,22 @@ import torch
 from grace_legacy.compressors.entries import kept_count
 from grace_legacy.compressors.kernels import selection
 from grace_legacy.compressors.kernels.selection import top_k_at_or_above
+from grace_legacy.compressors.sparse import SparseContext, index_dtype
 from grace_legacy.compressors.topk import TopK
 from grace_legacy.core.compressor import Payload
 from grace_legacy.core.memory import Memory
-from grace_legacy.core.sparse import SparseContext, index_dtype
-from grace_legacy.core.validation import ArgumentTypeError, check_gradient
 from grace_legacy.memories.dgc import DGCMemory
+from grace_legacy.runtime.validation import ArgumentTypeError, check_gradient
 
 
 class DGC(TopK):
-    """Deep Gradient Compression's sparsifier: the ``k = max(1, floor(ratio * n))`` entries of
-    largest magnitude, like :class:`TopK`, found the DGC way (Lin et al. 2018: sample 0.1% to 1%
-    of the entries, take the threshold from the sample, then a top-k over the entries above it).
-
-    1. Draw ``s = max(min_samples, ceil(sample_ratio * n))`` positions uniformly, with
-       replacement, from :meth:`generator` seeded by ``(seed, rank, name, step)``: private (the
-       global RNG is never touched), different on every rank, reproducible.
-    2. Of the ``mu = k s / n`` sampled entries expected among the top k, take the sample's
-       ``r = ceil(mu + 3 sqrt(mu)) + 1``-th largest magnitude as the threshold: about three
-       standard deviations of the sampled count below the k-th largest, so it rarely selects too
-       few, while the ``n r / s ~ k + 3 sqrt(k n / s) + n / s`` candidates above it stay a small
-       fraction of ``n``.
-    3. :func:`~grace_legacy.compressors.kernels.selection.top_k_at_or_above` makes the selection exact
-       (one candidate pass, then a top-k among the candidates): the result is the set
-       ``torch.topk`` would pick (ties aside), whether the estimate selected too many or too few.
-
-    Small tensors (``s >= n``) and densities for which the sample cannot help (``r >= s``) take a
-    plain ``torch.topk``. Non-finite entries are kept first, as :class:`TopK` keeps them (NaN above
-    infinity above every finite magnitude).
-
-    Payload as :class:`TopK`: ``[values, int32 indices]``, ``k * (element size + 4)`` bytes (``8k``
-    for fp32; int64 indices from 2**31 elements on), the same size on every rank. Any floating
-    dtype (fp32, fp16, bf16, fp64). Recommended memory: :class:`~grace_legacy.memories.DGCMemory`
-    (momentum correction and factor masking).
-    """
+    """Deep Gradient Compression's sparsifier (Lin et al., 2018): the entries :class:`TopK` keeps
+    (with its payload and dtypes), found the DGC way: ``s = max(min_samples, ceil(sample_ratio * n))``
+    positions drawn uniformly with replacement (keyed by ``(seed, rank, name, step)``), the sample's
+    ``r = ceil(mu + 3 sqrt(mu)) + 1``-th largest magnitude as the threshold (``mu = k s / n``), then
+    an exact selection among the entries at or above it
+    (:mod:`~grace_legacy.compressors.kernels.selection`); a plain ``torch.topk`` where ``s >= n`` or
+    ``r >= s``. Recommended memory :class:`~grace_legacy.memories.DGCMemory`."""
 
     def __init__(self, ratio: float | None = None, *, seed: int = 0, sample_ratio: float = 0.01,
                  min_samples: int = 128) -> None:
@@ -69,12 +51,12 @@ class DGC(TopK):
 
     @staticmethod
     def estimate_order(k: int, samples: int, numel: int) -> int:
-        """Which largest sampled magnitude (1-based) estimates the threshold (see the class doc)."""
+        """Which largest sampled magnitude (1-based) estimates the threshold (step 2 above)."""
         return selection.estimate_order(k, samples, numel)
 
     def sample_indices(self, name: str, step: int, numel: int) -> torch.Tensor | None:
-        """The positions (int64) sampled for tensor ``name`` at its ``step``-th compression on this
-        rank, or ``None`` where no sample is drawn (``numel`` elements are too few to sample)."""
+        """The positions (int64) sampled for ``name`` at its ``step``-th compression on this rank;
+        ``None`` where ``numel`` is too few to sample."""
         samples = self.sample_size(numel)
         if samples >= numel:
             return None

@@ -1,5 +1,4 @@
-"""EF-signSGD: the scaled sign of the error-compensated step (conventions in
-:mod:`grace_legacy.compressors.signs`)."""
+"""EF-signSGD: the scaled sign of the error-compensated step (see :mod:`~grace_legacy.compressors.signs`)."""
 
 from __future__ import annotations
 
@@ -16,24 +15,16 @@ from grace_legacy.memories.efsignsgd import EFSignSGDMemory, check_learning_rate
 
 
 class EFSignSGD(Compressor):
-    """EF-signSGD (Karimireddy et al., 2019; GRACE's ``efsignsgd``): the scaled sign of the
-    error-compensated step, with :class:`~grace_legacy.memories.EFSignSGDMemory`.
-
-    The memory hands over ``p = lr * g + e`` (``lr`` the optimizer's learning rate). This sends
+    """EF-signSGD (Karimireddy et al., 2019; GRACE's ``efsignsgd``). Its memory (only, and by default,
+    :class:`~grace_legacy.memories.EFSignSGDMemory` with the same ``lr``) hands over ``p = lr g + e``;
+    this sends
 
         C(p) = (||p||_1 / n) * sign(p)
 
-    as ``[bits, scale]``: ``ceil(n / 8)`` ``uint8`` bytes and one scale in the gradient's dtype
-    (computed in fp32 for half precision), i.e. 1/8 byte per element plus 2, 4 or 8 bytes.
-    ``decompress`` gives ``scale * (+-1)`` in units of ``p``. The aggregate is the mean over ranks
-    of each rank's own ``scale_r * sign_r`` (the sum with ``average=False``): every rank has its
-    own scale, so it is gathered. The memory divides that by ``lr`` (``Memory.aggregated``) and
-    keeps ``e <- p - C(p)``, so the optimizer's step ``lr * (mean_r C(p_r) / lr)`` is exactly the
-    mean of the ranks' EF-signSGD steps.
-
-    Only ``EFSignSGDMemory`` with the same ``lr`` is accepted (:meth:`check_memory`); it is the
-    default when ``memory=None``.
-    """
+    as ``[bits, scale]``: ``ceil(n / 8)`` bytes and one scale in the gradient's dtype (computed in
+    fp32 for half precision). The aggregate is the mean over ranks of ``scale_r * sign_r`` (the sum
+    with ``average=False``), gathered; the memory divides it by ``lr`` and keeps ``e <- p - C(p)``,
+    so the optimizer's step is exactly the mean of the ranks' EF-signSGD steps."""
 
     def __init__(self, lr: float) -> None:
         super().__init__()

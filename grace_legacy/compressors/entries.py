@@ -1,4 +1,4 @@
-"""What the sparsifiers that send a subset of the entries share: the density knob, ``k``, and the
+"""What the sparsifiers that send a subset of the entries share: the density parameter, ``k``, and the
 base class of those whose payload is ``[values, flat indices]``."""
 
 from __future__ import annotations
@@ -10,21 +10,18 @@ from fractions import Fraction
 
 import torch
 
+from grace_legacy.compressors.sparse import SparseContext, densify, scatter_sum
 from grace_legacy.core.compressor import Compressor, Payload
-from grace_legacy.core.knob import Knob
-from grace_legacy.core.recycle import LARGE, Recycler
-from grace_legacy.core.sparse import SparseContext, densify, scatter_sum
+from grace_legacy.core.parameter import ScheduledParameter
+from grace_legacy.runtime.buffers import LARGE, BufferPool
 
-DENSITY = Knob("ratio", low=0.0, high=1.0, low_inclusive=False, high_inclusive=True, dense=1.0)
+DENSITY = ScheduledParameter("ratio", low=0.0, high=1.0, low_inclusive=False, high_inclusive=True, dense=1.0)
 
 
 @functools.lru_cache(maxsize=65536)
 def kept_count(ratio: float, numel: int) -> int:
-    """``k = max(1, floor(ratio * numel))``, with ``ratio`` read as the decimal the user wrote.
-
-    ``0.29 * 100`` is ``28.999999999999996`` in binary floating point; reading ``repr(0.29)`` as
-    the exact fraction 29/100 gives the 29 the user meant.
-    """
+    """``k = max(1, floor(ratio * numel))``, with ``ratio`` read as the decimal the user wrote
+    (``0.29 * 100`` is 29, not the float product's 28.999...)."""
     return max(1, math.floor(Fraction(repr(float(ratio))) * numel))
 
 
@@ -36,10 +33,8 @@ class EntrySparsifier(Compressor):
 
     def __init__(self) -> None:
         super().__init__()
-        # The large dense outputs of decompress and aggregate, one per size, used again once the
-        # caller has let go of them (see grace_legacy.core.recycle): fresh ones would fault in
-        # their pages wherever glibc maps them anew.
-        self._outputs = Recycler(min_bytes=LARGE)
+        # Large dense outputs are kept per size (docs/DESIGN.md#kept-buffers).
+        self._outputs = BufferPool(min_bytes=LARGE)
 
     def _zeros(self, purpose: str, ctx: SparseContext) -> torch.Tensor:
         return self._outputs.zeros((purpose, ctx.numel, ctx.dtype, ctx.device), ctx.numel, ctx.dtype, ctx.device)

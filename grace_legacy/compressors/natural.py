@@ -1,5 +1,4 @@
-"""Natural compression: stochastic rounding to a power of two (conventions in
-:mod:`grace_legacy.compressors.quantization`)."""
+"""Natural compression: stochastic rounding to a power of two (see :mod:`~grace_legacy.compressors.quantization`)."""
 
 from __future__ import annotations
 
@@ -18,7 +17,7 @@ from grace_legacy.compressors.quantization import (
 )
 from grace_legacy.core.compressor import Compressor, Payload
 from grace_legacy.core.memory import Memory, NoMemory
-from grace_legacy.core.validation import check_gradient
+from grace_legacy.runtime.validation import check_gradient
 
 #: Exponents a code byte covers below the tensor's top exponent.
 NATURAL_SPAN = 127
@@ -33,8 +32,8 @@ _LAYOUT = {torch.float32: (torch.int32, 23, 127, -149), torch.float64: (torch.in
 
 
 def pow2(exponent: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``2 ** exponent`` exactly, as float32 or float64, built from its bits: subnormal powers
-    where the dtype has them, 0 below, inf above. (``torch.pow`` may miss by an ulp.)"""
+    """``2 ** exponent`` exactly (``torch.pow`` may miss by an ulp), as float32 or float64 built from
+    its bits: subnormal where the dtype has them, 0 below, inf above."""
     int_dtype, mantissa_bits, bias, least = _LAYOUT[dtype]
     k = exponent.to(int_dtype)
     one = torch.ones_like(k)
@@ -48,34 +47,17 @@ def pow2(exponent: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 class Natural(Compressor):
     """Natural compression (Horvath et al., 2019): each element rounded at random to one of the two
-    powers of two around it.
+    powers of two around it. For ``2^a <= |x| < 2^(a+1)``, ``|x|`` becomes ``2^(a+1)`` with
+    probability ``|x| / 2^a - 1``, else ``2^a``, keeping its sign: ``E[C(x)] = x`` and
+    ``E[(C(x) - x)^2] <= x^2 / 8``. Zeros stay zero; subnormals follow the same rule.
 
-    For ``2^a <= |x| < 2^(a+1)``, ``|x|`` becomes ``2^(a+1)`` with probability ``|x| / 2^a - 1`` and
-    ``2^a`` otherwise, keeping its sign: ``E[C(x)] = x`` and ``E[(C(x) - x)^2] <= x^2 / 8``.
-    Zeros stay zero; subnormal inputs follow the same rule (their exponents are exact).
-
-    On the wire: ``[top, codes]``. ``top`` (one int16) is ``a + 1`` for the largest finite
-    nonzero ``|x|``; an all-zero tensor sends 0. One byte per element: bit 7 is the sign and bits
-    0-6 a code ``c``:
-
-    * ``c = 0``: zero (``0x00``);
-    * ``c`` in ``1..127``: ``2^(top - 127 + c)``, so the byte covers the 127 binades
-      ``2^(top - 126) .. 2^top``: every power the rule can produce for elements within a factor
-      ``2^-126`` of the largest;
-    * ``0x80`` (negative zero's code): the element was inf or NaN; it decodes to NaN.
-
-    An element below the covered range (``|x| < 2^(top - 126)``: some 2^125 times smaller than
-    the largest, possible in float32, bfloat16 and float64 but not within float16's narrower
-    range) becomes ``2^(top - 126)`` with probability ``|x| / 2^(top - 126)`` and 0 otherwise:
-    still unbiased. Nothing is above the
-    range, since ``top`` follows the tensor; but an element in its dtype's last binade
-    (``|x| >= 2^15`` in float16, ``2^127`` in float32) may round up to a power the dtype cannot
-    hold and become inf.
-
-    Bytes: ``2 + n`` rounded up to a multiple of 8. Any floating dtype; pure tensor arithmetic
-    (``frexp`` and integer shifts), so it runs on CPU and GPU alike (one host sync per tensor
-    decides whether the rare below-range rule is needed at all). No knob.
-    """
+    Payload ``[top, codes]``: ``top`` (int16) is ``a + 1`` of the largest finite nonzero ``|x|`` (0
+    if none); one byte per element, bit 7 the sign and bits 0-6 a code ``c``: 0 is zero,
+    ``1..127`` is ``2^(top - 127 + c)`` (the 127 binades ``2^(top - 126) .. 2^top``), and ``0x80``
+    marks an inf or NaN, decoded as NaN. An element below that range becomes ``2^(top - 126)`` with
+    probability ``|x| / 2^(top - 126)``, else 0 (still unbiased); one in its dtype's last binade
+    (``|x| >= 2^15`` in float16, ``2^127`` in float32) may round up to inf. ``2 + n`` bytes rounded up
+    to a multiple of 8. Any floating dtype; no parameter."""
 
     def __init__(self, seed: int = 0) -> None:
         super().__init__()

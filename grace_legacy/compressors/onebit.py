@@ -1,5 +1,4 @@
-"""1-bit SGD: one bit per entry for its side, and each side's mean (conventions in
-:mod:`grace_legacy.compressors.signs`)."""
+"""1-bit SGD: one bit per entry for its side, and each side's mean (see :mod:`~grace_legacy.compressors.signs`)."""
 
 from __future__ import annotations
 
@@ -16,20 +15,15 @@ from grace_legacy.memories.residual import Residual
 
 
 class OneBit(Compressor):
-    """1-bit SGD (Seide et al., 2014; GRACE's ``onebit``), meant to run with error feedback.
-
-    One bit per entry says its side, non-negative (``x >= 0``) or negative, and two scalars give
-    each side's mean:
+    """1-bit SGD (Seide et al., 2014; GRACE's ``onebit``), meant for error feedback (``Residual``):
+    one bit per entry gives its side, two scalars each side's mean:
 
         mu_+ = mean{x_i : x_i >= 0},   mu_- = mean{x_i : x_i < 0}   (0 for an empty side)
         D(x)_i = mu_+ if x_i >= 0 else mu_-
 
-    Payload ``[bits, means]`` with ``means = [mu_+, mu_-]`` in the gradient's dtype (the sums are
-    accumulated in fp32 for half precision): ``ceil(n / 8)`` bytes plus 4, 8 or 16, i.e. 1/8 byte
-    per element. Each side's sum is kept, so ``sum_i D(x)_i == sum_i x_i`` up to rounding. Not a
-    vote: the aggregate is the mean over ranks of the decoded tensors (the sum with
-    ``average=False``). Recommended memory: ``Residual``, which returns what the two means dropped.
-    """
+    so ``sum_i D(x)_i == sum_i x_i`` up to rounding. Payload ``[bits, means]``: ``ceil(n / 8)``
+    bytes and the means in the gradient's dtype (summed in fp32 for half precision). The aggregate
+    is the mean of the decoded tensors (the sum with ``average=False``), not a vote."""
 
     def compress(self, tensor: torch.Tensor, name: str) -> tuple[Payload, Any]:
         ctx = sign_context(tensor, "OneBit")

@@ -9,12 +9,12 @@ import torch
 
 from grace_legacy.compressors.kernels import products
 from grace_legacy.core.compressor import Compressor, Payload
-from grace_legacy.core.journal import StepJournal
-from grace_legacy.core.knob import Knob
-from grace_legacy.core.validation import check_gradient
+from grace_legacy.core.parameter import ScheduledParameter
+from grace_legacy.core.state import UndoLog
 from grace_legacy.memories.powersgd import PowerSGDMemory
+from grace_legacy.runtime.validation import check_gradient
 
-RANK = Knob("rank", low=1, integer=True)
+RANK = ScheduledParameter("rank", low=1, integer=True)
 
 
 def matrix_shape(shape: torch.Size) -> tuple[int, int]:
@@ -23,8 +23,8 @@ def matrix_shape(shape: torch.Size) -> tuple[int, int]:
 
 
 def orthonormal_columns(p: torch.Tensor) -> torch.Tensor:
-    """An orthonormal basis of ``p``'s column space (reduced QR). Every rank holds the same
-    reduced ``p`` and runs the same deterministic routine, so every rank gets the same basis."""
+    """An orthonormal basis of ``p``'s column space (reduced QR): the same on every rank, which holds
+    the same reduced ``p``."""
     return torch.linalg.qr(p, mode="reduced").Q
 
 
@@ -38,56 +38,46 @@ class PowerContext:
 
 
 class PowerSGD(Compressor):
-    """Rank-``r`` PowerSGD (Vogels, Karimireddy and Jaggi, 2019).
-
-    A gradient viewed as an ``n x m`` matrix ``M_w`` on worker ``w`` is approximated with one step
-    of subspace iteration from the previous step's ``Q`` (``m x r``):
+    """Rank-``r`` PowerSGD (Vogels, Karimireddy and Jaggi, 2019). A gradient viewed as an ``n x m``
+    matrix ``M_w`` on worker ``w`` is approximated by one step of subspace iteration from the
+    previous step's ``Q`` (``m x r``):
 
         P   = sum_w M_w Q               allreduce 1: n*r values
         P^  = orthonormal_columns(P)
         Q_w = M_w^T P^                  allreduce 2: m*r values
-        M'  = P^ (sum_w Q_w)^T          the aggregated gradient (divided by the world size for
-                                        op=Average; P^ does not depend on that scale)
+        M'  = P^ (sum_w Q_w)^T          the aggregate (divided by the world size for op=Average)
 
-    ``sum_w Q_w`` is kept to start the next step (warm start), so the power iteration keeps
-    converging across steps. Error feedback (``PowerSGDMemory``) keeps ``M_w - P^ Q_w^T``, this
-    worker's share of what the approximation missed.
-
-    The first ``Q`` of a tensor is drawn from ``N(0, 1)`` by a generator seeded with
-    ``derived_seed(seed, name, 0)`` and no rank, so every rank starts from the same ``Q``; a
-    change of rank (a LEGACY schedule) draws a new one from ``derived_seed(seed, name, step)``.
-
-    On a CPU the three products run as compiled loops whose order of additions is fixed by the
-    shapes (:mod:`~grace_legacy.compressors.kernels.products`), so the results do not depend on
-    the thread count as a BLAS's do; other devices use torch's products.
-
-    Sent dense instead: tensors of fewer than 2 dimensions, and matrices for which rank-``r``
-    factors are not smaller than the matrix, ``(n + m) * r >= n * m``. Works for fp32 and fp64;
+    ``sum_w Q_w`` warm-starts the next step. The first ``Q`` is drawn from ``N(0, 1)`` keyed by
+    ``(seed, name, step)`` without the rank, so every rank starts alike (again at a change of rank).
+    Sent dense: tensors of fewer than 2 dimensions and matrices with ``(n + m) * r >= n * m``.
     fp16/bf16 gradients are factored and sent in fp32 (QR needs it) and returned in their dtype.
-    Bytes: ``(n + m) * r`` elements per matrix per step, in two allreduces.
-    """
+    On the CPU's own path the three products are compiled loops with an order of additions fixed by
+    the shapes (:mod:`~grace_legacy.compressors.kernels.products`), so results do not depend on the
+    thread count as a BLAS's do; elsewhere torch's products."""
 
-    knob = RANK
+    parameter = RANK
     additive = True
+    # An inf or NaN in M makes P = M Q non-finite, and every rank's sum of P, so every rank's P Q^T.
+    delivers_nonfinite = True
     rounds = 2
 
     def __init__(self, rank: int | None = None, seed: int = 0) -> None:
         super().__init__()
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise TypeError(f"PowerSGD: seed must be an int, got {seed!r}")
-        self._set_knob(rank)
+        self._set_value(rank)
         self.seed = seed
-        # Shared with with_knob copies (a shallow copy keeps the dict), like the step counters.
+        # Shared with with_value copies (a shallow copy keeps the dict), like the step counters.
         self._warm_q: dict[str, torch.Tensor] = {}
-        self._journal = StepJournal()
+        self.undo_log = UndoLog()
 
     @property
     def rank_r(self) -> int | None:
         """The approximation rank (``rank`` is this process's rank among the workers)."""
-        return self.knob_value
+        return self.value
 
-    def resolve(self, tensor: torch.Tensor, name: str) -> Compressor | None:
-        chosen = super().resolve(tensor, name)
+    def compressor_for(self, tensor: torch.Tensor, name: str) -> Compressor | None:
+        chosen = super().compressor_for(tensor, name)
         if chosen is None or tensor.dim() < 2:
             return None
         n, m = matrix_shape(tensor.shape)
@@ -126,7 +116,7 @@ class PowerSGD(Compressor):
         return [(ctx.p_hat.t() @ ctx.matrix).t().contiguous()], ctx
 
     def end_exchange(self, reduced: Payload, ctx: PowerContext) -> None:
-        self._journal.remember(self._warm_q, ctx.name)
+        self.undo_log.remember(self._warm_q, ctx.name)
         self._warm_q[ctx.name] = reduced[0].clone()
 
     def decompress(self, payload: Payload, ctx: PowerContext) -> torch.Tensor:

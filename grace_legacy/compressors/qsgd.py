@@ -1,5 +1,4 @@
-"""QSGD: stochastic rounding to ``s`` levels of the norm (conventions in
-:mod:`grace_legacy.compressors.quantization`)."""
+"""QSGD: stochastic rounding to ``s`` levels of the norm (see :mod:`~grace_legacy.compressors.quantization`)."""
 
 from __future__ import annotations
 
@@ -19,11 +18,11 @@ from grace_legacy.compressors.quantization import (
     work_dtype,
 )
 from grace_legacy.core.compressor import Compressor, Payload
-from grace_legacy.core.knob import Knob
 from grace_legacy.core.memory import Memory, NoMemory
-from grace_legacy.core.validation import check_gradient
+from grace_legacy.core.parameter import ScheduledParameter
+from grace_legacy.runtime.validation import check_gradient
 
-LEVELS = Knob("levels", low=1, high=2**31 - 1, integer=True)
+LEVELS = ScheduledParameter("levels", low=1, high=2**31 - 1, integer=True)
 
 
 #: The most levels QSGD accepts: signed levels travel as at most int32.
@@ -47,9 +46,8 @@ TINY_NORM = 2.0**-450
 
 
 def _norm(x: torch.Tensor) -> float:
-    """The 2-norm of flat ``x``: squares summed in float64 (float32 squares overflow from
-    |x_i| ~ 1.8e19 on), on a CPU in the order :func:`~grace_legacy.compressors.kernels.stochastic.sum_of_squares`
-    documents, elsewhere in the device's."""
+    """The 2-norm of flat ``x``, squares summed in float64 (float32 squares overflow), on a CPU in
+    :func:`~grace_legacy.compressors.kernels.stochastic.sum_of_squares`' order."""
     if stochastic.kernels_apply(x):
         norm = math.sqrt(stochastic.sum_of_squares(x))
     else:
@@ -75,33 +73,28 @@ class QSGDContext(NamedTuple):
 
 
 class QSGD(Compressor):
-    """QSGD (Alistarh et al., 2017) with ``s = levels`` quantization levels.
+    """QSGD (Alistarh et al., 2017) with ``s = levels`` quantization levels (the scheduled parameter).
 
-    With ``r_i = |v_i| / ||v||_2 * s`` in ``[0, s]``, element ``i`` becomes the integer
-    ``l_i = ceil(r_i)`` with probability ``r_i - floor(r_i)`` and ``floor(r_i)`` otherwise, and is
-    decoded as ``||v|| * sign(v_i) * l_i / s``. So ``E[decoded] = v`` and
-    ``E||decoded - v||^2 <= min(n / s^2, sqrt(n) / s) * ||v||^2``.
+    With ``r_i = |v_i| / ||v||_2 * s`` in ``[0, s]``, element ``i`` becomes ``l_i = ceil(r_i)`` with
+    probability ``r_i - floor(r_i)``, else ``floor(r_i)``, decoded as ``||v|| * sign(v_i) * l_i / s``:
+    ``E[decoded] = v`` and ``E||decoded - v||^2 <= min(n / s^2, sqrt(n) / s) * ||v||^2``.
 
-    Payload: ``[norm, signed_levels]``: the norm as one float32 (rounded up, see the module
-    docstring) and ``sign(v_i) * l_i`` in the smallest signed integer dtype holding ``[-s, s]``:
-    int8 for ``s <= 127`` (1 byte per element), int16 for ``s <= 32767`` (2 bytes), int32 up to
-    ``s = 2**31 - 1`` (4 bytes; more levels are refused). Packed: ``4 + n * bytes`` rounded up to
-    a multiple of 8. A zero tensor sends norm 0 and levels 0 and decodes to zeros.
+    Payload ``[norm, signed_levels]``: the norm as one float32 (rounded up) and ``sign(v_i) * l_i``
+    as int8 for ``s <= 127``, int16 for ``s <= 32767``, int32 up to ``2**31 - 1`` (more are
+    refused): ``4 + n * bytes`` rounded up to a multiple of 8. A zero tensor decodes to zeros. Any
+    floating dtype; above ``2**24`` levels the arithmetic runs in float64 (float32 no longer holds
+    every level)."""
 
-    Any floating dtype. With more than ``2**24`` levels the arithmetic runs in float64, because
-    float32 no longer holds every level exactly. ``levels`` is the knob ``Legacy`` schedules.
-    """
-
-    knob = LEVELS
+    parameter = LEVELS
 
     def __init__(self, levels: int | None = None, seed: int = 0) -> None:
         super().__init__()
-        self._set_knob(levels)
+        self._set_value(levels)
         self.seed = check_seed(seed, "QSGD")
 
     @property
     def levels(self) -> int | None:
-        return self.knob_value
+        return self.value
 
     def _work(self, dtype: torch.dtype) -> torch.dtype:
         return torch.float64 if self.levels > 2**24 else work_dtype(dtype)
@@ -154,5 +147,5 @@ class QSGD(Compressor):
         return f"QSGD(levels={self.levels!r}, seed={self.seed})"
 
     def recommended_memory(self) -> Memory:
-        """``NoMemory``: the estimate is unbiased, so there is no systematic error to feed back."""
+        """``NoMemory``: the estimate is unbiased."""
         return NoMemory()

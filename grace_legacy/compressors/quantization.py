@@ -1,34 +1,19 @@
-"""What the unbiased stochastic quantizers (QSGD, TernGrad, natural compression) share.
+"""What the unbiased stochastic quantizers (QSGD, TernGrad, natural compression) share: each rounds
+every element at random to one of two neighbouring grid points with the probabilities that make
+the expected value the input (unbiased, so their recommended memory is ``NoMemory``).
 
-Each one rounds every element at random to one of two neighbouring points of a coarse grid, with
-the probabilities that make the expected value the input, so the compressed gradient is an
-unbiased estimate and needs no error feedback (their recommended memory is ``NoMemory``).
-
-Shared conventions:
-
-* The draws are :func:`~grace_legacy.compressors.kernels.draws.uniform` of the key
-  ``derived_seed(seed, rank, name, step)``: every rank draws its own numbers, the global RNG is
-  never touched, every device draws the same numbers, and a test can replay any rank.
-* On a CPU each quantizer is one compiled pass (:mod:`~grace_legacy.compressors.kernels.stochastic`)
-  after its scale is known; elsewhere it is tensor arithmetic. Both give the same codes for the
-  same scale (tested). QSGD's norm sums its squares in a fixed order on a CPU and in the device's
-  own order elsewhere, so the two may differ in its last float32 bit. Each quantizer reads its
-  scale back to the host once per tensor (on a GPU, one synchronization), to choose its path.
-* Arithmetic runs in float64 for float64 gradients and in float32 for float32, float16 and bfloat16
-  ones (which float32 holds exactly); ``decompress`` returns the gradient's own dtype, so a
-  decoded value is finally rounded to it (for float16, one beyond 65504 becomes inf, as with
-  ``FP16``).
-* QSGD and TernGrad send their scale as float32, rounded *up* from the exact one, so a
-  probability never exceeds 1 and the estimate stays unbiased with respect to the scale actually
-  sent. A gradient that holds inf or NaN, or whose scale exceeds float32's range (about 3.4e38),
-  decodes to NaN everywhere, so a loss scaler still sees the overflow. Natural compression marks
-  such elements one by one (see :class:`~grace_legacy.compressors.natural.Natural`).
-* Unbiasedness holds up to the resolution of the uniform draws (2**-24 in float32, 2**-53 in
-  float64) and the rounding of one division per element.
-* Payloads differ between ranks (each has its own scale), so they are gathered; every part's size
-  is a function of the element count alone, so the gather needs no size header. The per-tensor
-  scalar comes first in the payload, so the packed buffer is its size plus the elements' bytes,
-  rounded up to a multiple of 8, with no padding in between."""
+* Draws: :func:`~grace_legacy.compressors.kernels.draws.uniform` of ``derived_seed(seed, rank,
+  name, step)``. A CPU's compiled pass and the tensor formulas give the same codes for the same
+  scale; QSGD's norm may differ between them in its last float32 bit. Each quantizer reads its
+  scale back to the host once per tensor (on a GPU, one synchronization).
+* Arithmetic in float64 for float64 gradients, else float32 (which holds float16 and bfloat16
+  exactly); ``decompress`` rounds to the gradient's dtype (float16 beyond 65504 becomes inf).
+* QSGD's and TernGrad's scale travels as float32 rounded *up*, so no probability exceeds 1 and the
+  estimate is unbiased for the scale sent. A gradient holding inf or NaN, or whose scale exceeds
+  float32's range, decodes to NaN everywhere, so a loss scaler sees the overflow (Natural marks
+  such elements one by one).
+* Unbiased up to the draws' resolution (2**-24 in float32, 2**-53 in float64) and one division's
+  rounding per element. Payloads (the scalar, then the elements) are gathered without a header."""
 
 from __future__ import annotations
 
@@ -58,9 +43,8 @@ FLOAT32_MAX = float(torch.finfo(torch.float32).max)
 
 
 def float32_at_least(value: float) -> float:
-    """The least float32 at or above ``value`` (as a Python float): a scale that is never below
-    the exact one keeps every probability ``|x| / scale`` at most 1. inf and NaN stay what they
-    are; beyond float32's range is inf."""
+    """The least float32 at or above ``value`` (a Python float; inf beyond float32's range, inf and
+    NaN as they are), so that every probability ``|x| / scale`` stays at most 1."""
     if math.isnan(value) or math.isinf(value):
         return value
     if value > FLOAT32_MAX:

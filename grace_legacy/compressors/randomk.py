@@ -8,22 +8,17 @@ import numpy as np
 import torch
 
 from grace_legacy.compressors.entries import DENSITY, kept_count
+from grace_legacy.compressors.sparse import SparseContext, densify
 from grace_legacy.core.compressor import Compressor, Payload
-from grace_legacy.core.sparse import SparseContext, densify
-from grace_legacy.core.validation import check_gradient
 from grace_legacy.memories.residual import Residual
+from grace_legacy.runtime.validation import check_gradient
 
 
 def uniform_subset(n: int, k: int, generator: torch.Generator) -> torch.Tensor:
-    """``k`` distinct integers from ``range(n)``, every ``k``-subset equally likely (int64).
-
-    A permutation of all ``n`` costs ``O(n)`` for every draw; for ``k`` well below ``n`` the
-    first ``k`` distinct values of a stream of uniform draws are the same distribution (sampling
-    without replacement by rejecting repeats) at ``O(k log k)``. Few draws repeat: ``k`` draws
-    hold about ``k^2 / 2n`` repeats, so a stream of ``k + 2 k^2 / n + 64`` rarely needs topping up
-    (by ``2 m + 64`` more draws while ``m`` distinct values are missing). ``k > n / 4`` takes the
-    first ``k`` of a permutation instead.
-    """
+    """``k`` distinct integers from ``range(n)`` (int64), every ``k``-subset equally likely: the
+    first ``k`` of a permutation for ``k > n / 4``, else the first ``k`` distinct values of a stream
+    of uniform draws (the same distribution, in ``O(k log k)``; ``k`` draws hold about ``k^2 / 2n``
+    repeats, so a stream of ``k + 2 k^2 / n + 64`` rarely needs topping up)."""
     if 4 * k > n:
         return torch.randperm(n, generator=generator)[:k]
     draws = torch.randint(n, (k + 2 * k * k // n + 64,), generator=generator)
@@ -37,15 +32,11 @@ def uniform_subset(n: int, k: int, generator: torch.Generator) -> torch.Tensor:
 
 
 class RandomK(Compressor):
-    """Keeps ``k = max(1, floor(ratio * n))`` entries chosen uniformly at random, unscaled.
+    """Keeps ``k = max(1, floor(ratio * n))`` entries chosen uniformly at random, unscaled. The
+    indices are a function of ``(seed, name, step)``, not of the rank, so every rank picks the same
+    ones: only the values travel, summed by an allreduce. Pairs with ``Residual``."""
 
-    The indices are a function of ``(seed, name, step)`` alone (not of the rank), drawn from a
-    private ``torch.Generator`` (the global RNG is never touched), so every rank picks the same
-    ones: only the values travel, and they can be summed by an allreduce. ``step`` counts this
-    tensor's compressions and is saved by :meth:`state_dict`. Pairs with ``Residual``.
-    """
-
-    knob = DENSITY
+    parameter = DENSITY
     additive = True
     sends_entries = True
 
@@ -53,12 +44,12 @@ class RandomK(Compressor):
         super().__init__()
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise TypeError(f"RandomK: seed must be an int, got {seed!r}")
-        self._set_knob(ratio)
+        self._set_value(ratio)
         self.seed = seed
 
     @property
     def ratio(self) -> float | None:
-        return self.knob_value
+        return self.value
 
     def indices(self, name: str, step: int, numel: int) -> torch.Tensor:
         """The indices kept for tensor ``name`` at its ``step``-th compression (int64, distinct,

@@ -1,25 +1,10 @@
-"""What the 1-bit compressors (signSGD, Signum, EF-signSGD, 1-bit SGD) share: packed signs.
-
-Every element travels as one bit, packed 8 to a byte (:mod:`grace_legacy.compressors.kernels.bits`):
-``ceil(n / 8)`` bytes for ``n`` elements, plus each compressor's few scalars. None of the payloads
-can be summed by an allreduce (a sum of packed bytes is not a sum of signs, and the scalars
-differ per rank), so all four are gathered; their sizes depend only on ``n``, so
-``uniform_payload`` holds and the gather carries no size header. On the wire (see
-:mod:`grace_legacy.core.wire`) a tensor's buffer is padded to a multiple of 8 bytes.
-
-The bit of an entry ``x`` is ``x >= 0``, in all four compressors:
-
-* ``+0.0`` and ``-0.0`` read as positive (+1): one bit has no room for a third value. A gradient
-  entry that is exactly zero on every rank therefore votes +1 in signSGD/Signum and moves its
-  parameter by ``-lr``; EF-signSGD decodes it to ``+scale`` and its error feedback returns the
-  difference at the next step; 1-bit SGD puts it on the non-negative side, whose mean it lowers.
-* ``NaN`` reads as negative (``NaN >= 0`` is false) and ``+-inf`` as its sign. EF-signSGD and 1-bit
-  SGD carry the non-finite value on in their scalars (the decoded tensor is then non-finite, as a
-  dense allreduce would be), but signSGD and Signum send no magnitude and cannot: they hide an
-  overflow from an AMP ``GradScaler``.
-
-Gradients may be fp32, fp64, fp16 or bf16; sums and momenta of half-precision gradients are
-accumulated in fp32. ``decompress`` and ``aggregate`` return the gradient's dtype.
+"""What the 1-bit compressors (signSGD, Signum, EF-signSGD, 1-bit SGD) share: one bit per element,
+``x >= 0``, packed 8 to a byte (``ceil(n / 8)`` bytes) beside each compressor's few scalars, gathered
+without a header. ``+-0.0`` read as positive (a zero votes +1, decodes to ``+scale`` or joins the
+non-negative side); ``NaN`` as negative, ``+-inf`` as its sign. EF-signSGD and 1-bit SGD carry a
+non-finite value on in their scalars; signSGD and Signum send no magnitude, so only the bundle's
+non-finite flags show an overflow. Gradients may be fp32, fp64, fp16 or bf16 (half-precision sums
+and momenta accumulate in fp32); results have the gradient's dtype.
 """
 
 from __future__ import annotations
@@ -30,8 +15,8 @@ import torch
 
 from grace_legacy.compressors.kernels import sign_passes
 from grace_legacy.compressors.kernels.bits import pack_bits, unpack_bits
-from grace_legacy.core import paths
-from grace_legacy.core.validation import check_gradient
+from grace_legacy.runtime import paths
+from grace_legacy.runtime.validation import check_gradient
 
 SUPPORTED_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
@@ -56,7 +41,7 @@ def accumulator_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def pack_signs(tensor: torch.Tensor) -> torch.Tensor:
-    """The packed bits of ``tensor >= 0``: on a CPU in one compiled pass, without a bool tensor."""
+    """The packed bits of ``tensor >= 0``."""
     if sign_passes.kernels_apply(tensor):
         return sign_passes.pack_nonnegative(tensor)
     return pack_bits(tensor.reshape(-1) >= 0)

@@ -1,5 +1,4 @@
-"""signSGD and Signum: every rank sends packed signs, and the ranks take a majority vote
-(conventions in :mod:`grace_legacy.compressors.signs`)."""
+"""signSGD and Signum: packed signs and a majority vote (see :mod:`~grace_legacy.compressors.signs`)."""
 
 from __future__ import annotations
 
@@ -9,13 +8,13 @@ from typing import Any
 import torch
 
 from grace_legacy.compressors.kernels import sign_passes
-from grace_legacy.compressors.kernels.bits import packed_length, unpack_bits
+from grace_legacy.compressors.kernels.bits import pack_bits, packed_length, unpack_bits
 from grace_legacy.compressors.signs import SignContext, accumulator_dtype, choose, pack_signs, sign_context
 from grace_legacy.core.compressor import Compressor, Payload
-from grace_legacy.core.journal import StepJournal
-from grace_legacy.core.knob import Knob
+from grace_legacy.core.parameter import ScheduledParameter
+from grace_legacy.core.state import UndoLog
 
-MOMENTUM = Knob("momentum", low=0.0, high=1.0, low_inclusive=True, high_inclusive=False)
+MOMENTUM = ScheduledParameter("momentum", low=0.0, high=1.0, low_inclusive=True, high_inclusive=False)
 
 
 def majority_vote(payloads: Sequence[Payload], ctx: SignContext) -> torch.Tensor:
@@ -30,6 +29,27 @@ def majority_vote(payloads: Sequence[Payload], ctx: SignContext) -> torch.Tensor
     return torch.sign(positive.mul_(2).sub_(ranks)).to(ctx.dtype).view(ctx.shape)
 
 
+class VoteCode(Compressor):
+    """A majority vote's result (+1, 0 or -1 per element) as two bits each, in one ``uint8`` part:
+    the packed ``v > 0`` bits, then the packed ``v != 0`` bits. Lossless on votes, so that a
+    scatter-gather's owners pass the vote on exactly, ties included; any other tensor becomes its
+    sign (0 for zeros)."""
+
+    def compress(self, tensor: torch.Tensor, name: str) -> tuple[Payload, Any]:
+        ctx = sign_context(tensor, "VoteCode")
+        return [torch.cat([pack_bits(tensor > 0), pack_bits(tensor != 0)])], ctx
+
+    def decompress(self, payload: Payload, ctx: SignContext) -> torch.Tensor:
+        half = packed_length(ctx.numel)
+        positive = unpack_bits(payload[0][:half], ctx.numel)
+        nonzero = unpack_bits(payload[0][half:], ctx.numel)
+        signs = positive.to(ctx.dtype).mul_(2).sub_(1)
+        return signs.mul_(nonzero.to(ctx.dtype)).view(ctx.shape)
+
+    def payload_spec(self, numel: int, dtype: torch.dtype) -> list[tuple[int, torch.dtype]]:
+        return [(2 * packed_length(numel), torch.uint8)]
+
+
 class _MajorityVote(Compressor):
     """What signSGD and Signum share: a payload of packed signs only, aggregated by a vote."""
 
@@ -41,21 +61,21 @@ class _MajorityVote(Compressor):
         return choose(payload[0], ctx, one, -one)
 
     def aggregate(self, payloads: Sequence[Payload], ctx: SignContext, average: bool) -> torch.Tensor:
-        """The majority vote (:func:`majority_vote`), whatever ``average`` says: a vote is not a
-        sum, so there is nothing to divide (``op=hvd.Sum`` gets the same +-1/0 tensor)."""
+        """The majority vote (:func:`majority_vote`) whatever ``average`` says: a vote is not a sum."""
         return majority_vote(payloads, ctx)
 
     def payload_spec(self, numel: int, dtype: torch.dtype) -> list[tuple[int, torch.dtype]]:
         return [(packed_length(numel), torch.uint8)]
 
+    def for_sums(self) -> Compressor:
+        """:class:`VoteCode`: a vote's ties (0) do not fit in one bit."""
+        return VoteCode()
+
 
 class SignSGD(_MajorityVote):
-    """signSGD with majority vote (Bernstein et al., 2018).
-
-    Each rank sends ``s = sign(g)`` (``+1`` where ``g >= 0``, see the module docstring), packed:
-    ``[bits]``, ``ceil(n / 8)`` ``uint8`` bytes, i.e. 1/8 byte per element. The synchronized
-    gradient is the vote ``sign(sum_r s_r)``, in {-1, 0, +1}, 0 on ties. No knob, no memory.
-    """
+    """signSGD with majority vote (Bernstein et al., 2018): each rank sends ``s = sign(g)`` (+1 where
+    ``g >= 0``) as ``ceil(n / 8)`` bytes; the synchronized gradient is ``sign(sum_r s_r)``, 0 on ties.
+    No parameter, no memory."""
 
     def compress(self, tensor: torch.Tensor, name: str) -> tuple[Payload, Any]:
         ctx = sign_context(tensor, "SignSGD")
@@ -63,17 +83,13 @@ class SignSGD(_MajorityVote):
 
 
 class Signum(_MajorityVote):
-    """signSGD with momentum (Signum; Bernstein et al., 2018), aggregated by majority vote.
-
-    Per tensor, with ``m_0 = 0`` and ``beta = momentum`` in ``[0, 1)``:
+    """signSGD with momentum (Signum; Bernstein et al., 2018), aggregated by majority vote. Per
+    tensor and call to :meth:`compress`, with ``m_0 = 0`` and ``beta = momentum`` in ``[0, 1)``:
 
         m_t = beta * m_{t-1} + (1 - beta) * g_t,    sends sign(m_t)
 
-    so ``momentum=0`` is :class:`SignSGD`. The momentum is kept here (fp32 for half-precision
-    gradients, else the gradient's dtype), before compression, on each rank for its own gradient,
-    and is saved by :meth:`state_dict`. Payload and aggregation as :class:`SignSGD`: ``ceil(n / 8)``
-    bytes, the vote ``sign(sum_r sign(m_r))``, 0 on ties. Each call to :meth:`compress` is one step.
-    """
+    (``momentum=0`` is :class:`SignSGD`). Each rank keeps its own ``m`` (fp32 for half-precision
+    gradients), saved by :meth:`state_dict`. Payload and vote as :class:`SignSGD`."""
 
     def __init__(self, momentum: float = 0.9) -> None:
         super().__init__()
@@ -81,7 +97,7 @@ class Signum(_MajorityVote):
             raise TypeError(f"Signum: momentum must be {MOMENTUM.describe_range()}, got None")
         self.momentum: float = MOMENTUM.check(momentum, "Signum")
         self.momentum_buffers: dict[str, torch.Tensor] = {}
-        self._journal = StepJournal()
+        self.undo_log = UndoLog()
 
     def compress(self, tensor: torch.Tensor, name: str) -> tuple[Payload, Any]:
         ctx = sign_context(tensor, "Signum")
@@ -90,7 +106,7 @@ class Signum(_MajorityVote):
         if previous is not None and (previous.shape != tensor.shape or previous.dtype != accumulator):
             raise ValueError(f"Signum: tensor {name!r} changed from {tuple(previous.shape)} {previous.dtype} "
                              f"momentum to a {tuple(tensor.shape)} {tensor.dtype} gradient")
-        self._journal.remember(self.momentum_buffers, name)
+        self.undo_log.remember(self.momentum_buffers, name)
         if previous is None:
             previous = torch.zeros(tensor.shape, dtype=accumulator, device=tensor.device)
         # Out of place, so that a skipped step can put the old buffer back.

@@ -1,5 +1,5 @@
-"""TernGrad: stochastic rounding to -1, 0, +1 times a clipped scale (conventions in
-:mod:`grace_legacy.compressors.quantization`)."""
+"""TernGrad: stochastic rounding to -1, 0, +1 times a clipped scale (see
+:mod:`~grace_legacy.compressors.quantization`)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from grace_legacy.compressors.quantization import (
 )
 from grace_legacy.core.compressor import Compressor, Payload
 from grace_legacy.core.memory import Memory, NoMemory
-from grace_legacy.core.validation import check_gradient
+from grace_legacy.runtime.validation import check_gradient
 
 #: TernGrad clips at ``CLIP_SIGMAS`` standard deviations, as Wen et al. do.
 CLIP_SIGMAS = 2.5
@@ -31,32 +31,24 @@ CLIP_SIGMAS = 2.5
 class TernGrad(Compressor):
     """TernGrad (Wen et al., 2017): a scale and one ternary digit per element.
 
-    Clipping (the paper's scalar clipping): with ``sigma`` the standard deviation of the gradient's
-    elements (about their mean, dividing by ``n``), ``g_c = clamp(g, -2.5 * sigma, 2.5 * sigma)``.
-    A tensor whose elements are all equal (every 1-element tensor among them) has ``sigma = 0``
-    and no outliers; clipping it would send zeros forever, so it is left unclipped (and is then
-    sent exactly).
+    Clipping: ``g_c = clamp(g, -2.5 sigma, 2.5 sigma)``, ``sigma`` the elements' standard deviation
+    (dividing by ``n``); a tensor whose elements are all equal (``sigma = 0``) is left unclipped
+    (not sent as zeros forever), and so sent exactly. With ``s = max_i |g_c,i|``,
+    ``t_i = sign(g_c,i)`` with probability ``|g_c,i| / s``, else 0, decoded as ``s * t_i``:
+    ``E[decoded] = g_c`` (unbiased for the *clipped* gradient) and
+    ``E||decoded - g_c||^2 = sum_i |g_c,i| (s - |g_c,i|) <= s ||g_c||_1``.
 
-    With ``s = max_i |g_c,i|``, ``t_i = sign(g_c,i)`` with probability ``|g_c,i| / s`` and ``0``
-    otherwise; the decoded value is ``s * t_i``. So ``E[decoded] = g_c`` (unbiased with respect to
-    the *clipped* gradient) and ``E||decoded - g_c||^2 = sum_i |g_c,i| (s - |g_c,i|) <= s ||g_c||_1``.
-
-    Payload: ``[s, t]``: ``s`` as one float32 (rounded up for float64 gradients) and ``t`` as int8
-    in ``{-1, 0, 1}``: 1 byte per element, packed as ``4 + n`` rounded up to a multiple of 8.
-    A zero tensor sends ``s = 0`` and decodes to zeros. Any floating dtype. No knob.
-    """
+    Payload ``[s, t]``: ``s`` as one float32 (rounded up), ``t`` as int8: ``4 + n`` bytes rounded up
+    to a multiple of 8. A zero tensor decodes to zeros. Any floating dtype; no parameter."""
 
     def __init__(self, seed: int = 0) -> None:
         super().__init__()
         self.seed = check_seed(seed, "TernGrad")
 
     def clip_bound(self, x: torch.Tensor) -> tuple[float, float]:
-        """``(bound, largest)`` of flat ``x`` (in the work dtype): the clipping bound
-        ``2.5 * sigma`` rounded to the work dtype (inf for an all-equal tensor), and the largest
-        ``|x_i|``; both NaN when an element is NaN. Sigma divides by n and is taken in float64
-        (a float32 sum of squares overflows where sigma itself fits), then rounded to the work
-        dtype: on a CPU from two passes (:func:`~grace_legacy.compressors.kernels.stochastic.spread`),
-        elsewhere from ``torch.std``, so the two may differ in its last bit."""
+        """``(bound, largest)`` of flat ``x``: the clipping bound ``2.5 * sigma`` (inf for an
+        all-equal tensor) and the largest ``|x_i|``, rounded to ``x``'s dtype, both NaN when an
+        element is. Sigma is taken in float64; a CPU's and ``torch.std``'s may differ in the last bit."""
         if stochastic.kernels_apply(x):
             sigma, lowest, highest = stochastic.spread(x)
         else:
@@ -111,6 +103,5 @@ class TernGrad(Compressor):
         return f"TernGrad(seed={self.seed})"
 
     def recommended_memory(self) -> Memory:
-        """``NoMemory``: unbiased for the clipped gradient, and clipping is deliberate, not an error
-        to carry over."""
+        """``NoMemory``: unbiased for the clipped gradient; clipping is deliberate, not an error."""
         return NoMemory()

@@ -8,43 +8,36 @@ import torch
 
 from grace_legacy.compressors.entries import EntrySparsifier
 from grace_legacy.compressors.kernels.selection import entries_at_or_above
+from grace_legacy.compressors.sparse import SparseContext, index_dtype
 from grace_legacy.core.compressor import Payload
-from grace_legacy.core.knob import Knob
 from grace_legacy.core.memory import Memory
-from grace_legacy.core.sparse import SparseContext, index_dtype
-from grace_legacy.core.validation import check_gradient
+from grace_legacy.core.parameter import ScheduledParameter
 from grace_legacy.memories.residual import Residual
+from grace_legacy.runtime.validation import check_gradient
 
-THRESHOLD = Knob("threshold", low=0.0, high=None, low_inclusive=False, high_inclusive=False, dense=None)
+THRESHOLD = ScheduledParameter("threshold", low=0.0, high=None, low_inclusive=False, high_inclusive=False, dense=None)
 
 
 class Threshold(EntrySparsifier):
     """Sends the entries with ``|g_i| >= threshold`` (Strom 2015, without his 1-bit quantization),
-    as ``[values, indices]``: signed values in the gradient's dtype, int32 indices in increasing
-    order (int64 for tensors of 2**31 elements or more).
+    exactly in every floating dtype, NaN never: ``[values, indices]``, signed values in the
+    gradient's dtype and int32 indices in increasing order (int64 from 2**31 elements).
 
-    Bytes: ``(element size + 4) * m`` where ``m = #{i : |g_i| >= threshold}`` (8 per kept entry for
-    fp32) plus the gather's per-rank size header. ``m`` depends on the gradient's values, so it
-    differs between ranks and steps and may be 0: ``uniform_payload`` is False, and an empty
-    payload decompresses to zeros. The comparison is exact in every floating dtype (fp32, fp16,
-    bf16, fp64; see :func:`~grace_legacy.compressors.kernels.selection.magnitude_bound`). NaN
-    entries are never sent (``NaN >= t`` is false).
+    ``(element size + 4) * m`` bytes for ``m`` kept entries plus a size header: ``m`` depends on
+    the values, may be 0 (decoding to zeros) and differs between ranks, so the payload is gathered
+    with a header and its size cannot be predicted (budget matching, L-GreCo and the dense fallback
+    leave it out). Pairs with ``Residual``: an entry accumulates until it crosses the threshold."""
 
-    Not additive (ranks keep different entries), so it is gathered. Pairs with ``Residual``: an
-    entry below the threshold accumulates until it crosses it. ``payload_spec`` cannot predict the
-    size, so budget matching refuses this compressor.
-    """
-
-    knob = THRESHOLD
+    parameter = THRESHOLD
     uniform_payload = False
 
     def __init__(self, threshold: float | None = None) -> None:
         super().__init__()
-        self._set_knob(threshold)
+        self._set_value(threshold)
 
     @property
     def threshold(self) -> float | None:
-        return self.knob_value
+        return self.value
 
     def compress(self, tensor: torch.Tensor, name: str) -> tuple[Payload, Any]:
         check_gradient(tensor, "Threshold")

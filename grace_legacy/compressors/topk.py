@@ -8,34 +8,31 @@ import torch
 
 from grace_legacy.compressors.entries import DENSITY, EntrySparsifier, kept_count
 from grace_legacy.compressors.kernels.selection import top_k_indices
+from grace_legacy.compressors.sparse import SparseContext, index_dtype
 from grace_legacy.core.compressor import Payload
-from grace_legacy.core.sparse import SparseContext, index_dtype
-from grace_legacy.core.validation import check_gradient
 from grace_legacy.memories.residual import Residual
+from grace_legacy.runtime.validation import check_gradient
 
 
 class TopK(EntrySparsifier):
-    """Keeps the ``k = max(1, floor(ratio * n))`` entries of largest magnitude.
+    """Keeps the ``k = max(1, floor(ratio * n))`` entries of largest magnitude: the set
+    ``torch.topk(x.abs(), k)`` picks (ties aside; NaN, then infinity first), found by
+    :func:`~grace_legacy.compressors.kernels.selection.top_k_indices`.
 
-    Payload: ``[values, indices]`` with the signed values in the gradient's dtype and int32 indices
-    (int64 for tensors of 2**31 elements or more): ``8k`` bytes for fp32. Not additive (every rank
-    picks different indices), so it is gathered. Any floating dtype; pairs with ``Residual``.
+    Payload ``[values, indices]``: signed values in the gradient's dtype, int32 indices (int64 from
+    2**31 elements): ``8k`` bytes for fp32, gathered (ranks pick different indices). Any floating
+    dtype; pairs with ``Residual``."""
 
-    The entries are those ``torch.topk(x.abs(), k)`` picks (ties aside; NaN and infinity first),
-    found by :func:`~grace_legacy.compressors.kernels.selection.top_k_indices`: a sampled threshold and one
-    candidate pass instead of a selection over every entry.
-    """
-
-    knob = DENSITY
+    parameter = DENSITY
     delivers_nonfinite = True  # NaN and infinity are the largest magnitudes: always kept
 
     def __init__(self, ratio: float | None = None) -> None:
         super().__init__()
-        self._set_knob(ratio)
+        self._set_value(ratio)
 
     @property
     def ratio(self) -> float | None:
-        return self.knob_value
+        return self.value
 
     def compress(self, tensor: torch.Tensor, name: str) -> tuple[Payload, Any]:
         check_gradient(tensor, "TopK")

@@ -3,84 +3,214 @@
 from __future__ import annotations
 
 import copy
+import warnings
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar, Protocol
 
 import torch
 
-from grace_legacy.core.knob import Knob
 from grace_legacy.core.memory import Memory, NoMemory
-from grace_legacy.core.saved_state import refuse_other_state
+from grace_legacy.core.parameter import ScheduledParameter
 from grace_legacy.core.seeds import derived_seed
-from grace_legacy.core.stats import TrafficStats
-
-if TYPE_CHECKING:
-    from grace_legacy.core.backend import Backend
-
+from grace_legacy.core.state import Stateful
 
 Payload = list[torch.Tensor]
 
 
-class Compressor(ABC):
-    """Turns a gradient into a small payload and back.
+class Ledger(Protocol):
+    """Where the bundle running a compressor records its traffic (a ``TrafficStats``)."""
 
-    Subclasses set the class attributes below and implement :meth:`compress` and
-    :meth:`decompress`; :meth:`aggregate` combines the payloads of all ranks.
+    def as_dict(self) -> dict[str, Any]: ...
 
-    ``additive``: payloads of all ranks may be summed element-wise by an allreduce *before*
-    decompressing, i.e. ``D(sum_r p_r) == sum_r D(p_r)`` and the context is identical on every
-    rank. Otherwise the payloads must be gathered.
+    def scalars(self, stats: Mapping[str, Any], prefix: str) -> dict[str, float]: ...
 
-    ``uniform_payload``: every rank's payload has the same shapes for the same tensor and step,
-    so a gather needs no per-rank size header.
 
-    ``lossless``: ``D(C(x)) == x`` exactly, so error feedback has nothing to keep.
+class _EarlierNames:
+    """The spellings of earlier releases, kept working with a ``DeprecationWarning``."""
 
-    ``sends_entries``: a sparsifier whose payload values are the input's own entries at
-    :meth:`support`, copied unscaled, so ``x - D(C(x))`` is ``x`` with those entries set to zero
-    (``Residual`` then keeps ``x`` and zeroes them instead of decompressing and subtracting).
+    #: Methods a subclass may still override under its old name.
+    _RENAMED: ClassVar[dict[str, str]] = {"resolve": "compressor_for", "rollback": "undo", "commit": "end_step",
+                                          "_set_knob": "_set_value"}
 
-    ``delivers_nonfinite``: an inf or NaN in a tensor given to :meth:`compress` is always among what
-    is sent, and makes the aggregate non-finite there on every rank (a sum keeps it). Top-k sends
-    the largest magnitudes, which NaN and infinity are; a sparsifier that may leave one out (random
-    or thresholded entries), or a sign, does not. With a memory that hides none either, every rank
-    sees any rank's inf or NaN in the result itself, so the bundle exchanges no flags for it.
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "knob" in cls.__dict__ and "parameter" not in cls.__dict__:
+            cls.parameter = cls.__dict__["knob"]
+            del cls.knob
+        for old, new in _EarlierNames._RENAMED.items():
+            if old in cls.__dict__ and new not in cls.__dict__:
+                warnings.warn(f"{cls.__name__}.{old} is called {new} now; the old name keeps working for now",
+                              DeprecationWarning, stacklevel=2)
+                setattr(cls, new, cls.__dict__[old])
 
-    ``aggregates_by_mean``: :meth:`aggregate` is the sum (or mean) of the decompressed payloads,
-    so sending the tensor dense is this compressor's exact limit and the bundle may do so when it
-    costs fewer bytes. False for majority votes (SignSGD, Signum), whose update a dense mean
-    would change.
+    @staticmethod
+    def _renamed(old: str, new: str) -> None:
+        warnings.warn(f"Compressor.{old} is called {new} now", DeprecationWarning, stacklevel=3)
 
-    ``rounds``: how many allreduces an additive payload needs. After round ``r``'s sum arrives,
-    :meth:`next_round` turns it into round ``r + 1``'s local payload (PowerSGD: P, then Q).
+    @property
+    def knob(self) -> ScheduledParameter | None:
+        self._renamed("knob", "parameter")
+        return self.parameter  # type: ignore[attr-defined]
 
-    Randomness: stochastic compressors draw from :meth:`generator`, a private generator seeded
-    from ``(seed, rank, name, step)``, or (the quantizers, for speed) from counter-based draws of
-    the same key (:mod:`grace_legacy.compressors.kernels.draws`); never from the global RNG, so a run is
-    reproducible and a test can replay any rank's draws. ``rank`` is set by the bundle that runs
-    the compressor.
-    """
+    @property
+    def knob_value(self) -> Any:
+        self._renamed("knob_value", "value")
+        return self.value  # type: ignore[attr-defined]
 
-    knob: ClassVar[Knob | None] = None
+    def with_knob(self, value: Any) -> Compressor:
+        self._renamed("with_knob", "with_value")
+        return self.with_value(value)  # type: ignore[attr-defined]
+
+    def _set_knob(self, value: Any) -> None:
+        self._renamed("_set_knob", "_set_value")
+        self._set_value(value)  # type: ignore[attr-defined]
+
+    def resolve(self, tensor: torch.Tensor, name: str) -> Compressor | None:
+        self._renamed("resolve", "compressor_for")
+        return self.compressor_for(tensor, name)  # type: ignore[attr-defined]
+
+
+class Compressor(_EarlierNames, Stateful, ABC):
+    """Turns a gradient into a payload (a list of tensors, the only thing sent) and back. Subclasses
+    implement :meth:`compress`, :meth:`decompress` and :meth:`payload_spec` and describe their payload
+    by the class attributes below (the contract: docs/IMPLEMENTING.md). Randomness comes only from
+    :meth:`generator` or :meth:`step_seed`, keyed by ``(seed, rank, name, step)``: reproducible."""
+
+    #: the one parameter a schedule may set (Top-k's density), or None; ``self._set_value`` sets it
+    parameter: ClassVar[ScheduledParameter | None] = None
+    #: ``D(sum_r p_r) == sum_r D(p_r)``, ctx alike on every rank: payloads are summed, not gathered
     additive: ClassVar[bool] = False
+    #: every rank's payload has the same shapes for a tensor and step (a gather needs no header)
     uniform_payload: ClassVar[bool] = True
+    #: ``D(C(x)) == x`` exactly: error feedback keeps nothing
     lossless: ClassVar[bool] = False
+    #: the payload carries the input's own entries at :meth:`support`, unscaled (``x - D(C(x))`` is
+    #: ``x`` with them zeroed)
     sends_entries: ClassVar[bool] = False
+    #: an inf or NaN given to compress is always sent, so every rank's aggregate shows it
     delivers_nonfinite: ClassVar[bool] = False
+    #: aggregate is the sum (mean) of the decoded payloads, so sending dense is its exact limit
     aggregates_by_mean: ClassVar[bool] = True
+    #: allreduces of an additive payload; :meth:`next_round` makes each next one (PowerSGD: P, Q)
     rounds: ClassVar[int] = 1
 
+    #: set by the bundle that runs this compressor: what :attr:`stats` reports
+    ledger: Ledger | None = None
+
     def __init__(self) -> None:
-        self._knob_value: Any = None
-        self._traffic = TrafficStats()
-        # Shared (not copied) by with_knob copies, so a schedule changing the knob keeps counting.
+        self._value: Any = None
+        # Shared (not copied) by with_value copies, so a schedule changing the value keeps counting.
         self._steps: dict[str, int] = {}
         self.rank = 0
 
+    # -- encoding ---------------------------------------------------------------------------
+    @abstractmethod
+    def compress(self, tensor: torch.Tensor, name: str) -> tuple[Payload, Any]:
+        """Encode ``tensor``; return (payload, ctx). Only the payload leaves the rank."""
+
+    @abstractmethod
+    def decompress(self, payload: Payload, ctx: Any) -> torch.Tensor:
+        """Decode one payload into a tensor of the original shape and dtype."""
+
+    def aggregate(self, payloads: Sequence[Payload], ctx: Any, average: bool) -> torch.Tensor:
+        """``sum_r D(p_r)``, divided by the number of ranks when ``average``; override for a faster
+        exact sum or another rule (a vote)."""
+        total = self.decompress(payloads[0], ctx).clone()
+        for payload in payloads[1:]:
+            total += self.decompress(payload, ctx)
+        if average:
+            total /= len(payloads)
+        return total
+
+    def payload_spec(self, numel: int, dtype: torch.dtype) -> list[tuple[int, torch.dtype]]:
+        """(element count, dtype) of each payload part for a tensor of ``numel`` elements, as
+        configured now: the byte-cost model predicts bytes from it without compressing."""
+        raise NotImplementedError(f"{type(self).__name__} does not describe its payload size")
+
+    def payload_spec_for(self, shape: torch.Size, dtype: torch.dtype) -> list[tuple[int, torch.dtype]]:
+        """:meth:`payload_spec` for a tensor of this shape; override where the shape matters."""
+        return self.payload_spec(shape.numel(), dtype)
+
+    # -- sparsifiers ------------------------------------------------------------------------
+    def support(self, payload: Payload, ctx: Any) -> torch.Tensor:
+        """The flat indices whose values ``payload`` carries (sparsifiers only)."""
+        raise NotImplementedError(f"{type(self).__name__} does not send a subset of entries")
+
+    @property
+    def sparsifies(self) -> bool:
+        """Whether :meth:`support` says which entries a payload carries."""
+        return type(self).support is not Compressor.support
+
+    def scatter_context(self, ctx: Any) -> Any | None:
+        """The ``SparseContext`` of the result where :meth:`aggregate` is exactly a rank-by-rank
+        scatter-add of part 0 (values) at part 1 (flat indices) into zeros, so a bucket may sum all
+        such members at once; ``None`` otherwise."""
+        return None
+
+    # -- multi-round compressors ------------------------------------------------------------
+    def next_round(self, reduced: Payload, ctx: Any) -> tuple[Payload, Any]:
+        """The next local payload, given the previous round's sum."""
+        raise NotImplementedError(f"{type(self).__name__} sends a single round")
+
+    def end_exchange(self, reduced: Payload, ctx: Any) -> None:  # noqa: B027 (optional hook)
+        """The last round's reduced payload, before it is decoded (PowerSGD keeps Q)."""
+
+    # -- the scheduled parameter ------------------------------------------------------------
+    @property
+    def value(self) -> Any:
+        """The current value of :attr:`parameter` (``None``: not set, or dense)."""
+        return self._value
+
+    def _set_value(self, value: Any) -> None:
+        assert self.parameter is not None
+        self._value = self.parameter.check(value, type(self).__name__)
+
+    def with_value(self, value: Any) -> Compressor:
+        """A copy with its parameter set to ``value``, sharing this one's per-tensor state (step
+        counters, generators), so that a schedule changing the value does not reset it."""
+        if self.parameter is None:
+            raise ValueError(f"{type(self).__name__} has no parameter to schedule")
+        clone = copy.copy(self)
+        clone._set_value(value)
+        return clone
+
+    def check_ready(self) -> None:
+        """Raise if this compressor cannot be used on its own (its parameter was never set)."""
+        if self.parameter is not None and self._value is None:
+            raise ValueError(
+                f"{type(self).__name__}() was built without its {self.parameter.name}: pass one, e.g. "
+                f"{type(self).__name__}({self.parameter.name}=...), or wrap it in Legacy(...) which sets it")
+
+    def compressor_for(self, tensor: torch.Tensor, name: str) -> Compressor | None:
+        """The compressor that encodes ``tensor`` now, or ``None`` to send it uncompressed; decided
+        only from what every rank shares (shape, name, progress), so all ranks take one route."""
+        self.check_ready()
+        if self.parameter is not None and self.parameter.is_dense(self._value):
+            return None
+        return self
+
+    def for_sums(self) -> Compressor:
+        """The compressor that re-encodes an aggregate at its shard's owner (a scatter-gather's
+        second phase): this one, unless compressing keeps per-tensor state of this rank's own
+        gradients (Signum's momentum) or the aggregate takes values the payload cannot say (a
+        majority vote's ties). Its payload has this one's parts, in number and dtype."""
+        return self
+
+    # -- pairing with a memory --------------------------------------------------------------
+    def recommended_memory(self) -> Memory:
+        """The memory GRACE pairs with this compressor when the user names none."""
+        return NoMemory()
+
+    def check_memory(self, memory: Memory) -> None:  # noqa: B027 (optional hook)
+        """Raise ``ValueError`` if this compressor cannot work with ``memory``."""
+
+    def set_epoch(self, epoch: int) -> None:  # noqa: B027 (only schedules act on progress)
+        """Enter epoch ``epoch``, like ``DistributedSampler.set_epoch``."""
+
     # -- per-tensor steps and randomness ----------------------------------------------------
     def set_rank(self, rank: int) -> None:
-        """This process's rank among those it exchanges gradients with."""
+        """This process's rank among those it exchanges gradients with (set by the bundle)."""
         self.rank = rank
 
     def next_step(self, name: str) -> int:
@@ -102,181 +232,41 @@ class Compressor(ABC):
         parts = (seed, self.rank, name, step) if per_rank else (seed, name, step)
         return derived_seed(*parts)
 
-    # -- the knob ---------------------------------------------------------------------------
-    @property
-    def knob_value(self) -> Any:
-        return self._knob_value
-
-    def _set_knob(self, value: Any) -> None:
-        assert self.knob is not None
-        self._knob_value = self.knob.check(value, type(self).__name__)
-
-    def with_knob(self, value: Any) -> Compressor:
-        """A copy with its knob set to ``value``. The copy shares this one's per-tensor state
-        (step counters, generators), so a schedule that changes the knob does not reset it."""
-        if self.knob is None:
-            raise ValueError(f"{type(self).__name__} has no parameter to schedule")
-        clone = copy.copy(self)
-        clone._set_knob(value)
-        return clone
-
-    def check_ready(self) -> None:
-        """Raise if this compressor cannot be used on its own (its knob was never set)."""
-        if self.knob is not None and self._knob_value is None:
-            raise ValueError(
-                f"{type(self).__name__}() was built without its {self.knob.name}: pass one, e.g. "
-                f"{type(self).__name__}({self.knob.name}=...), or wrap it in Legacy(...) which sets it")
-
-    def resolve(self, tensor: torch.Tensor, name: str) -> Compressor | None:
-        """The compressor that encodes ``tensor`` now, or ``None`` to send it dense.
-
-        Must depend only on facts every rank shares (shape, name, training progress), so that all
-        ranks take the same route for the same tensor.
-        """
-        self.check_ready()
-        if self.knob is not None and self.knob.is_dense(self._knob_value):
-            return None
-        return self
-
-    # -- training progress (schedules use it; plain compressors ignore it) ---------------------
-    # Optional hooks, deliberately empty here: only schedules act on progress.
-    def set_epoch(self, epoch: int) -> None:  # noqa: B027
-        """Enter epoch ``epoch``, like ``DistributedSampler.set_epoch``."""
-
-    def end_step(self, backend: Backend | None = None) -> None:  # noqa: B027
-        """One optimizer step has been synchronized. ``backend`` lets an adaptive schedule agree
-        on its decisions across ranks (L-GreCo broadcasts rank 0's)."""
-
-    def observe(self, name: str, aggregated: torch.Tensor) -> None:  # noqa: B027
-        """The aggregated gradient of ``name`` this step: the same on every rank, so adaptive
-        schedules (Accordion, L-GreCo) can decide from it without disagreeing."""
-
-    # -- encoding ---------------------------------------------------------------------------
-    @abstractmethod
-    def compress(self, tensor: torch.Tensor, name: str) -> tuple[Payload, Any]:
-        """Encode ``tensor``; return (payload, ctx). Only the payload leaves the rank."""
-
-    @abstractmethod
-    def decompress(self, payload: Payload, ctx: Any) -> torch.Tensor:
-        """Decode one payload into a tensor of the original shape and dtype."""
-
-    def support(self, payload: Payload, ctx: Any) -> torch.Tensor:
-        """For sparsifiers: the flat indices whose values ``payload`` carries (the entries DGC's
-        factor masking zeroes)."""
-        raise NotImplementedError(f"{type(self).__name__} does not send a subset of entries")
-
-    @property
-    def sparsifies(self) -> bool:
-        """Whether :meth:`support` says which entries a payload carries."""
-        return type(self).support is not Compressor.support
-
-    def next_round(self, reduced: Payload, ctx: Any) -> tuple[Payload, Any]:
-        """For multi-round compressors: the next local payload, given the previous round's sum."""
-        raise NotImplementedError(f"{type(self).__name__} sends a single round")
-
-    def end_exchange(self, reduced: Payload, ctx: Any) -> None:  # noqa: B027 (optional hook)
-        """For multi-round compressors: the last round's reduced payload, before it is decoded
-        (PowerSGD keeps the aggregated Q to warm-start the next step)."""
-
-    def aggregate(self, payloads: Sequence[Payload], ctx: Any, average: bool) -> torch.Tensor:
-        """Combine every rank's payload: ``sum_r D(p_r)``, divided by the number of ranks when
-        ``average``. Compressors override this for a faster exact sum or another rule (vote)."""
-        total = self.decompress(payloads[0], ctx).clone()
-        for payload in payloads[1:]:
-            total += self.decompress(payload, ctx)
-        if average:
-            total /= len(payloads)
-        return total
-
-    def scatter_context(self, ctx: Any) -> Any | None:
-        """For compressors whose :meth:`aggregate` is exactly a scatter-add, rank by rank, of
-        payload part 0 (values) at payload part 1 (flat indices) into zeros (Top-k, DGC,
-        Threshold): the ``SparseContext`` (shape, size, dtype, device) of the result. A bucket
-        then aggregates all such members with one scatter-add. ``None`` (the default):
-        aggregate on its own."""
-        return None
-
-    def payload_spec(self, numel: int, dtype: torch.dtype) -> list[tuple[int, torch.dtype]]:
-        """(element count, dtype) of each payload part for a tensor of ``numel`` elements, as
-        configured now; used to predict bytes (budget matching) without compressing anything."""
-        raise NotImplementedError(f"{type(self).__name__} does not describe its payload size")
-
-    def payload_spec_for(self, shape: torch.Size, dtype: torch.dtype) -> list[tuple[int, torch.dtype]]:
-        """:meth:`payload_spec` for a tensor of this shape; override where the shape matters."""
-        return self.payload_spec(shape.numel(), dtype)
-
-    # -- bookkeeping ------------------------------------------------------------------------
-    def record_traffic(self, name: str, tensor: torch.Tensor, sent_bytes: int, route: str) -> None:
-        self._traffic.record(dense_bytes=tensor.numel() * tensor.element_size(),
-                             sent_bytes=sent_bytes, route=route)
-
+    # -- what the bundle recorded, and checkpoints -------------------------------------------
     @property
     def stats(self) -> dict[str, Any]:
-        """Bytes this rank handed to collectives so far, vs a dense send of the same tensors."""
-        return self._traffic.as_dict()
+        """The traffic the bundle running this compressor recorded (:attr:`grace_legacy.Grace.stats`);
+        empty before it runs."""
+        return self.ledger.as_dict() if self.ledger is not None else {}
 
-    def reset_stats(self) -> None:
-        self._traffic.reset()
-
-    # -- skipped steps -----------------------------------------------------------------------
-    def rollback(self, name: str) -> None:
-        """Undo this step's change to ``name``'s state: some rank's gradient was not finite, so
-        the step will be skipped (``GradScaler``) and must leave no trace."""
-        journal = self.__dict__.get("_journal")
-        if journal is not None:
-            journal.rollback(name)
-
-    def commit(self) -> None:
-        """The step is over: what :meth:`rollback` would restore can be let go."""
-        journal = self.__dict__.get("_journal")
-        if journal is not None:
-            journal.commit()
-
-    # -- checkpoints ------------------------------------------------------------------------
-    def configuration(self) -> str:
-        """What a saved state is only valid for: this compressor's arguments, as its ``repr``
-        (schedules leave out the decisions they take while training)."""
-        return repr(self)
+    def scalars(self, prefix: str = "grace") -> dict[str, float]:
+        """:attr:`stats` flattened for TensorBoard or W&B: every number under its path of keys,
+        ``{"grace/volume": ..., "grace/wire_bytes": ..., "grace/group/0/volume": ...,
+        "grace/phase/1/volume": ...}`` (``grace_legacy.runtime.traffic.flatten_scalars``); empty
+        before the bundle runs. Log it with ``writer.add_scalar(key, value, step)`` per item or
+        ``wandb.log(compression.scalars())``."""
+        if not isinstance(prefix, str):
+            raise TypeError(f"{type(self).__name__}.scalars: prefix must be a string (\"\" for none), got "
+                            f"{type(prefix).__name__}")
+        return self.ledger.scalars(self.stats, prefix) if self.ledger is not None else {}
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything this compressor carries from step to step, as plain data (tensors, numbers,
-        strings, lists and dicts: ``torch.load(..., weights_only=True)`` reads it back): its
-        :meth:`configuration`, byte counts, and per-tensor step counters, which with the seed and
-        the rank *are* the state of every random generator it draws from (:meth:`generator`).
-        Subclasses add what else they keep (PowerSGD's warm start, Signum's momentum, a
-        schedule's progress). Tensors are copies. See :meth:`grace_legacy.Grace.state_dict` for
-        checkpointing a whole run."""
-        return {"config": self.configuration(), "traffic": self._traffic.state_dict(), "steps": dict(self._steps)}
+        """The :meth:`configuration` and the per-tensor step counters (with the seed and rank, the
+        state of every generator); subclasses add what else they keep, as copies."""
+        return {**super().state_dict(), "steps": dict(self._steps)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from ``state`` (from :meth:`state_dict` of a compressor configured alike; a
-        ``ValueError`` names what differs otherwise). Call between steps."""
-        owner = f"{type(self).__name__}.load_state_dict"
-        refuse_other_state(state, owner, self.configuration())
-        self.commit()
-        self._traffic.load_state_dict(state["traffic"])
-        # Update in place: with_knob copies share this dict.
+        super().load_state_dict(state)
+        # In place: with_value copies share this dict.
         self._steps.clear()
         self._steps.update(state["steps"])
 
     def rejoin_state(self, shared: dict[str, Any], own: dict[str, Any]) -> dict[str, Any]:
-        """The state to continue from after the world changed (elastic training: a rank lost or
-        added), given ``shared``, the :meth:`state_dict` of the rank every rank follows (rank 0),
-        and ``own``, this rank's (a newcomer's is fresh). What every rank must agree on comes
-        from ``shared``: the per-tensor step counters, which with the seed make every generator
-        (Random-k draws the same indices on every rank only from equal counters). What this
-        rank alone measured stays its own: its byte counts. Subclasses that keep per-rank state
-        (Signum's momentum of its own gradients) keep theirs from ``own`` too."""
-        return {**shared, "traffic": own["traffic"]}
-
-    def recommended_memory(self) -> Memory:
-        """The memory GRACE pairs with this compressor when the user names none."""
-        return NoMemory()
-
-    def check_memory(self, memory: Memory) -> None:  # noqa: B027 (optional hook)
-        """Raise ``ValueError`` if this compressor cannot work with ``memory``."""
+        """The state to continue from after the world changed: ``shared`` (rank 0's), except what
+        is per rank (Signum's momentum), which subclasses keep from ``own`` (docs/DESIGN.md#elastic-state)."""
+        return dict(shared)
 
     def __repr__(self) -> str:
-        if self.knob is None:
+        if self.parameter is None:
             return f"{type(self).__name__}()"
-        return f"{type(self).__name__}({self.knob.name}={self._knob_value!r})"
+        return f"{type(self).__name__}({self.parameter.name}={self._value!r})"

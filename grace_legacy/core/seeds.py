@@ -1,5 +1,4 @@
-"""Seeds that every process derives alike from the same facts (Python's ``hash`` is salted per
-process, so it cannot serve)."""
+"""Seeds that every process derives alike from the same facts."""
 
 from __future__ import annotations
 

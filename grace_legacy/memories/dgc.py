@@ -9,53 +9,49 @@ from typing import Any
 import torch
 
 from grace_legacy.core.compressor import Compressor, Payload
-from grace_legacy.core.journal import StepJournal
 from grace_legacy.core.memory import Memory
+from grace_legacy.core.parameter import ScheduledParameter
+from grace_legacy.core.state import UndoLog
+from grace_legacy.runtime.validation import ArgumentTypeError, checked_value
+
+MOMENTUM = ScheduledParameter("momentum", low=0.0, high=1.0, high_inclusive=False)
 
 
 class DGCMemory(Memory):
-    """Momentum correction and local gradient clipping (Lin et al., ICLR 2018, sec. 3.2) and
-    momentum factor masking (sec. 3.3).
+    """Momentum correction, local gradient clipping (Lin et al., ICLR 2018, sec. 3.2) and momentum
+    factor masking (sec. 3.3). Per tensor, with ``u`` the local momentum and ``v`` the local
+    accumulation (both from 0, in the gradient's dtype) and ``m = momentum``:
 
-    Per tensor, with ``u`` the local momentum and ``v`` the local accumulation (both start at 0)
-    and ``m = momentum``:
-
-        g  <- clip(g)                  (only with ``clip``; see below)
-        u  <- m * u + g                momentum correction: accumulate the *velocity*, not g
+        g  <- g * min(1, clip / ||g||_2)   (only with ``clip``)
+        u  <- m * u + g                    momentum correction: accumulate the velocity
         v  <- v + u
         send C(v)
-        u[S] <- 0,  v[S] <- 0          factor masking, S = the entries C(v) carried
+        u[S] <- 0,  v[S] <- 0              factor masking, S = the entries C(v) carried
 
-    so an entry's momentum restarts once it has been sent, instead of pushing stale velocity
-    into later steps. Momentum lives here: run the optimizer **without** momentum (plain SGD),
-    as DGC does. When a tensor is sent dense (density 1.0, a LEGACY ``None``), every entry was
-    sent and both ``u`` and ``v`` restart at 0.
-
-    ``S`` comes from the compressor's ``support(payload, ctx)`` (the flat indices its payload
-    carries): DGC, TopK, RandomK and Threshold have one. A compressor without one cannot be
-    masked, and :meth:`update` refuses it with a ``TypeError``.
-
-    ``clip``: local gradient clipping (sec. 3.2): this rank's gradient is scaled by
-    ``min(1, clip / ||g||_2)`` *before* it is added to ``u``, so accumulation over many steps
-    cannot blow up a single entry. The norm is the L2 norm of this one tensor (computed in fp32
-    at least), because a memory sees one gradient at a time while the backward pass is still
-    running; the paper clips the whole model's norm with the global threshold scaled by
-    ``N ** -0.5`` for ``N`` ranks, so a per-tensor bound should be chosen with that in mind.
-
-    ``u`` and ``v`` are kept in the gradient's dtype; :meth:`state_dict` saves both.
-    """
+    Momentum lives here: run the optimizer without it (plain SGD), as DGC does. A tensor sent dense
+    restarts both at 0. ``S`` is the compressor's ``support`` (a sparsifier's; others are refused
+    with ``ValueError``). ``clip`` bounds this one tensor's norm (in fp32 at least), where the paper
+    clips the whole model's with the global bound scaled by ``N ** -0.5`` for ``N`` ranks."""
 
     def __init__(self, momentum: float = 0.9, clip: float | None = None) -> None:
-        if isinstance(momentum, bool) or not isinstance(momentum, numbers.Real) or not 0 <= momentum < 1:
-            raise ValueError(f"DGCMemory: momentum must be a number in [0, 1), got {momentum!r}")
-        if clip is not None and (isinstance(clip, bool) or not isinstance(clip, numbers.Real)
-                                 or not math.isfinite(clip) or clip <= 0):
-            raise ValueError(f"DGCMemory: clip must be None or a finite number > 0, got {clip!r}")
-        self.momentum = float(momentum)
-        self.clip = None if clip is None else float(clip)
+        if momentum is None:  # ScheduledParameter.check lets None through (a parameter's "dense"); here it is a mistake
+            raise ArgumentTypeError(f"DGCMemory: momentum must be {MOMENTUM.describe_range()}, got None")
+        self.momentum = float(checked_value(MOMENTUM, momentum, "DGCMemory"))
+        if clip is not None:
+            if isinstance(clip, bool) or not isinstance(clip, numbers.Real) or isinstance(clip, torch.Tensor):
+                raise ArgumentTypeError(f"DGCMemory: clip must be None or a finite number > 0, got {clip!r} "
+                                        f"of type {type(clip).__name__}")
+            try:
+                norm = float(clip)
+            except OverflowError:  # an int beyond a float's range
+                norm = math.inf
+            if not math.isfinite(norm) or norm <= 0:
+                raise ValueError(f"DGCMemory: clip must be None or a finite number > 0, got {clip!r}")
+            clip = norm
+        self.clip = clip
         self.velocities: dict[str, torch.Tensor] = {}
         self.accumulations: dict[str, torch.Tensor] = {}
-        self._journal = StepJournal()
+        self.undo_log = UndoLog()
 
     def clipped(self, tensor: torch.Tensor) -> torch.Tensor:
         """``tensor * min(1, clip / ||tensor||_2)``; the tensor itself without ``clip``."""
@@ -76,12 +72,11 @@ class DGCMemory(Memory):
 
     def compensate(self, tensor: torch.Tensor, name: str) -> torch.Tensor:
         u, v = self._state(tensor, name)
-        # Out of place throughout: what compensate returns may already be on the wire (a dense
-        # allreduce in flight) when update runs, so no tensor handed out is ever written again.
+        # Out of place: what compensate returns may be on the wire (a dense allreduce) when update runs.
         u = u * self.momentum + self.clipped(tensor)
         v = v + u
-        self._journal.remember(self.velocities, name)
-        self._journal.remember(self.accumulations, name)
+        self.undo_log.remember(self.velocities, name)
+        self.undo_log.remember(self.accumulations, name)
         self.velocities[name] = u
         self.accumulations[name] = v
         return v

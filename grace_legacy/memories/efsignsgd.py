@@ -6,15 +6,15 @@ from typing import Any
 
 import torch
 
-from grace_legacy.core.knob import Knob
+from grace_legacy.core.parameter import ScheduledParameter
 from grace_legacy.memories.residual import Residual
 
-LEARNING_RATE = Knob("lr", low=0.0, low_inclusive=False, high_inclusive=False)
+LEARNING_RATE = ScheduledParameter("lr", low=0.0, low_inclusive=False, high_inclusive=False)
 
 
 def check_learning_rate(lr: Any, owner: str) -> float:
     """``lr`` as a float if it is a finite number > 0, else a ``TypeError``/``ValueError`` naming ``owner``."""
-    if lr is None:  # Knob.check lets None through (it means "dense" for a knob); here it is a mistake
+    if lr is None:  # ScheduledParameter.check lets None ("dense") through; here it is a mistake
         raise TypeError(f"{owner}: lr must be {LEARNING_RATE.describe_range()} (the optimizer's learning "
                         f"rate), got None")
     return LEARNING_RATE.check(lr, owner)
@@ -22,29 +22,17 @@ def check_learning_rate(lr: Any, owner: str) -> float:
 
 class EFSignSGDMemory(Residual):
     """The error feedback of EF-signSGD (Karimireddy et al. 2019, Algorithm 1; GRACE's
-    ``EFSignSGDMemory``), kept per tensor in units of parameter updates.
-
-    With ``C``/``D`` the compressor, ``g_t`` this rank's gradient and ``e_0 = 0``:
+    ``EFSignSGDMemory``), per tensor in units of parameter updates
+    (docs/DESIGN.md#ef-signsgd-learning-rate). With ``e_0 = 0``:
 
         p_t      = lr * g_t + e_t                  (compensate)
         e_{t+1}  = p_t - D(C(p_t))                 (update, as Residual)
-        applied  = aggregate_r D(C(p_t)) / lr      (aggregated)
+        applied  = aggregate_r D(C(p_t)) / lr      (aggregated, on every route)
 
-    ``aggregate`` is the mean over ranks (the sum with ``op=hvd.Sum``), so an SGD optimizer with
-    learning rate ``lr`` moves the parameters by exactly the mean of the ranks' compressed steps
-    ``D(C(p_t))``, the update of EF-signSGD. ``lr`` must be the optimizer's learning rate; if the
-    optimizer's is ``lr'``, the step is scaled by ``lr' / lr``.
-
-    Why ``lr`` inside the memory: the error is what the parameters should have moved but did not,
-    so it stays meaningful when the learning rate changes between runs (a checkpoint saves the
-    error, not ``lr``). For a fixed ``lr`` and a positively homogeneous compressor (scaled sign:
-    ``C(lr * x) = lr * C(x)``) this equals ``Residual`` on the gradient itself, up to rounding.
-
-    Dividing the aggregate here rather than in the compressor keeps the conversion route-independent:
-    a tensor sent dense (``lr * g + e`` through an allreduce) comes back as ``g + e / lr`` too.
-    Half precision: ``lr * g`` is formed in the gradient's dtype, so fp16 flushes ``|lr * g|`` below
-    ``6e-8`` to zero; prefer fp32 or bf16 gradients.
-    """
+    so SGD with learning rate ``lr`` moves the parameters by exactly the mean (``hvd.Sum``: the sum)
+    of the ranks' steps ``D(C(p_t))``. ``lr`` must be the optimizer's: with ``lr'`` the step scales
+    by ``lr' / lr``. ``lr * g`` is formed in the gradient's dtype, so fp16 flushes ``|lr * g|`` below
+    ``6e-8`` to zero; prefer fp32 or bf16 gradients."""
 
     def __init__(self, lr: float) -> None:
         super().__init__()

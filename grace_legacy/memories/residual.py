@@ -7,35 +7,27 @@ from typing import Any
 import torch
 
 from grace_legacy.core.compressor import Compressor, Payload
-from grace_legacy.core.journal import StepJournal
 from grace_legacy.core.memory import Memory
+from grace_legacy.core.state import UndoLog
 
 
 class Residual(Memory):
-    """Error feedback (Seide et al. 2014; Karimireddy et al. 2019), one residual per tensor.
-
-    With ``C``/``D`` the compressor and ``e_0 = 0``:
+    """Error feedback (Seide et al. 2014; Karimireddy et al. 2019), one residual per tensor. With
+    ``e_0 = 0``:
 
         sent_t   = C(g_t + e_t)
         e_{t+1}  = (g_t + e_t) - D(sent_t)
 
-    so what compression dropped at one step is added to the next step's gradient, and
-    ``D(sent_t) + e_{t+1} == g_t + e_t`` holds exactly whenever ``D(sent_t)`` equals the
-    compensated gradient on the entries it keeps (sparsifiers).
-
-    For a compressor that ``sends_entries`` (Top-k, Random-k, Threshold) ``D(sent_t)`` is
-    ``g_t + e_t`` on the sent entries and zero elsewhere, so ``e_{t+1}`` is ``g_t + e_t`` with the
-    sent entries zeroed: the compensated tensor is kept and zeroed there in place, with no dense
-    decompression, subtraction or new allocation. It equals the subtraction bit for bit on finite
-    entries (``x - 0`` is ``x``, ``x - x`` is ``+0``); a sent inf or NaN leaves 0 where the
-    subtraction would leave NaN, in a step that is flagged non-finite anyway.
-    """
+    so what compression dropped is added to the next step's gradient. For a compressor that
+    ``sends_entries``, ``e_{t+1}`` is the compensated tensor with the sent entries zeroed in place
+    (docs/DESIGN.md#error-feedback-in-place): bit for bit the subtraction on finite entries; a sent
+    inf or NaN leaves 0 there, in a step flagged non-finite anyway."""
 
     keeps_nonfinite = True  # g + e is non-finite wherever g is
 
     def __init__(self) -> None:
         self.residuals: dict[str, torch.Tensor] = {}
-        self._journal = StepJournal()
+        self.undo_log = UndoLog()
         # The g + e that compensate made this step, which no one else holds (see update).
         self._made: dict[str, torch.Tensor] = {}
 
@@ -47,10 +39,8 @@ class Residual(Memory):
         return compensated
 
     def compensate_into(self, tensor: torch.Tensor, name: str) -> torch.Tensor:
-        # g + e in g's storage: the add writes where it has just read, and no buffer of the
-        # gradient's size is allocated. The residual itself is not touched, so a rolled-back step
-        # still finds it as it was. A tensor object of its own over that storage: the caller may
-        # point its own (p.grad) elsewhere with set_() while this one stays the residual.
+        # g + e in g's storage; the residual is untouched (a rolled-back step finds it as it was),
+        # and the result is a tensor object of its own: the caller may set_() p.grad elsewhere.
         residual = self._residual_for(tensor, name)
         compensated = self._made[name] = tensor.detach()
         if residual is not None:
@@ -66,7 +56,7 @@ class Residual(Memory):
 
     def update(self, compensated: torch.Tensor, name: str, compressor: Compressor,
                payload: Payload, ctx: Any) -> None:
-        self._journal.remember(self.residuals, name)
+        self.undo_log.remember(self.residuals, name)
         made = self._made.pop(name, None)
         if compressor.lossless:
             self.residuals.pop(name, None)
@@ -79,8 +69,8 @@ class Residual(Memory):
             return
         self.residuals[name] = compensated - compressor.decompress(payload, ctx)
 
-    def commit(self) -> None:
-        super().commit()
+    def end_step(self, backend=None) -> None:
+        super().end_step(backend)
         self._made.clear()
 
     def state_dict(self) -> dict[str, Any]:

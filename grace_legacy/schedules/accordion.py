@@ -1,5 +1,4 @@
-"""Accordion: light compression in critical regimes, heavy otherwise, decided per tensor from the
-aggregated gradient (which every rank shares, so no communication is needed)."""
+"""Accordion: light compression in critical regimes, heavy otherwise, decided per tensor."""
 
 from __future__ import annotations
 
@@ -12,11 +11,11 @@ import torch
 
 from grace_legacy.core.backend import Backend
 from grace_legacy.core.compressor import Compressor
-from grace_legacy.core.cost import REFERENCE_SHAPE, bytes_sent
-from grace_legacy.core.journal import StepJournal
-from grace_legacy.core.validation import check_positive_int, checked_knob_value, positive_number
+from grace_legacy.core.state import UndoLog
+from grace_legacy.runtime.cost import REFERENCE_SHAPE, bytes_sent
+from grace_legacy.runtime.validation import check_positive_int, checked_value, positive_number
 from grace_legacy.schedules.accumulator import GradientAccumulator
-from grace_legacy.schedules.base import KnobSchedule
+from grace_legacy.schedules.base import Schedule
 from grace_legacy.schedules.history import (
     DEFAULT_HISTORY,
     bounded_records,
@@ -26,54 +25,34 @@ from grace_legacy.schedules.history import (
 )
 
 
-class Accordion(KnobSchedule):
-    """Accordion (Agarwal, Wang, Jiang, Zhang, Papailiopoulos, "Adaptive Gradient Communication
-    via Critical Learning Regime Identification", MLSys 2021): light compression in *critical
-    regimes*, heavy compression otherwise, decided per tensor.
+class Accordion(Schedule):
+    """Accordion (Agarwal et al., "Adaptive Gradient Communication via Critical Learning Regime
+    Identification", MLSys 2021): per tensor, ``low`` (light compression, more bytes: the paper's
+    ell_low) in critical regimes, ``high`` otherwise. Any parameter, either value may be ``None``
+    (dense); where the base predicts its bytes ``low`` must send at least as many as ``high``.
 
-    ``low`` and ``high`` are the paper's ell_low and ell_high: the knob values of *low*
-    compression (e.g. Top-k density 0.1, PowerSGD rank 4: more bytes) used in critical regimes,
-    and of *high* compression (density 0.01, rank 1) used otherwise. Steps are cut into intervals
-    of ``interval`` optimizer steps (the paper detects at epoch granularity: ``interval`` = one or
-    a few epochs' worth of steps, e.g. ``len(loader)``). For every tensor ``l``:
+    Steps are cut into intervals of ``interval`` optimizer steps (the paper: one or a few epochs,
+    e.g. ``len(loader)``). For every tensor ``l``, with L2 norms:
 
         Delta_l(k) = sum of the aggregated gradient of l over the steps of interval k
-        r_l(k)     = | ||Delta_l(k-1)|| - ||Delta_l(k)|| | / ||Delta_l(k-1)||       (L2 norms)
+        r_l(k)     = | ||Delta_l(k-1)|| - ||Delta_l(k)|| | / ||Delta_l(k-1)||
         critical in interval k + 1  <=>  k == 0, or ||Delta_l(k-1)|| == 0, or r_l(k) >= eta
 
-    so training starts critical (interval 0, and interval 1, for which there is nothing to compare
-    yet), and a tensor turns heavy once its accumulated gradient norm changes by less than ``eta``
-    (0.5 in the paper) from one interval to the next. A tensor with no finite observation in an
-    interval keeps its regime and its last norm.
-
-    Learning-rate drops: :meth:`notify_lr_drop` (or :meth:`set_lr` with a smaller rate than the
-    last one) makes every tensor critical from the next step until the end of the interval in
-    progress, i.e. for the whole next interval when called between intervals, as the reference
-    implementation does after a decay epoch; the boundary then decides as usual. Every rank must
-    be told at the same step (they all run the same learning-rate schedule).
-
-    Ranks agree without communication: the norms are of the *aggregated* gradient
-    (``observe(name, aggregated)``), which is the same on every rank; the reference
-    implementation instead measured rank 0's local gradient and broadcast its choice.
-    Observations holding an inf or NaN are ignored, and a skipped step's are rolled back. Memory:
-    one accumulated gradient per tensor (float32, float64 for float64 gradients), and the last
-    ``history`` knob changes per tensor and learning-rate drops for :attr:`stats` (``None`` keeps
-    every one, growing with the run).
-
-    Works with any knob: two values of it (either may be ``None``, dense). Where the base can
-    predict its bytes (Top-k, Random-k, DGC, QSGD, PowerSGD), ``low`` must send at least as many
-    as ``high``; for Threshold, ``low`` is the smaller threshold.
-    """
+    so intervals 0 and 1 are critical. A tensor without a finite observation in an interval keeps
+    its regime and its last norm. A learning-rate drop (:meth:`notify_lr_drop`, told to every rank at
+    the same step) makes every tensor critical until the interval in progress ends. Decided from the
+    aggregated gradient, the same on every rank (docs/DESIGN.md#adaptive-schedules); keeps one
+    accumulated gradient per tensor and the last ``history`` records (``None``: all)."""
 
     def __init__(self, base: Compressor, low: Any, high: Any, *, eta: float = 0.5, interval: int,
                  history: int | None = DEFAULT_HISTORY) -> None:
         super().__init__(base)
-        knob = base.knob
-        low = checked_knob_value(knob, low, "Accordion(low)")
-        high = checked_knob_value(knob, high, "Accordion(high)")
-        if low == high or (knob.is_dense(low) and knob.is_dense(high)):
+        parameter = base.parameter
+        low = checked_value(parameter, low, "Accordion(low)")
+        high = checked_value(parameter, high, "Accordion(high)")
+        if low == high or (parameter.is_dense(low) and parameter.is_dense(high)):
             raise ValueError(f"Accordion: low and high must differ (low={low!r}, high={high!r}); for one value "
-                             f"use {type(base).__name__}({knob.name}=...)")
+                             f"use {type(base).__name__}({parameter.name}=...)")
         light, heavy = self._predicted_bytes(low), self._predicted_bytes(high)
         if light is not None and heavy is not None and light < heavy:
             raise ValueError(f"Accordion: low={low!r} is the light compression of critical regimes and must send "
@@ -84,8 +63,8 @@ class Accordion(KnobSchedule):
         self.interval = check_positive_int(interval, "interval", "Accordion")
         self.history = check_history(history, "Accordion")
         self._configure([low, high])
-        self._journal = StepJournal()
-        self._accumulated = GradientAccumulator(self._journal)
+        self.undo_log = UndoLog()
+        self._accumulated = GradientAccumulator(self.undo_log)
         self._previous_norm: dict[str, float] = {}
         self._critical: dict[str, bool] = {}
         self._ratios: dict[str, float | None] = {}
@@ -96,7 +75,7 @@ class Accordion(KnobSchedule):
 
     def _predicted_bytes(self, value: Any) -> int | None:
         try:
-            return bytes_sent(self.concrete(value), REFERENCE_SHAPE, torch.float32)
+            return bytes_sent(self.configured(value), REFERENCE_SHAPE, torch.float32)
         except NotImplementedError:
             return None
 
@@ -114,10 +93,10 @@ class Accordion(KnobSchedule):
         return "lr-drop" if self.lr_drop_active else "normal"
 
     def value_of(self, name: str) -> Any:
-        """The knob value of tensor ``name`` for the step in progress."""
+        """The parameter value of tensor ``name`` for the step in progress."""
         return self.high if self.regime_of(name) == "normal" else self.low
 
-    def knob_for_tensor(self, tensor: torch.Tensor, name: str) -> Any:
+    def value_for(self, tensor: torch.Tensor, name: str) -> Any:
         return self.value_of(name)
 
     def traffic_labels(self, name: str, tensor: torch.Tensor) -> dict[str, Hashable]:

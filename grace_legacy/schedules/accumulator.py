@@ -6,8 +6,8 @@ from typing import Any
 
 import torch
 
-from grace_legacy.core.journal import StepJournal
-from grace_legacy.core.validation import nonfinite_flag
+from grace_legacy.core.state import UndoLog
+from grace_legacy.runtime.validation import nonfinite_flag
 
 
 def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -16,19 +16,19 @@ def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
 
 class GradientAccumulator:
     """The sum of each tensor's finite aggregated gradients since the last :meth:`clear`, kept out
-    of place so that a :class:`StepJournal` can undo one step's addition (a skipped step)."""
+    of place so that a :class:`UndoLog` can undo one step's addition (a skipped step)."""
 
-    def __init__(self, journal: StepJournal) -> None:
+    def __init__(self, undo_log: UndoLog) -> None:
         self.sums: dict[str, torch.Tensor] = {}
         self.counts: dict[str, int] = {}
-        self._journal = journal
+        self.undo_log = undo_log
 
     def add(self, name: str, aggregated: torch.Tensor) -> bool:
         """Add ``aggregated`` unless it holds an inf or NaN; return whether it was added."""
         if bool(nonfinite_flag(aggregated)):
             return False
-        self._journal.remember(self.sums, name)
-        self._journal.remember(self.counts, name)
+        self.undo_log.remember(self.sums, name)
+        self.undo_log.remember(self.counts, name)
         g = aggregated.detach().to(accumulation_dtype(aggregated.dtype))
         previous = self.sums.get(name)
         # A copy the first time: the optimizer may later scale or NaN-fill the gradient in place.

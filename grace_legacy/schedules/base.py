@@ -1,19 +1,4 @@
-"""What every schedule of a compressor's knob shares: LEGACY's fixed tables and the adaptive
-schedules (DGC warm-up, Accordion, L-GreCo) alike.
-
-A :class:`KnobSchedule` wraps a compressor built without its knob (``TopK()``, ``QSGD()``,
-``PowerSGD()``) and, for each tensor at each step, names the knob value to use
-(:meth:`KnobSchedule.knob_for_tensor`). It keeps one configured copy of the base per value
-(``base.with_knob(value)``), so a step costs a dictionary lookup, and every copy shares the
-base's per-tensor state (step counters, generators, PowerSGD's warm start): a change of knob
-does not reset it. A value the knob calls dense (``None``, density ``1.0``) sends the tensor
-uncompressed through a plain allreduce. The configured base has the last word: PowerSGD, say,
-still sends a 1-D tensor dense.
-
-Progress is counted as LEGACY counts it: the epoch given to :meth:`KnobSchedule.set_epoch`, or,
-with ``steps_per_epoch=N``, the optimizer steps counted by :meth:`KnobSchedule.end_step` divided
-by ``N`` (``hvd.DistributedOptimizer`` calls it after every synchronization).
-"""
+"""What every schedule of a compressor's parameter shares (the contract: docs/IMPLEMENTING.md)."""
 
 from __future__ import annotations
 
@@ -26,27 +11,30 @@ import torch
 
 from grace_legacy.core.backend import Backend
 from grace_legacy.core.compressor import Compressor, Payload
-from grace_legacy.core.validation import ArgumentTypeError, check_gradient, check_positive_int, is_int
+from grace_legacy.runtime.validation import ArgumentTypeError, check_gradient, check_positive_int, is_int
 
 
-class KnobSchedule(Compressor):
-    """Base class of compressors that set ``base``'s knob per tensor and step.
+class Schedule(Compressor):
+    """Wraps a compressor built without its parameter (``TopK()``) and sets the parameter per tensor
+    and step: :meth:`value_for`, which subclasses implement, names the value. One configured copy of
+    the base per value, sharing the base's per-tensor state (step counters, generators, warm starts),
+    so a change of value resets nothing (docs/DESIGN.md#legacy-lookup). A dense value (``None``,
+    density ``1.0``) sends the tensor uncompressed; otherwise the configured base decides (PowerSGD
+    still sends a 1-D tensor dense), and everything about payloads is the base's.
 
-    Subclasses implement :meth:`knob_for_tensor` (the value for one tensor now) and may add
-    labels to the byte accounting (:meth:`traffic_labels`). Everything about payloads (additive
-    or gathered, rounds, support for DGC's masking, the recommended memory) is the base's.
-    """
+    Progress: the epoch given to :meth:`set_epoch`, or with ``steps_per_epoch=N`` the optimizer
+    steps counted by :meth:`end_step` (after every synchronization) divided by ``N``."""
 
     def __init__(self, base: Compressor, *, steps_per_epoch: int | None = None) -> None:
         super().__init__()
         owner = type(self).__name__
-        if not isinstance(base, Compressor) or isinstance(base, KnobSchedule):
+        if not isinstance(base, Compressor) or isinstance(base, Schedule):
             raise ArgumentTypeError(f"{owner}: base must be a grace_legacy compressor (not a Legacy or another "
                             f"schedule), got {base!r}")
-        if base.knob is None:
+        if base.parameter is None:
             raise ValueError(f"{owner}: {type(base).__name__} has no parameter to schedule")
-        if base.knob_value is not None:
-            raise ValueError(f"{owner}: the base's {base.knob.name}={base.knob_value!r} would be ignored; build it "
+        if base.value is not None:
+            raise ValueError(f"{owner}: the base's {base.parameter.name}={base.value!r} would be ignored; build it "
                              f"without one ({type(base).__name__}()) and give the values to {owner}")
         self.base = base
         self.steps_per_epoch = None if steps_per_epoch is None else check_positive_int(
@@ -58,12 +46,12 @@ class KnobSchedule(Compressor):
     def _configure(self, values: Iterable[Any]) -> None:
         """Build the configured copy of every non-dense value in ``values`` (once each)."""
         for value in values:
-            if not self.base.knob.is_dense(value) and value not in self._configured:
-                self._configured[value] = self.base.with_knob(value)
+            if not self.base.parameter.is_dense(value) and value not in self._configured:
+                self._configured[value] = self.base.with_value(value)
 
-    def concrete(self, value: Any) -> Compressor | None:
+    def configured(self, value: Any) -> Compressor | None:
         """The configured base for ``value``; ``None`` where the value means dense."""
-        if self.base.knob.is_dense(value):
+        if self.base.parameter.is_dense(value):
             return None
         configured = self._configured.get(value)
         if configured is None:
@@ -72,8 +60,12 @@ class KnobSchedule(Compressor):
         return configured
 
     @abstractmethod
-    def knob_for_tensor(self, tensor: torch.Tensor, name: str) -> Any:
-        """The knob value for ``tensor`` (named ``name``) now. Must be the same on every rank."""
+    def value_for(self, tensor: torch.Tensor, name: str) -> Any:
+        """The parameter value for ``tensor`` (named ``name``) now. Must be the same on every rank."""
+
+    def observe(self, name: str, aggregated: torch.Tensor) -> None:  # noqa: B027 (optional hook)
+        """The aggregated gradient of ``name`` this step, the same on every rank (adaptive schedules
+        decide from it)."""
 
     def traffic_labels(self, name: str, tensor: torch.Tensor) -> dict[str, Hashable]:
         """Labels under which :attr:`stats` breaks this tensor's bytes down (none by default)."""
@@ -81,8 +73,8 @@ class KnobSchedule(Compressor):
 
     # -- what the base decides about payloads ---------------------------------------------------
     @property
-    def knob(self):  # type: ignore[override]
-        return self.base.knob
+    def parameter(self):  # type: ignore[override]
+        return self.base.parameter
 
     @property
     def additive(self) -> bool:  # type: ignore[override]
@@ -117,8 +109,8 @@ class KnobSchedule(Compressor):
         for configured in self._configured.values():
             configured.set_rank(rank)
 
-    def with_knob(self, value: Any) -> Compressor:
-        raise ValueError(f"{type(self).__name__} sets its base's knob itself; change its arguments instead")
+    def with_value(self, value: Any) -> Compressor:
+        raise ValueError(f"{type(self).__name__} sets its base's parameter itself; change its arguments instead")
 
     def recommended_memory(self):
         return self.base.recommended_memory()
@@ -127,13 +119,9 @@ class KnobSchedule(Compressor):
         self.base.check_memory(memory)
 
     # Configured copies share the base's per-tensor state, so the base speaks for them all.
-    def rollback(self, name: str) -> None:
-        super().rollback(name)
-        self.base.rollback(name)
-
-    def commit(self) -> None:
-        super().commit()
-        self.base.commit()
+    def undo(self, name: str) -> None:
+        super().undo(name)
+        self.base.undo(name)
 
     # -- progress -------------------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
@@ -146,6 +134,8 @@ class KnobSchedule(Compressor):
 
     def end_step(self, backend: Backend | None = None) -> None:
         """Count one optimizer step (called by the distributed optimizer after synchronizing)."""
+        super().end_step(backend)
+        self.base.end_step()
         self.steps += 1
         if self.steps_per_epoch is not None:
             self.epoch = self.steps // self.steps_per_epoch
@@ -158,14 +148,14 @@ class KnobSchedule(Compressor):
         return Fraction(self.epoch)
 
     # -- encoding -------------------------------------------------------------------------------
-    def resolve(self, tensor: torch.Tensor, name: str) -> Compressor | None:
-        chosen = self.concrete(self.knob_for_tensor(tensor, name))
-        return None if chosen is None else chosen.resolve(tensor, name)
+    def compressor_for(self, tensor: torch.Tensor, name: str) -> Compressor | None:
+        chosen = self.configured(self.value_for(tensor, name))
+        return None if chosen is None else chosen.compressor_for(tensor, name)
 
     def compress(self, tensor: torch.Tensor, name: str) -> tuple[Payload, Any]:
         # Here too, not only in the base: a dense value would pass any tensor through unchecked.
         check_gradient(tensor, type(self).__name__)
-        concrete = self.resolve(tensor, name)
+        concrete = self.compressor_for(tensor, name)
         if concrete is None:
             return [tensor], (None, None)
         payload, ctx = concrete.compress(tensor, name)
@@ -185,17 +175,13 @@ class KnobSchedule(Compressor):
         concrete, inner = ctx
         return None if concrete is None else concrete.scatter_context(inner)
 
-    # -- bookkeeping ----------------------------------------------------------------------------
-    def record_traffic(self, name: str, tensor: torch.Tensor, sent_bytes: int, route: str) -> None:
-        self._traffic.record(dense_bytes=tensor.numel() * tensor.element_size(), sent_bytes=sent_bytes,
-                             route=route, labels=self.traffic_labels(name, tensor))
-
+    # -- checkpoints ----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "epoch": self.epoch, "optimizer_steps": self.steps,
                 "base": self.base.state_dict()}
 
     def rejoin_state(self, shared: dict[str, Any], own: dict[str, Any]) -> dict[str, Any]:
-        # Progress and decisions are rank 0's (every rank must pick the same knob); the base
+        # Progress and decisions are rank 0's (every rank must pick the same parameter); the base
         # decides what of its own state is per rank.
         return {**super().rejoin_state(shared, own), "base": self.base.rejoin_state(shared["base"], own["base"])}
 

@@ -1,4 +1,4 @@
-"""DGC's warm-up: the knob moves exponentially from dense to its target over the first epochs."""
+"""DGC's warm-up: the parameter moves exponentially from dense to its target over the first epochs."""
 
 from __future__ import annotations
 
@@ -10,55 +10,52 @@ from typing import Any
 import torch
 
 from grace_legacy.core.compressor import Compressor
-from grace_legacy.core.validation import checked_knob_value, is_int, positive_number
-from grace_legacy.schedules.base import KnobSchedule
+from grace_legacy.runtime.validation import ArgumentTypeError, checked_value, is_int, positive_number
+from grace_legacy.schedules.base import Schedule
+
+#: The longest warm-up. Each warm-up epoch has its own value and configured copy of the base, all
+#: built at construction, so a count in the millions would stall there and hold as many copies.
+MAX_WARMUP_EPOCHS = 10_000
 
 
-class DGCWarmup(KnobSchedule):
-    """Deep Gradient Compression's warm-up training (Lin, Han, Mao, Wang and Dally, ICLR 2018):
-    the knob moves exponentially from ``start`` to ``target`` over the first ``warmup_epochs``
-    epochs, then stays at ``target``. For epoch ``e`` (0-based) and ``W = warmup_epochs``:
+class DGCWarmup(Schedule):
+    """Deep Gradient Compression's warm-up (Lin, Han, Mao, Wang and Dally, ICLR 2018): for epoch
+    ``e`` (0-based, the whole epochs of the progress) and ``W = warmup_epochs``,
 
         value(e) = start * c ** (e + 1)      for e < W, clamped so that it never passes target
         value(e) = target                    for e >= W
         c        = (target / start) ** (1 / (W + 1))     unless coeff= gives c
 
-    With a density knob (Top-k, Random-k, DGC) ``start`` defaults to ``1.0`` (dense), so the
-    default is the DGC reference implementation's ``max(target ** ((e + 1) / (W + 1)), target)``.
-    The paper's sequence for ``target=0.001``, "25%, 6.25%, 1.5625%, 0.4%, then 0.1%", is
-    ``coeff=0.25``: ``0.25, 0.0625, 0.015625, 0.00390625, 0.001``.
-
-    Any knob whose values are positive works: integer knobs (QSGD's ``levels``, PowerSGD's
-    ``rank``) are rounded to the nearest integer and need an explicit ``start`` (e.g.
-    ``DGCWarmup(QSGD(), target=4, start=256)``: 111, 49, 21, 9, then 4 levels); so does
-    Threshold, whose threshold then *grows* towards ``target``.
-
-    Progress as in :class:`~grace_legacy.Legacy`: the epoch given to :meth:`set_epoch`, or, with
-    ``steps_per_epoch``, ``floor(steps / steps_per_epoch)`` of the optimizer steps counted by
-    :meth:`end_step`. The same on every rank, so no communication is needed.
-    """
+    ``start`` defaults to a density's dense ``1.0``, giving the DGC reference's
+    ``max(target ** ((e + 1) / (W + 1)), target)``; the paper's "25%, 6.25%, 1.5625%, 0.4%, then
+    0.1%" is ``coeff=0.25``. Integer parameters are rounded to the nearest integer and need a
+    ``start`` (``DGCWarmup(QSGD(), target=4, start=256)``: 111, 49, 21, 9, then 4 levels), as does
+    Threshold, whose threshold then grows towards ``target``."""
 
     def __init__(self, base: Compressor, target: Any, warmup_epochs: int = 4, *, start: Any = None,
                  coeff: float | None = None, steps_per_epoch: int | None = None) -> None:
         super().__init__(base, steps_per_epoch=steps_per_epoch)
-        knob = base.knob
-        target = checked_knob_value(knob, target, "DGCWarmup(target)")
-        if target is None or knob.is_dense(target):
+        parameter = base.parameter
+        target = checked_value(parameter, target, "DGCWarmup(target)")
+        if target is None or parameter.is_dense(target):
             raise ValueError(f"DGCWarmup: target must be a value that compresses, got {target!r}")
         if start is None:
-            if not isinstance(knob.dense, numbers.Real):
-                raise ValueError(f"DGCWarmup: start is needed for {type(base).__name__}'s {knob.name} (it has no "
+            if not isinstance(parameter.dense, numbers.Real):
+                raise ValueError(f"DGCWarmup: start is needed for {type(base).__name__}'s {parameter.name} (it has no "
                                  f"dense value to start from); e.g. DGCWarmup({type(base).__name__}(), target="
                                  f"{target!r}, start=...)")
-            start = knob.dense
-        start = checked_knob_value(knob, start, "DGCWarmup(start)")
+            start = parameter.dense
+        start = checked_value(parameter, start, "DGCWarmup(start)")
         if start is None:
             raise ValueError("DGCWarmup: start must be a number")
         for argument, value in (("target", target), ("start", start)):
             if not value > 0:
                 raise ValueError(f"DGCWarmup: {argument} must be > 0 (the warm-up is geometric), got {value!r}")
-        if not is_int(warmup_epochs) or warmup_epochs < 0:
-            raise ValueError(f"DGCWarmup: warmup_epochs must be a non-negative integer, got {warmup_epochs!r}")
+        accepted = f"DGCWarmup: warmup_epochs must be an integer in [0, {MAX_WARMUP_EPOCHS}], got {warmup_epochs!r}"
+        if not isinstance(warmup_epochs, numbers.Real) or isinstance(warmup_epochs, (bool, torch.Tensor)):
+            raise ArgumentTypeError(f"{accepted} of type {type(warmup_epochs).__name__}")
+        if not is_int(warmup_epochs) or not 0 <= warmup_epochs <= MAX_WARMUP_EPOCHS:
+            raise ValueError(accepted)
         if coeff is not None:
             coeff = positive_number(coeff, "coeff", "DGCWarmup")
             if (target < start and not coeff < 1) or (target > start and not coeff > 1):
@@ -75,19 +72,19 @@ class DGCWarmup(KnobSchedule):
         else:
             value = self.start * self.coeff ** (epoch + 1)
         value = min(high, max(low, value))
-        if self.base.knob.integer:
+        if self.base.parameter.integer:
             value = min(high, max(low, math.floor(value + 0.5)))
-        return self.base.knob.check(value, "DGCWarmup")
+        return self.base.parameter.check(value, "DGCWarmup")
 
     def phase_of(self, epoch: int) -> int:
         """Index into :attr:`values` at ``epoch``: the epoch itself during the warm-up, then ``W``."""
         return min(int(epoch), self.warmup_epochs)
 
     def knob_at(self, epoch: int) -> Any:
-        """The knob value at epoch ``epoch``."""
+        """The parameter value at epoch ``epoch``."""
         return self.values[self.phase_of(epoch)]
 
-    def knob_for_tensor(self, tensor: torch.Tensor, name: str) -> Any:
+    def value_for(self, tensor: torch.Tensor, name: str) -> Any:
         return self.knob_at(math.floor(self.progress))
 
     def traffic_labels(self, name: str, tensor: torch.Tensor) -> dict[str, Hashable]:

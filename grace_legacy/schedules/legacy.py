@@ -1,30 +1,10 @@
-"""LEGACY: set any compressor's parameter from the layer's size and the training phase.
-
-``Legacy(base, by=..., values=...)`` wraps a compressor built without its knob (``TopK()``,
-``QSGD()``, ``PowerSGD()``) and, for every tensor at every step, picks the knob from a table:
-
-* ``by="layer"``: ``splits = [s_0 < s_1 < ...]`` cut tensors into size groups. A tensor of ``n``
-  elements is in group ``i``, the first with ``n < s_i`` (the last group if none), and uses
-  ``values[i]``; ``len(values) == len(splits) + 1``.
-* ``by="epoch"``: ``P = len(values)`` phases. With ``epochs = E`` they are equal: progress ``e``
-  (in epochs) is in phase ``i``, the first with ``e < (i + 1) * E / P`` (the last if none). With
-  ``boundaries = [b_0 < b_1 < ...]`` (``P - 1`` of them) phase ``i`` is the first with ``e < b_i``.
-* ``by="both"``: ``values`` is a ``P x G`` table, one row per phase, one column per size group.
-
-A value of ``None``, or the knob's own "dense" value (density ``1.0``), sends the tensor
-uncompressed through a plain allreduce. The choice depends only on the tensor's size and on
-training progress, which every rank shares, so every rank picks the same knob with no
-communication and no computation beyond a table lookup.
-
-Progress is the epoch given to :meth:`Legacy.set_epoch` (as with ``DistributedSampler``), or,
-with ``steps_per_epoch=N``, the optimizer steps counted by :meth:`Legacy.end_step` divided by
-``N`` (``hvd.DistributedOptimizer`` calls it after every synchronization).
-"""
+"""LEGACY: set any compressor's parameter from the layer's size and the training phase."""
 
 from __future__ import annotations
 
 import bisect
 import math
+import warnings
 from collections.abc import Sequence
 from fractions import Fraction
 from typing import Any
@@ -32,39 +12,29 @@ from typing import Any
 import torch
 
 from grace_legacy.core.compressor import Compressor
-from grace_legacy.core.validation import check_positive_int, is_int
-from grace_legacy.schedules.base import KnobSchedule
-from grace_legacy.schedules.budget import budget_matched
-from grace_legacy.schedules.flags import from_flags, to_flags
+from grace_legacy.runtime.validation import ArgumentTypeError, check_increasing_positive_ints, check_positive_int
+from grace_legacy.schedules.base import Schedule
+from grace_legacy.schedules.budget import budget_matched as match_budget
+from grace_legacy.schedules.flags import MODES, format_flags, parse_flags
 
 
-def _check_increasing_positive(values: Any, argument: str) -> list[int]:
-    if not isinstance(values, Sequence) or isinstance(values, str):
-        raise TypeError(f"Legacy: {argument} must be a list of integers, got {values!r}")
-    if not all(is_int(v) for v in values):
-        raise TypeError(f"Legacy: {argument} must be a list of integers, got {list(values)!r}")
-    values = [int(v) for v in values]
-    if any(v <= 0 for v in values) or any(b <= a for a, b in zip(values, values[1:], strict=False)):
-        raise ValueError(f"Legacy: {argument} must be strictly increasing positive integers, got {values}")
-    return values
+class Legacy(Schedule):
+    """Schedules ``base``'s parameter (``base`` built without it: ``TopK()``) by a table:
 
+    * ``by="layer"``: ``splits = [s_0 < s_1 < ...]`` (elements) cut tensors into size groups; a
+      tensor of ``n`` elements is in group ``i``, the first with ``n < s_i`` (the last if none), and
+      uses ``values[i]``; ``len(values) == len(splits) + 1``.
+    * ``by="epoch"``: ``P = len(values)`` phases. With ``epochs = E`` they are equal: progress ``e``
+      is in phase ``i``, the first with ``e < (i + 1) * E / P`` (the last if none); with ``P - 1``
+      increasing ``boundaries``, the first with ``e < b_i``.
+    * ``by="both"``: ``values`` is a ``P x G`` table, one row per phase, one column per size group.
 
-class Legacy(KnobSchedule):
-    """Wraps ``base`` and schedules its knob by layer size (``by="layer"``), training phase
-    (``by="epoch"``) or both (``by="both"``); see the module docstring for the rules.
-
-    Args:
-        base: a compressor with a knob, built without a value for it (``TopK()``).
-        by: ``"layer"``, ``"epoch"`` or ``"both"``.
-        values: the knob values: a list (``layer``: one per size group; ``epoch``: one per phase)
-            or, for ``both``, a list of rows (one per phase) of one value per size group.
-        splits: size-group thresholds in elements (``layer``/``both``).
-        epochs: total training epochs, for equal phases (``epoch``/``both``).
-        boundaries: explicit phase starts in epochs, instead of equal phases.
-        steps_per_epoch: count optimizer steps for progress, so ``set_epoch`` is optional.
+    ``None`` or the parameter's dense value (density ``1.0``) sends a tensor uncompressed. The choice
+    depends only on the size and the progress (:class:`~grace_legacy.schedules.base.Schedule`), which
+    every rank shares: no communication, a table lookup per tensor.
     """
 
-    MODES = ("layer", "epoch", "both")
+    MODES = MODES
 
     def __init__(self, base: Compressor, by: str, values: Sequence[Any], *, splits: Sequence[int] | None = None,
                  epochs: int | None = None, boundaries: Sequence[int] | None = None,
@@ -75,18 +45,20 @@ class Legacy(KnobSchedule):
         by_layer, by_phase = by in ("layer", "both"), by in ("epoch", "both")
 
         if by_layer:
-            self.splits = _check_increasing_positive([] if splits is None else splits, "splits")
+            self.splits = check_increasing_positive_ints([] if splits is None else splits, "splits", "Legacy")
         elif splits is not None:
             raise ValueError(f"Legacy: splits is only used with by='layer' or by='both', not by={by!r}")
         else:
             self.splits = []
 
-        if not isinstance(values, Sequence) or isinstance(values, str) or not values:
+        if not isinstance(values, Sequence) or isinstance(values, str):
+            raise ArgumentTypeError(f"Legacy: values must be a non-empty list, got {values!r}")
+        if not values:
             raise ValueError(f"Legacy: values must be a non-empty list, got {values!r}")
         if by == "both":
             rows = list(values)
             if not all(isinstance(r, Sequence) and not isinstance(r, str) for r in rows):
-                raise ValueError("Legacy: by='both' needs values as a list of rows (one per phase), "
+                raise ArgumentTypeError("Legacy: by='both' needs values as a list of rows (one per phase), "
                                  "each a list of one value per size group")
         elif by == "layer":
             rows = [list(values)]
@@ -101,7 +73,7 @@ class Legacy(KnobSchedule):
         def where(p: int, g: int) -> str:
             return {"both": f"values[{p}][{g}]", "layer": f"values[{g}]", "epoch": f"values[{p}]"}[by]
 
-        self.table: list[list[Any]] = [[base.knob.check(v, f"Legacy({where(p, g)})") for g, v in enumerate(row)]
+        self.table: list[list[Any]] = [[base.parameter.check(v, f"Legacy({where(p, g)})") for g, v in enumerate(row)]
                                        for p, row in enumerate(rows)]
         self.phases = len(self.table)
 
@@ -111,7 +83,7 @@ class Legacy(KnobSchedule):
                                  f"or boundaries (the epochs at which each phase after the first starts)")
             self.epochs = None if epochs is None else check_positive_int(epochs, "epochs", "Legacy")
             if boundaries is not None:
-                self.boundaries = _check_increasing_positive(boundaries, "boundaries")
+                self.boundaries = check_increasing_positive_ints(boundaries, "boundaries", "Legacy")
                 if len(self.boundaries) != self.phases - 1:
                     raise ValueError(f"Legacy: boundaries needs one entry per phase after the first: "
                                      f"{self.phases - 1} for {self.phases} phases, got {len(self.boundaries)}")
@@ -132,8 +104,8 @@ class Legacy(KnobSchedule):
         self._phase_now: tuple[tuple[int, int], int] | None = None
         self._group_by_numel: dict[int, int] = {}
 
-    def with_knob(self, value: Any) -> Compressor:
-        raise ValueError("Legacy sets its base's knob itself; change values= instead")
+    def with_value(self, value: Any) -> Compressor:
+        raise ValueError("Legacy sets its base's parameter itself; change values= instead")
 
     # -- the rules ------------------------------------------------------------------------------
     def group_of(self, numel: int) -> int:
@@ -162,15 +134,16 @@ class Legacy(KnobSchedule):
             group = self._group_by_numel[numel] = self.group_of(numel)
         return group
 
-    def knob_for(self, numel: int, progress: Fraction | int | None = None) -> Any:
-        """The knob value for a tensor of ``numel`` elements at ``progress`` (default: now)."""
+    def value_at(self, numel: int, progress: Fraction | int | None = None) -> Any:
+        """The parameter value for a tensor of ``numel`` elements at ``progress`` (default: now)."""
         phase = self.phase_of(self.progress if progress is None else progress)
         return self.table[phase][self.group_of(numel)]
 
-    def _concrete(self, phase: int, group: int) -> Compressor | None:
-        return self.concrete(self.table[phase][group])
+    def configured_at(self, phase: int, group: int) -> Compressor | None:
+        """The configured base for size group ``group`` in phase ``phase``; ``None`` where dense."""
+        return self.configured(self.table[phase][group])
 
-    def knob_for_tensor(self, tensor: torch.Tensor, name: str) -> Any:
+    def value_for(self, tensor: torch.Tensor, name: str) -> Any:
         return self.table[self.current_phase()][self._group_of_numel(tensor.numel())]
 
     def traffic_labels(self, name: str, tensor: torch.Tensor) -> dict[str, Any]:
@@ -196,10 +169,33 @@ class Legacy(KnobSchedule):
             parts.append(f"steps_per_epoch={self.steps_per_epoch}")
         return f"Legacy({', '.join(parts)})"
 
-    # -- other ways to build one (each in its own module; the functions take the class first) ----
-    from_strings = classmethod(from_flags)
-    to_strings = to_flags
-    budget_matched = classmethod(budget_matched)
+    # -- other ways to build one ------------------------------------------------------------------
+    @classmethod
+    def from_flags(cls, base: Compressor, by: str, group_compressions: str, group_splits: str = "",
+                   epochs: int | None = None, **kwargs: Any) -> Legacy:
+        """The schedule the reference implementation's flags describe (read as
+        :func:`~grace_legacy.schedules.flags.parse_flags` documents); ``kwargs`` go to :class:`Legacy`."""
+        mode, values, options = parse_flags(base, by, group_compressions, group_splits, epochs)
+        return cls(base, mode, values, **options, **kwargs)
+
+    @classmethod
+    def from_strings(cls, *args: Any, **kwargs: Any) -> Legacy:
+        """The name :meth:`from_flags` had in earlier releases."""
+        warnings.warn("Legacy.from_strings is called Legacy.from_flags now", DeprecationWarning, stacklevel=2)
+        return cls.from_flags(*args, **kwargs)
+
+    def to_flags(self) -> dict[str, Any]:
+        """This schedule's reference flags: ``Legacy.from_flags(base, **schedule.to_flags())`` rebuilds it."""
+        return format_flags(self.base.parameter.name == "ratio", self.by, self.table, self.splits, self.epochs)
+
+    @classmethod
+    def budget_matched(cls, base: Compressor, target: Any, *, by: str, **options: Any) -> Legacy:
+        """A schedule of a given shape that sends as many bytes over the run as ``base`` at the
+        uniform value ``target`` (:func:`grace_legacy.schedules.budget.budget_matched`, with its
+        keyword arguments)."""
+        if by not in cls.MODES:
+            raise ValueError(f"Legacy.budget_matched: by must be one of {cls.MODES}, got {by!r}")
+        return match_budget(cls, base, target, by=by, **options)
 
     def phase_weights(self) -> list[float]:
         """Each phase's share of the run (equal phases, or from ``boundaries`` and ``epochs``)."""

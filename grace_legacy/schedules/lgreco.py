@@ -1,6 +1,4 @@
-"""L-GreCo: a knob per tensor, chosen by a dynamic program over measured compression errors to send
-as few bytes as possible for no more error than a uniform setting. Rank 0 measures and solves,
-and broadcasts its choices, so ranks agree whatever each one measured."""
+"""L-GreCo: a parameter per tensor, chosen by a dynamic program over measured compression errors."""
 
 from __future__ import annotations
 
@@ -16,11 +14,11 @@ import torch
 
 from grace_legacy.core.backend import Backend
 from grace_legacy.core.compressor import Compressor
-from grace_legacy.core.cost import REFERENCE_SHAPE, bytes_sent
-from grace_legacy.core.journal import StepJournal
-from grace_legacy.core.validation import check_positive_int, checked_knob_value, is_int, positive_number
+from grace_legacy.core.state import UndoLog
+from grace_legacy.runtime.cost import REFERENCE_SHAPE, bytes_sent
+from grace_legacy.runtime.validation import check_positive_int, checked_value, is_int, positive_number
 from grace_legacy.schedules.accumulator import GradientAccumulator
-from grace_legacy.schedules.base import KnobSchedule
+from grace_legacy.schedules.base import Schedule
 from grace_legacy.schedules.history import (
     DEFAULT_HISTORY,
     bounded_records,
@@ -30,35 +28,27 @@ from grace_legacy.schedules.history import (
     shown_value,
 )
 
+#: The most error buckets: the program keeps a choice per bucket and tensor (``resolution + 1``
+#: int32 each), so a count far beyond this would exhaust memory at the first solve, not fail here.
+MAX_RESOLUTION = 10**6
+
 
 def choose_layerwise(errors: Sequence[Sequence[float]], sizes: Sequence[Sequence[int]], budget: float,
                      resolution: int = 1000) -> list[int] | None:
     """L-GreCo's dynamic program: one choice ``c_l`` per layer minimising ``sum_l sizes[l][c_l]``
-    subject to ``sum_l errors[l][c_l] <= budget``; ``None`` if no assignment is found feasible.
+    subject to ``sum_l errors[l][c_l] <= budget``; ``None`` if none is found feasible. Errors must be
+    finite and >= 0, sizes >= 0 (``ValueError`` otherwise).
 
-    The errors are discretized in units of ``delta = budget / resolution``, rounded *up*:
-    ``q_l(c) = ceil(errors[l][c] / delta)`` (in exact rational arithmetic), and the program keeps,
-    for every ``b = 0 .. resolution``,
+    With ``delta = budget / resolution`` and ``q_l(c) = ceil(errors[l][c] / delta)`` (exact rational
+    arithmetic), for every ``b = 0 .. resolution``:
 
         best_l(b) = min over c of  sizes[l][c] + best_{l-1}(b - q_l(c)),    best_0(b) = 0
 
-    the smallest total size of layers ``1..l`` with ``sum q <= b``; the answer is
-    ``best_L(resolution)``, traced back through the recorded choices. Among assignments of equal
-    size it keeps the one with the smallest ``sum q`` (then the earlier choice), so that values
-    costing the same bytes (QSGD's levels within one integer width) resolve to the most accurate.
-    Time ``O(L * C * resolution)`` (vectorized over ``b``), memory ``O(L * resolution)``.
-
-    What the discretization costs, with ``L`` layers:
-
-    * the constraint holds exactly: ``sum e <= delta * sum q <= delta * resolution = budget``;
-    * the total size is at most the true optimum under the tighter budget ``budget * (1 - L /
-      resolution)``: that optimum's ``sum q <= sum (e / delta + 1) <= resolution``, so the
-      program considers it. Assignments whose error lies within ``L * delta`` of the budget may
-      be missed, never exceeded.
-
-    ``budget == 0`` admits only zero-error choices (solved layer by layer, no discretization).
-    Errors must be finite and >= 0, sizes >= 0.
-    """
+    traced back from ``best_L(resolution)``; ties in size go to the smaller ``sum q`` (the most
+    accurate of equal-byte values), then the earlier choice. Time ``O(L * C * resolution)``, memory
+    ``O(L * resolution)``. The constraint holds exactly (``sum e <= delta * sum q <= budget``), and
+    the size is at most the optimum under the budget ``budget * (1 - L / resolution)``, whose
+    ``sum q <= resolution``. ``budget == 0`` admits only zero-error choices, layer by layer."""
     layers = len(errors)
     if len(sizes) != layers:
         raise ValueError(f"choose_layerwise: {layers} layers of errors but {len(sizes)} of sizes")
@@ -116,64 +106,43 @@ def choose_layerwise(errors: Sequence[Sequence[float]], sizes: Sequence[Sequence
     return chosen
 
 
-class LGreCo(KnobSchedule):
-    """L-GreCo (Markov, Alimohammadi, Frantar and Alistarh, "L-GreCo: Layerwise-Adaptive Gradient
-    Compression for Efficient and Accurate Deep Learning", MLSys 2024): a knob per tensor, chosen
-    to send as few bytes as possible for no more compression error than a uniform setting.
+class LGreCo(Schedule):
+    """L-GreCo (Markov, Alimohammadi, Frantar and Alistarh, MLSys 2024): a parameter per tensor,
+    sending as few bytes as possible for no more compression error than a uniform setting. Every
+    ``interval`` optimizer steps, for each tensor ``l`` and value ``c`` in ``choices``:
 
-    Every ``interval`` optimizer steps, for each tensor ``l`` and each value ``c`` in ``choices``:
-
-        G_l      = sum of the aggregated gradient of l over the interval's steps (finite ones)
-        e_l(c)   = || G_l - D(C_c(G_l)) ||^2          the base at knob c, applied to G_l
-        s_l(c)   = bytes a rank sends for l at knob c (``grace.bytes_sent``: exact, not estimated)
+        G_l      = sum of the finite aggregated gradients of l over the interval
+        e_l(c)   = || G_l - D(C_c(G_l)) ||^2
+        s_l(c)   = the exact bytes a rank sends for l at c (:func:`~grace_legacy.runtime.cost.bytes_sent`)
 
         minimise  sum_l s_l(c_l)   subject to   sum_l e_l(c_l) <= budget * sum_l e_l(reference)
 
-    solved by :func:`choose_layerwise` with ``resolution`` error buckets (the constraint always
-    holds; the size is within what the optimum achieves with the budget tightened by ``L /
-    resolution`` of itself, ``L`` the number of tensors). If the uniform ``reference`` meets the
-    budget and sends fewer bytes than the program's answer (discretization can cost that much),
-    or if nothing was found feasible, every tensor takes ``reference``. Until the first solve,
-    and for a tensor without a finite observation in the interval, the choice stays as it was
-    (``reference`` at first).
+    by :func:`choose_layerwise` with ``resolution`` error buckets. Every tensor takes ``reference``
+    when nothing is feasible, or when ``reference`` meets the budget with fewer bytes; a tensor keeps
+    its choice (at first ``reference``) until it has a finite observation at a solve. Rank 0 solves,
+    and every rank of the backend given to :meth:`end_step` takes its choices (alone without one;
+    docs/DESIGN.md#adaptive-schedules).
 
-    Agreement: only rank 0 measures errors and solves (compressing ``G_l`` once per choice, on a
-    deep copy of the base so that no step counter, generator or warm start of the real one
-    moves); its choices are broadcast to every rank through the backend given to
-    :meth:`end_step`, so ranks agree even if their accumulated gradients were to differ. The
-    broadcast is one allreduce (sum) of a float64 tensor, one choice index per tensor in name
-    order then four summary numbers, to which every other rank contributes zeros: exact, and
-    rooted at rank 0 *of the backend* whatever the process set. Without a backend (one
-    process) the rank solves alone.
-
-    Any knob whose payload size the base can predict: Top-k, Random-k and DGC (density), QSGD
-    (levels: those of one integer width cost the same bytes, and the program then takes the most
-    accurate, so mix widths, e.g. ``[4, 127, 1000]``), PowerSGD (rank; its error is that of one
-    power iteration from the current warm start, or from a fresh random ``Q`` for a rank not in
-    use, so idle ranks look worse than they would be once warm). Not Threshold, whose size
-    depends on the data. ``None``/dense may be a choice (error 0, dense bytes).
-
-    Overhead: :attr:`stats` ``["lgreco"]["overhead"]`` times the error measurement, the program and
-    the broadcast, against the mean step time (between successive :meth:`end_step` calls).
-    Memory: one accumulated gradient per tensor (float32, float64 for float64 gradients), on
-    rank 0 during a solve a deep copy of the base's state, and the last ``history`` solves and
-    choice changes per tensor for :attr:`stats` (``None`` keeps every one, growing with the run).
-    """
+    Any base that predicts its bytes (not Threshold); ``None``/dense may be a choice. QSGD levels of
+    one integer width cost the same bytes, so mix widths (``[4, 127, 1000]``). PowerSGD's error is
+    one power iteration from the current warm start (a fresh ``Q`` for a rank not in use).
+    :attr:`stats` ``["lgreco"]["overhead"]`` times the solves against the step time. Keeps one
+    accumulated gradient per tensor and the last ``history`` solves and changes (``None``: all)."""
 
     def __init__(self, base: Compressor, choices: Sequence[Any], *, reference: Any, interval: int,
                  budget: float = 1.0, resolution: int = 1000, history: int | None = DEFAULT_HISTORY) -> None:
         super().__init__(base)
-        knob = base.knob
+        parameter = base.parameter
         if not isinstance(choices, Sequence) or isinstance(choices, str) or len(choices) < 2:
-            raise ValueError(f"LGreCo: choices must be a list of at least two {knob.name} values, got {choices!r}")
-        checked = [checked_knob_value(knob, c, f"LGreCo(choices[{i}])") for i, c in enumerate(choices)]
-        keys = ["dense" if knob.is_dense(c) else c for c in checked]
+            raise ValueError(f"LGreCo: choices must be a list of at least two {parameter.name} values, got {choices!r}")
+        checked = [checked_value(parameter, c, f"LGreCo(choices[{i}])") for i, c in enumerate(choices)]
+        keys = ["dense" if parameter.is_dense(c) else c for c in checked]
         if len(set(keys)) != len(keys):
             raise ValueError(f"LGreCo: choices must be distinct (None and the dense value are the same), "
                              f"got {checked!r}")
-        reference = checked_knob_value(knob, reference, "LGreCo(reference)")
+        reference = checked_value(parameter, reference, "LGreCo(reference)")
         matches = [i for i, c in enumerate(checked)
-                   if c == reference or (knob.is_dense(c) and knob.is_dense(reference))]
+                   if c == reference or (parameter.is_dense(c) and parameter.is_dense(reference))]
         if not matches:
             raise ValueError(f"LGreCo: reference={reference!r} must be one of choices={checked!r}")
         self.choices = checked
@@ -181,17 +150,17 @@ class LGreCo(KnobSchedule):
         self.reference_index = matches[0]
         self.interval = check_positive_int(interval, "interval", "LGreCo")
         self.budget = positive_number(budget, "budget", "LGreCo")
-        self.resolution = check_positive_int(resolution, "resolution", "LGreCo")
+        self.resolution = check_positive_int(resolution, "resolution", "LGreCo", high=MAX_RESOLUTION)
         self.history = check_history(history, "LGreCo")
         self._configure(checked)
         for c in checked:
             try:
-                bytes_sent(self.concrete(c), REFERENCE_SHAPE, torch.float32)
+                bytes_sent(self.configured(c), REFERENCE_SHAPE, torch.float32)
             except NotImplementedError as err:
                 raise ValueError(f"LGreCo: base {type(base).__name__} cannot predict its payload size, which "
                                  f"L-GreCo minimises ({err})") from None
-        self._journal = StepJournal()
-        self._accumulated = GradientAccumulator(self._journal)
+        self.undo_log = UndoLog()
+        self._accumulated = GradientAccumulator(self.undo_log)
         self._layouts: dict[str, tuple[torch.Size, torch.dtype]] = {}
         self._choice: dict[str, int] = {}
         self._history: dict[str, deque[tuple[int, Any]]] = {}
@@ -202,10 +171,10 @@ class LGreCo(KnobSchedule):
 
     # -- decisions ------------------------------------------------------------------------------
     def choice_of(self, name: str) -> Any:
-        """The knob value of tensor ``name`` until the next solve."""
+        """The parameter value of tensor ``name`` until the next solve."""
         return self.choices[self._choice.get(name, self.reference_index)]
 
-    def knob_for_tensor(self, tensor: torch.Tensor, name: str) -> Any:
+    def value_for(self, tensor: torch.Tensor, name: str) -> Any:
         return self.choice_of(name)
 
     def traffic_labels(self, name: str, tensor: torch.Tensor) -> dict[str, Hashable]:
@@ -220,14 +189,14 @@ class LGreCo(KnobSchedule):
         """``e_l(c)`` and ``s_l(c)`` of every choice for the accumulated gradient of each of
         ``names``, on a deep copy of the base (the real one's state does not move)."""
         probe = copy.deepcopy(self.base)
-        configured = [None if self.base.knob.is_dense(c) else probe.with_knob(c) for c in self.choices]
+        configured = [None if self.base.parameter.is_dense(c) else probe.with_value(c) for c in self.choices]
         errors, sizes = [], []
         for name in names:
             g = self._accumulated.sums[name]
             shape, dtype = self._layouts[name]
             e_row, s_row = [], []
             for concrete in configured:
-                chosen = None if concrete is None else concrete.resolve(g, name)
+                chosen = None if concrete is None else concrete.compressor_for(g, name)
                 if chosen is None:
                     e_row.append(0.0)
                     s_row.append(bytes_sent(None, shape, dtype))
@@ -296,9 +265,7 @@ class LGreCo(KnobSchedule):
                                    dtype=torch.float64)
             if not root:
                 message.zero_()
-            # A broadcast from the backend's rank 0 as a sum with zeros (exact: x + 0 == x), because
-            # HorovodBackend.broadcast_async takes a *global* root rank, which is not rank 0 of a
-            # process set that leaves global rank 0 out.
+            # A broadcast from the backend's rank 0 as a sum with zeros (docs/DESIGN.md#adaptive-schedules).
             received = backend.wait(backend.allreduce_async(message, "lgreco.choices", average=False)).tolist()
             self._timing["broadcast_s"] += time.perf_counter() - started
             indices = [int(i) for i in received[: len(names)]]

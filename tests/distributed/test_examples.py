@@ -6,10 +6,10 @@ its uniform budget)."""
 import re
 
 import pytest
-from launcher import REPO, run_script
 
 from grace_legacy import Legacy, TopK
 from grace_legacy.planner import model_shapes, plan
+from tests.distributed.launcher import REPO, run_script
 
 pytestmark = pytest.mark.distributed
 
@@ -29,7 +29,7 @@ def test_synthetic_benchmark_with_a_legacy_schedule():
     assert re.search(r"Total img/sec on 2 CPU\(s\): [\d.]+ \+-[\d.]+", out), out[-3000:]
     sent = re.search(r"Bytes sent per step per CPU: [\d.]+ MB of [\d.]+ MB dense \(volume ([\d.]+)%\)", out)
     assert sent, out[-3000:]
-    schedule = Legacy.from_strings(TopK(), "layer", group_compressions="100,1", group_splits="10000")
+    schedule = Legacy.from_flags(TopK(), "layer", group_compressions="100,1", group_splits="10000")
     planned = plan(schedule, [shape for _, shape in model_shapes("torchvision:squeezenet1_1")], world_size=2)
     assert float(sent.group(1)) / 100 == pytest.approx(planned.volume, abs=5e-5)
 

@@ -5,7 +5,7 @@ import torch
 
 from grace_legacy import DGC, FP16, Broadcast, Grace, NoCompression, RandomK, Residual, Threshold, TopK
 from grace_legacy.communicators import Allgather
-from grace_legacy.core import wire
+from grace_legacy.runtime import wire
 from tests.helpers import run_ranks
 
 SHAPES = {"conv": (4, 2, 3), "fc": (40, 24), "bias": (5,), "scale": (), "shift": (1,)}

@@ -1,4 +1,4 @@
-"""The one switch that sends CPU tensors down the path a GPU's take (:mod:`grace_legacy.core.paths`).
+"""The one switch that sends CPU tensors down the path a GPU's take (:mod:`grace_legacy.runtime.paths`).
 
 * every choice of a path in the package goes through ``paths.cpu_path``: no other test of a
   tensor's device is left, apart from the two that are facts about the device (where NCCL can move
@@ -8,8 +8,8 @@
   compressor, memory and communicator of the zoo: what a GPU would run (the zoo's exactness along
   that path is ``tests/unit/test_zoo_in_process.py``);
 * and along it no tensor is made without a device, except where the code means the host (CPU
-  generators, whose draws are then moved; the dtype probes of the byte count; a threshold rounded
-  on the host): a tensor made on the CPU and used with a GPU's would fail only on a GPU.
+  generators, whose draws are then moved; a threshold rounded on the host): a tensor made on the
+  CPU and used with a GPU's would fail only on a GPU.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from grace_legacy.compressors.kernels import compiled
-from grace_legacy.core import paths, recycle
+from grace_legacy.runtime import buffers, paths
 from tests import zoo_in_process as zoo
 from tests.helpers import ThreadBackend, World
 from tests.registry import ENTRIES, zoo_cases
@@ -37,7 +37,7 @@ PACKAGE = REPO / "grace_legacy"
 
 #: Tests of a tensor's device that are facts about the device, not a choice of path: file -> why.
 DEVICE_FACTS = {
-    "core/paths.py": "the switch itself",
+    "runtime/paths.py": "the switch itself",
     "ddp.py": "a DDP future waits on the CUDA device its buffer is on",
     "backends/torch_distributed.py": "NCCL moves CUDA tensors only, so CPU tensors are staged there",
 }
@@ -52,7 +52,7 @@ def test_every_choice_of_path_goes_through_the_switch():
         if hits:
             found[relative] = hits
     assert set(found) <= set(DEVICE_FACTS), {name: lines for name, lines in found.items() if name not in DEVICE_FACTS}
-    assert "core/paths.py" in found  # the pattern does find the switch's own test
+    assert "runtime/paths.py" in found  # the pattern does find the switch's own test
 
 
 def test_the_switch_is_scoped_and_restores_what_was_before():
@@ -71,7 +71,8 @@ def test_the_switch_is_scoped_and_restores_what_was_before():
 
 @pytest.mark.parametrize(("value", "forced"), [("1", True), ("true", True), ("0", False), ("", False)])
 def test_the_environment_variable_sets_the_path_of_a_process(value, forced):
-    code = ("import torch; from grace_legacy.core import paths; from grace_legacy.compressors.kernels import compiled; "
+    code = ("import torch; from grace_legacy.runtime import paths; "
+            "from grace_legacy.compressors.kernels import compiled; "
             "print(paths.FORCE_DEVICE_PATH, compiled.applies(torch.zeros(2)))")
     env = {**os.environ, paths.ENVIRONMENT: value, "PYTHONPATH": str(REPO)}
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=REPO,
@@ -102,7 +103,7 @@ def cpu_only_paths_forbidden(monkeypatch):
     monkeypatch.setattr(compiled, "launched", _forbid)
     monkeypatch.setattr(np, "packbits", _forbid)
     monkeypatch.setattr(np, "unpackbits", _forbid)
-    monkeypatch.setattr(recycle, "zeroed", _forbid)  # a kept buffer handed out again
+    monkeypatch.setattr(buffers, "zeroed", _forbid)  # a kept buffer handed out again
     with paths.device_path(True):
         yield
 
@@ -121,7 +122,7 @@ def test_every_compressor_on_the_device_path_takes_no_cpu_only_path(entry, dtype
     for rank, tensor in enumerate(tensors):
         compressor = entry.typical()
         compressor.set_rank(rank)
-        concrete = compressor.resolve(tensor, "w")
+        concrete = compressor.compressor_for(tensor, "w")
         payload, ctx = concrete.compress(tensor, "w")
         for _ in range(concrete.rounds - 1):
             payload, ctx = concrete.next_round(payload, ctx)
@@ -137,7 +138,6 @@ HOST_TENSORS = {
     ("compressors/dgc.py", "sample_indices"): "DGC's sample, from a CPU generator: the same positions on every device",
     ("compressors/randomk.py", "uniform_subset"): "Random-k's indices, from a CPU generator, moved to the device",
     ("compressors/powersgd.py", "_start_q"): "PowerSGD's first Q, from a CPU generator, moved to the device",
-    ("core/wire.py", "packed_size_of"): "a 0-dim probe of a dtype's element size",
     ("compressors/kernels/selection.py", "magnitude_bound"): "a threshold rounded on the host, moved where compared",
 }
 FACTORIES = {torch.zeros, torch.ones, torch.empty, torch.full, torch.arange, torch.tensor, torch.randn, torch.rand,

@@ -162,8 +162,8 @@ def test_dgc_payload_and_defaults():
     assert c.uniform_payload and not c.additive
     assert isinstance(c.recommended_memory(), DGCMemory)
     assert isinstance(Grace(c).memory, DGCMemory)
-    assert DGC(1.0).resolve(torch.randn(4), "x") is None
-    assert Legacy(DGC(), by="layer", values=[0.5]).resolve(torch.randn(4), "x").ratio == 0.5
+    assert DGC(1.0).compressor_for(torch.randn(4), "x") is None
+    assert Legacy(DGC(), by="layer", values=[0.5]).compressor_for(torch.randn(4), "x").ratio == 0.5
 
 
 @pytest.mark.parametrize("kwargs,message", [

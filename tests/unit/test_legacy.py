@@ -1,3 +1,10 @@
+"""LEGACY (``schedules/legacy.py``): the layer rule at every split, equal phases at every edge (the
+reference rule exactly), explicit boundaries, counted steps and fractional progress, the
+``by="both"`` table, dense values on the dense route, any parameter with its memory, argument
+checks, state and stats by group and phase, the phase cache following every change of progress,
+and a choice that depends on size and phase only. The reference flags are in ``test_flags.py``,
+budget matching in ``test_budget.py``."""
+
 from fractions import Fraction
 
 import pytest
@@ -6,7 +13,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from grace_legacy import FP16, Grace, Legacy, NoMemory, RandomK, Residual, TopK
-from grace_legacy.core.cost import bytes_sent
 
 SPLITS = [10_000, 1_000_000]
 
@@ -20,7 +26,7 @@ def layer_schedule():
 def test_layer_rule_at_every_split(numel, group):
     schedule = layer_schedule()
     assert schedule.group_of(numel) == group
-    assert schedule.knob_for(numel) == [1.0, 0.01, 0.001][group]
+    assert schedule.value_at(numel) == [1.0, 0.01, 0.001][group]
 
 
 @pytest.mark.parametrize("epoch,phase", [(0, 0), (29, 0), (30, 1), (31, 1), (59, 1), (60, 2), (89, 2), (90, 2),
@@ -29,7 +35,7 @@ def test_equal_phases_at_every_edge(epoch, phase):
     schedule = Legacy(TopK(), by="epoch", values=[0.01, 0.005, 0.001], epochs=90)
     assert schedule.phase_of(epoch) == phase
     schedule.set_epoch(epoch)
-    assert schedule.knob_for(123) == [0.01, 0.005, 0.001][phase]
+    assert schedule.value_at(123) == [0.01, 0.005, 0.001][phase]
 
 
 def test_equal_phases_follow_the_reference_rule_exactly():
@@ -52,12 +58,12 @@ def test_steps_per_epoch_counts_steps_and_set_epoch_stays_compatible():
     schedule = Legacy(TopK(), by="epoch", values=[0.1, 0.01], epochs=2, steps_per_epoch=4)
     seen = []
     for _ in range(10):
-        seen.append(schedule.knob_for(100))
+        seen.append(schedule.value_at(100))
         schedule.end_step()
     assert seen == [0.1] * 4 + [0.01] * 6
     assert schedule.epoch == 2
     schedule.set_epoch(0)
-    assert schedule.steps == 0 and schedule.knob_for(100) == 0.1
+    assert schedule.steps == 0 and schedule.value_at(100) == 0.1
 
 
 def test_fractional_progress_with_more_phases_than_epochs():
@@ -67,23 +73,23 @@ def test_fractional_progress_with_more_phases_than_epochs():
 
 def test_both_is_a_phase_by_group_table():
     schedule = Legacy(TopK(), by="both", values=[[1.0, 0.01], [1.0, 0.001]], splits=[10_000], epochs=90)
-    assert schedule.knob_for(9_999, 0) == 1.0 and schedule.knob_for(10_000, 0) == 0.01
-    assert schedule.knob_for(9_999, 45) == 1.0 and schedule.knob_for(10_000, 45) == 0.001
-    assert schedule.knob_for(10_000, 44) == 0.01
+    assert schedule.value_at(9_999, 0) == 1.0 and schedule.value_at(10_000, 0) == 0.01
+    assert schedule.value_at(9_999, 45) == 1.0 and schedule.value_at(10_000, 45) == 0.001
+    assert schedule.value_at(10_000, 44) == 0.01
 
 
 def test_dense_values_take_the_dense_route():
     schedule = Legacy(TopK(), by="layer", values=[None, 1.0, 0.1], splits=[10, 100])
-    assert schedule.resolve(torch.zeros(5), "a") is None
-    assert schedule.resolve(torch.zeros(50), "b") is None
-    chosen = schedule.resolve(torch.zeros(500), "c")
+    assert schedule.compressor_for(torch.zeros(5), "a") is None
+    assert schedule.compressor_for(torch.zeros(50), "b") is None
+    chosen = schedule.compressor_for(torch.zeros(500), "c")
     assert isinstance(chosen, TopK) and chosen.ratio == 0.1
 
 
 def test_schedules_any_knob_and_its_memory():
     schedule = Legacy(RandomK(seed=3), by="layer", values=[0.5, 0.1], splits=[100])
     assert schedule.additive and isinstance(Grace(schedule).memory, Residual)
-    assert schedule.resolve(torch.zeros(1000), "w").ratio == 0.1
+    assert schedule.compressor_for(torch.zeros(1000), "w").ratio == 0.1
     Grace(schedule, memory=NoMemory())
 
 
@@ -129,84 +135,28 @@ def test_invalid_base_and_types():
         layer_schedule().set_epoch(-1)
 
 
-@pytest.mark.parametrize("by,text,splits,epochs,expected", [
-    ("layer", "100,1,0.1", "10000,1000000", None, [1.0, 0.01, 0.001]),
-    ("epoch", "1,0.5,0.1", "", 90, [0.01, 0.005, 0.001]),
-    ("both", "100,1;100,0.1", "10000", 90, [[1.0, 0.01], [1.0, 0.001]]),
-    ("layer", "none,0.1", "600", None, [None, 0.001]),
-])
-def test_from_strings_reads_the_reference_format_and_round_trips(by, text, splits, epochs, expected):
-    schedule = Legacy.from_strings(TopK(), by, group_compressions=text, group_splits=splits, epochs=epochs)
-    table = schedule.table if by == "both" else ([r[0] for r in schedule.table] if by == "epoch" else schedule.table[0])
-    assert table == expected
-    again = Legacy.from_strings(TopK(), **schedule.to_strings())
-    assert again.table == schedule.table and again.splits == schedule.splits and again.epochs == schedule.epochs
-
-
-def test_from_strings_uniform_uses_the_first_value():
-    schedule = Legacy.from_strings(TopK(), "uniform", group_compressions="0.1,5", group_splits="100")
-    assert schedule.knob_for(10) == schedule.knob_for(10**7) == 0.001
-
-
-@pytest.mark.parametrize("text", ["1,abc", "", "1;2"])
-def test_from_strings_rejects_bad_text(text):
-    with pytest.raises(ValueError, match="group_compressions"):
-        Legacy.from_strings(TopK(), "layer", group_compressions=text, group_splits="")
-
-
 def test_state_dict_restores_progress_and_stats():
     schedule = Legacy(TopK(), by="epoch", values=[0.1, 0.01], epochs=4, steps_per_epoch=3)
+    bundle = Grace(schedule)
     for _ in range(7):
         schedule.end_step()
-    schedule.record_traffic("w", torch.zeros(100), 80, "allgather")
+    bundle.record_traffic("w", torch.zeros(100), 80, "allgather")
     fresh = Legacy(TopK(), by="epoch", values=[0.1, 0.01], epochs=4, steps_per_epoch=3)
-    fresh.load_state_dict(schedule.state_dict())
+    Grace(fresh).load_state_dict(bundle.state_dict())
     assert (fresh.steps, fresh.epoch, fresh.progress) == (7, 2, Fraction(7, 3))
     assert fresh.stats == schedule.stats and fresh.stats["phase"][1]["bytes_sent"] == 80
 
 
 def test_stats_break_down_by_group_and_phase():
     schedule = Legacy(TopK(), by="both", values=[[1.0, 0.1], [1.0, 0.01]], splits=[100], epochs=2)
+    bundle = Grace(schedule)
     for epoch in range(2):
         schedule.set_epoch(epoch)
-        schedule.record_traffic("small", torch.zeros(10), 40, "dense")
-        schedule.record_traffic("large", torch.zeros(1000), 800 // (10**epoch), "allgather")
+        bundle.record_traffic("small", torch.zeros(10), 40, "dense")
+        bundle.record_traffic("large", torch.zeros(1000), 800 // (10**epoch), "allgather")
     stats = schedule.stats
     assert stats["group"][0]["volume"] == 1.0 and stats["group"][1]["bytes_sent"] == 880
     assert stats["phase"][0]["bytes_sent"] == 840 and stats["phase"][1]["bytes_sent"] == 120
-
-
-MODEL_SIZES = [64, 576, 64, 36_864, 64, 73_728, 128, 147_456, 128, 8_192, 128, 2_359_296, 512, 5_130, 10]
-
-
-@pytest.mark.parametrize("by,kwargs", [
-    ("layer", dict(splits=[10_000], layer_factors=[10, 1])),
-    ("epoch", dict(phase_factors=[2, 1, 0.5], epochs=90)),
-    ("both", dict(splits=[10_000, 1_000_000], layer_factors=[10, 3, 1], phase_factors=[2, 1, 0.5], epochs=90)),
-    ("epoch", dict(phase_factors=[4, 1], boundaries=[10], epochs=90)),
-])
-@pytest.mark.parametrize("target", [0.001, 0.01])
-def test_budget_matched_schedule_spends_the_uniform_budget(by, kwargs, target):
-    schedule = Legacy.budget_matched(TopK(), target, by=by, sizes=MODEL_SIZES, **kwargs)
-    uniform = sum(bytes_sent(TopK(target), n, torch.float32) for n in MODEL_SIZES)
-    spent = sum(w * bytes_sent(schedule._concrete(p, schedule.group_of(n)), n, torch.float32)
-                for p, w in enumerate(schedule.phase_weights()) for n in MODEL_SIZES)
-    assert abs(spent - uniform) / uniform < 0.01
-    # The shape is kept: where nothing is clipped, ratios between groups are the factors.
-    if by == "layer":
-        assert schedule.table[0][0] == pytest.approx(10 * schedule.table[0][1])
-
-
-def test_budget_matched_accepts_named_parameters():
-    model = torch.nn.Sequential(torch.nn.Linear(100, 200), torch.nn.Linear(200, 10))
-    schedule = Legacy.budget_matched(TopK(), 0.01, by="layer", sizes=model.named_parameters(), splits=[1000],
-                                     layer_factors=[5, 1])
-    assert schedule.by == "layer" and schedule.table[0][0] > schedule.table[0][1]
-
-
-def test_budget_matched_refuses_an_impossible_shape():
-    with pytest.raises(ValueError, match="no scale"):
-        Legacy.budget_matched(TopK(), 0.9, by="layer", sizes=[10, 10**6], splits=[100], layer_factors=[1, 1000])
 
 
 @given(numel=st.integers(1, 10**8), epoch=st.integers(0, 1000))
@@ -216,4 +166,27 @@ def test_choice_is_a_function_of_size_and_phase_only(numel, epoch):
     b = Legacy(TopK(), by="both", values=[[1.0, 0.1, 0.01], [0.5, 0.05, 0.005]], splits=SPLITS, epochs=100)
     a.set_epoch(epoch)
     b.set_epoch(epoch)
-    assert a.knob_for(numel) == b.knob_for(numel)
+    assert a.value_at(numel) == b.value_at(numel)
+
+
+@given(steps_per_epoch=st.integers(1, 7), epochs=st.integers(2, 6), phases=st.integers(2, 4),
+       moves=st.lists(st.one_of(st.just("step"), st.integers(0, 8)), max_size=40))
+@settings(max_examples=100, deadline=None)
+def test_legacy_phase_cache_follows_every_change_of_progress(steps_per_epoch, epochs, phases, moves):
+    values = [[0.5 / (p + 1), 0.1 / (p + 1)] for p in range(phases)]
+    schedule = Legacy(TopK(), by="both", values=values, splits=[100], epochs=epochs, steps_per_epoch=steps_per_epoch)
+    small, large = torch.zeros(10), torch.zeros(1000)
+    for move in moves:
+        if move == "step":
+            schedule.end_step()
+        else:
+            schedule.set_epoch(move)
+        phase = schedule.phase_of(schedule.progress)
+        assert schedule.value_for(small, "s") == values[phase][0]
+        assert schedule.value_for(large, "l") == values[phase][1]
+        assert schedule.traffic_labels("l", large) == {"group": 1, "phase": phase}
+    state = schedule.state_dict()
+    fresh = Legacy(TopK(), by="both", values=values, splits=[100], epochs=epochs, steps_per_epoch=steps_per_epoch)
+    fresh.value_for(small, "s")  # fill the cache at progress 0 before loading
+    fresh.load_state_dict(state)
+    assert fresh.current_phase() == schedule.phase_of(schedule.progress)

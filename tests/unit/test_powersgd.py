@@ -4,7 +4,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from grace_legacy import Grace, Legacy, PowerSGD, PowerSGDMemory
-from grace_legacy.core.cost import bytes_sent
+from grace_legacy.runtime.cost import bytes_sent
 
 
 def one_worker_step(compressor: PowerSGD, matrix: torch.Tensor, name: str = "w") -> torch.Tensor:
@@ -42,20 +42,20 @@ def test_warm_start_converges_on_a_full_rank_matrix():
 
 def test_what_goes_dense():
     c = PowerSGD(4)
-    assert c.resolve(torch.zeros(100), "bias") is None
-    assert c.resolve(torch.zeros(()), "scalar") is None
-    assert c.resolve(torch.zeros(6, 6), "small") is None          # (6 + 6) * 4 >= 36
-    assert c.resolve(torch.zeros(20, 3, 3), "conv") is c          # 20 x 9: (20 + 9) * 4 < 180
+    assert c.compressor_for(torch.zeros(100), "bias") is None
+    assert c.compressor_for(torch.zeros(()), "scalar") is None
+    assert c.compressor_for(torch.zeros(6, 6), "small") is None          # (6 + 6) * 4 >= 36
+    assert c.compressor_for(torch.zeros(20, 3, 3), "conv") is c          # 20 x 9: (20 + 9) * 4 < 180
     with pytest.raises(ValueError, match="sent dense"):
         c.compress(torch.zeros(10), "bias")
 
 
 def test_legacy_keeps_the_base_rule_for_what_goes_dense():
     schedule = Legacy(PowerSGD(), by="epoch", values=[6, 2], epochs=2)
-    assert schedule.resolve(torch.zeros(100), "bias") is None
-    assert schedule.resolve(torch.zeros(8, 8), "m") is None       # (8 + 8) * 6 >= 64: dense in phase 0
+    assert schedule.compressor_for(torch.zeros(100), "bias") is None
+    assert schedule.compressor_for(torch.zeros(8, 8), "m") is None       # (8 + 8) * 6 >= 64: dense in phase 0
     schedule.set_epoch(1)
-    assert schedule.resolve(torch.zeros(8, 8), "m").rank_r == 2
+    assert schedule.compressor_for(torch.zeros(8, 8), "m").rank_r == 2
 
 
 def test_rank_change_redraws_q_and_state_round_trips():
@@ -63,7 +63,7 @@ def test_rank_change_redraws_q_and_state_round_trips():
     x = torch.randn(20, 10)
     one_worker_step(c, x)
     assert c.state_dict()["warm_q"]["w"].shape == (10, 3)
-    lower = c.with_knob(2)
+    lower = c.with_value(2)
     one_worker_step(lower, x)
     assert c.state_dict()["warm_q"]["w"].shape == (10, 2)  # shared with the copy
     restored = PowerSGD(2, seed=1)

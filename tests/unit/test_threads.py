@@ -56,7 +56,7 @@ def digests(threads: int) -> dict[str, str]:
                     for rank, compressor in enumerate(compressors):
                         g = torch.Generator().manual_seed(1000 * step + rank)
                         tensor = (torch.randn(shape, generator=g, dtype=torch.float64) * 10.0 ** (step - 1)).to(dtype)
-                        concrete = compressor.resolve(tensor, "w")
+                        concrete = compressor.compressor_for(tensor, "w")
                         if concrete is None:
                             break
                         payload, ctx = concrete.compress(tensor, "w")

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from grace_legacy import Grace, Legacy, Residual, Threshold
 from grace_legacy.compressors.kernels.selection import magnitude_bound
-from grace_legacy.core import wire
+from grace_legacy.runtime import wire
 
 FLOATS = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 
@@ -90,7 +90,7 @@ def test_threshold_cannot_predict_its_size_so_budget_matching_refuses_it():
     with pytest.raises(NotImplementedError, match="depends on the gradient's values"):
         Threshold(0.1).payload_spec(100, torch.float32)
     # A threshold's bytes shrink as it grows and cannot be predicted: budget matching refuses it.
-    with pytest.raises(ValueError, match="Legacy.budget_matched: needs a bounded continuous knob.*threshold"):
+    with pytest.raises(ValueError, match="Legacy.budget_matched: needs a bounded continuous parameter.*threshold"):
         Legacy.budget_matched(Threshold(), 0.1, by="layer", sizes=[10, 1000], splits=[100], layer_factors=[2, 1])
 
 
@@ -104,7 +104,7 @@ def test_threshold_defaults_and_refusals():
     with pytest.raises(TypeError, match="floating point"):
         Threshold(0.1).compress(torch.arange(3), "x")
     legacy = Legacy(Threshold(), by="layer", values=[None, 0.5], splits=[10])
-    assert legacy.resolve(torch.randn(5), "x") is None
-    assert legacy.resolve(torch.randn(50), "x").threshold == 0.5
+    assert legacy.compressor_for(torch.randn(5), "x") is None
+    assert legacy.compressor_for(torch.randn(50), "x").threshold == 0.5
 
 

@@ -1,12 +1,12 @@
 """Every zoo case (``tests/registry.py``) over four in-process ranks, along both paths a CPU
-tensor can take (:mod:`grace_legacy.core.paths`: the CPU's compiled loops, and the tensor formulas
+tensor can take (:mod:`grace_legacy.runtime.paths`: the CPU's compiled loops, and the tensor formulas
 a GPU runs), and on a GPU where there is one: the synchronized gradient equals the case's
 independent rule over the twins' decompressed payloads (``tests/zoo_in_process.py``)."""
 
 import pytest
 import torch
 
-from grace_legacy.core import paths
+from grace_legacy.runtime import paths
 from tests.registry import zoo_cases
 from tests.zoo_in_process import TENSORS, run_case
 

@@ -1,12 +1,7 @@
-"""Packing boolean tensors 8 to a byte, for the 1-bit compressors.
-
-Layout: element ``i`` of the flattened input is bit ``i % 8`` (least significant first) of byte
-``i // 8``, like ``numpy.packbits(..., bitorder="little")``. ``n`` bits take ``ceil(n / 8)``
-bytes; the unused high bits of the last byte are zero, so equal inputs pack to equal bytes.
-Both directions are whole-tensor operations (no Python loop over elements) and run on the
-tensor's own device: on CPU (:func:`grace_legacy.core.paths.cpu_path`) through
-``numpy.packbits``/``numpy.unpackbits`` (zero-copy views, much faster there than the shifts and
-sums torch needs), elsewhere in torch.
+"""Packing boolean tensors 8 to a byte: element ``i`` of the flattened input is bit ``i % 8`` (least
+significant first) of byte ``i // 8``, as ``numpy.packbits(..., bitorder="little")``; the unused high
+bits of the last byte are zero, so equal inputs pack to equal bytes. On the tensor's own device
+(numpy's views on the CPU's own path, :func:`grace_legacy.runtime.paths.cpu_path`).
 """
 
 from __future__ import annotations
@@ -14,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from grace_legacy.core import paths
+from grace_legacy.runtime import paths
 
 BITS_PER_BYTE = 8
 

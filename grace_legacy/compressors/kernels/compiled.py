@@ -1,31 +1,14 @@
-"""What the compiled CPU loops share: when they apply, how they are compiled, and how many
-threads a pass gets.
+"""What the compiled CPU loops share: one switch, one way to compile them, and how many threads a
+pass gets. Each kernel module builds its numba loops in its own ``_kernels()`` on first use, cached
+on disk (docs/DESIGN.md#compiled-passes). Top-k's selection has no switch: its torch path is tested
+directly. The wider switch, :mod:`grace_legacy.runtime.paths`, sends every CPU tensor down the
+device path.
 
-The loops in :mod:`~grace_legacy.compressors.kernels.scan`, :mod:`~grace_legacy.compressors.kernels.sign_passes`
-and :mod:`~grace_legacy.compressors.kernels.stochastic` are numba functions. Each module builds them in
-its own ``_kernels()`` on first use, so importing grace_legacy never imports numba; compiled code
-is cached on disk beside the module (``__pycache__``), so a later process loads it instead of
-compiling again.
-
-Threads. A pass over ``n`` elements runs on :func:`threads_for` ``(n)`` threads: as many as
-``torch.get_num_threads()`` allows (so ``OMP_NUM_THREADS=1``, which horovodrun and torchrun
-workers are usually given, or ``torch.set_num_threads(1)`` keeps every pass on the calling
-thread), at most numba's pool (``NUMBA_NUM_THREADS``, the CPU count by default), and at most one
-per :data:`PER_THREAD` elements, below which starting threads costs more than it saves. A pass
-on several threads goes over fixed blocks of :data:`BLOCK` elements, never over one block per
-thread: what each block computes, and the order in which blocks' partial sums are added, depend
-on ``n`` alone, so every result is bit for bit the same whatever the thread count (tested at 1 to
-4 threads, ``tests/unit/test_threads.py``).
-
-numba's threading layer is ``workqueue`` unless ``NUMBA_THREADING_LAYER`` says otherwise: it
-needs neither TBB nor OpenMP, its idle threads sleep instead of spinning beside PyTorch's own
-OpenMP pool, and it survives a ``fork`` (a GNU OpenMP layer kills a forked child that launches a
-parallel loop). It must never be entered by two threads at once, so launches are serialized by a
-lock (each launch takes its threads from the one pool anyway).
-
-:data:`ENABLED` lets tests hold the quantizers and 1-bit compressors to the tensor arithmetic
-that other devices run, on a CPU too; the formula tests run both ways and compare bit for bit.
-The wider switch, :mod:`grace_legacy.core.paths`, sends every CPU tensor down the device path.
+A pass over ``n`` elements runs on :func:`threads_for` ``(n)`` threads: at most
+``torch.get_num_threads()``, numba's pool, and one per :data:`PER_THREAD` elements. On several
+threads it goes over fixed blocks of :data:`BLOCK` elements whose partial results are combined in
+block order, so every result is bit for bit the same whatever the thread count
+(docs/DESIGN.md#threads).
 """
 
 from __future__ import annotations
@@ -39,7 +22,7 @@ from typing import Any
 
 import torch
 
-from grace_legacy.core import paths
+from grace_legacy.runtime import paths
 
 #: Whether the compiled loops run where they can; tests clear it to take the tensor path on CPU.
 ENABLED = True
@@ -57,14 +40,14 @@ _LAUNCH = threading.Lock()
 
 def applies(tensor: torch.Tensor, dtypes: Collection[torch.dtype] | None = None) -> bool:
     """Whether the compiled loops handle ``tensor``: a tensor on the CPU's own path
-    (:func:`grace_legacy.core.paths.cpu_path`) while :data:`ENABLED`, of one of ``dtypes`` when
+    (:func:`grace_legacy.runtime.paths.cpu_path`) while :data:`ENABLED`, of one of ``dtypes`` when
     they are given."""
     return ENABLED and paths.cpu_path(tensor) and (dtypes is None or tensor.dtype in dtypes)
 
 
 @functools.cache
 def _numba() -> Any:
-    """numba, with its threading layer chosen (see the module docstring) before any parallel loop runs."""
+    """numba, with its threading layer chosen (docs/DESIGN.md#threads) before any parallel loop runs."""
     import numba
 
     if not os.environ.get("NUMBA_THREADING_LAYER"):
@@ -73,9 +56,8 @@ def _numba() -> Any:
 
 
 def loop() -> Callable:
-    """The decorator that compiles a loop: no Python objects (``njit``), the GIL released (Horovod's
-    threads run meanwhile), cached on disk, and no bounds checks (each loop's indices are checked by
-    its caller's sizes). Imports numba, so call it inside a ``_kernels()``."""
+    """The decorator that compiles a loop (``njit``, GIL released, cached, no bounds checks: the
+    callers check sizes). Imports numba, so call it inside a ``_kernels()``."""
     return _numba().njit(nogil=True, cache=True, boundscheck=False)
 
 

@@ -1,22 +1,10 @@
-"""Uniform draws in [0, 1) that every device reproduces bit for bit: SplitMix64 over a counter.
+"""Uniform draws in [0, 1) that every device reproduces bit for bit: SplitMix64 over a counter
+(why: docs/DESIGN.md#counter-based-draws).
 
 Word ``j`` (from 0) of key ``k`` is ``mix(k + (j + 1) * GAMMA)``, the ``j``-th output of Steele,
-Lea and Flood's SplitMix64 generator (Java's ``SplittableRandom``, the seeder of the xoshiro
-family) started at ``k``. A float64 draw ``i`` is the top 53 bits of word ``i`` over ``2**53``.
-A float32 draw needs 24 bits, so each word makes two: draw ``2j`` is the top 24 bits of word
-``j`` (bits 40-63), draw ``2j + 1`` the top 24 bits of its low half (bits 8-31), over ``2**24``
-(every output bit of SplitMix64 is well mixed, and hashing is the loop's main cost). So every
-draw is a multiple of its dtype's resolution.
-
-Why not ``torch.rand`` with a seeded generator: on a CPU it draws one number at a time from a
-Mersenne Twister, which costs more than all the stochastic quantizers' arithmetic together, and
-a CUDA generator gives other numbers than a CPU one. Each draw here is a pure
-function of ``(key, i)``, so a compiled CPU loop computes it inline beside the arithmetic that
-uses it (:mod:`~grace_legacy.compressors.kernels.stochastic`), the tensor version below computes the
-same numbers on any device, and a test replays any element.
-
-The tensor version works in int64, whose products and sums wrap modulo ``2**64`` exactly as
-unsigned 64-bit words do; right shifts are made logical with a mask.
+Lea and Flood's SplitMix64 started at ``k``. A float64 draw ``i`` is the top 53 bits of word ``i``
+over ``2**53``; float32 draws ``2j`` and ``2j + 1`` are bits 40-63 and 8-31 of word ``j`` over
+``2**24``. Every draw is a multiple of its dtype's resolution and a pure function of ``(key, i)``.
 """
 
 from __future__ import annotations
@@ -46,6 +34,7 @@ def _shift_right(z: torch.Tensor, bits: int) -> torch.Tensor:
     return (z >> bits) & ((1 << (64 - bits)) - 1)
 
 
+# In int64, whose products and sums wrap modulo 2**64 exactly as unsigned words do.
 def _mix(z: torch.Tensor) -> torch.Tensor:
     z = (z ^ _shift_right(z, 30)) * _signed(MIX1)
     z = (z ^ _shift_right(z, 27)) * _signed(MIX2)

@@ -1,35 +1,10 @@
-"""Compiled passes of CPU selection: the candidates at or above a bound, the k largest of them,
-and the entries whose magnitude lies in a range (Threshold's payload).
-
-All work on a tensor's magnitude bits (see :mod:`~grace_legacy.compressors.kernels.selection`) and are
-compiled by numba, because in numpy each is several calls with a temporary apiece:
-
-* the candidate pass reads each entry once, at about the speed of a vectorized read of the same
-  bytes (numpy's chunked mask-compare-``flatnonzero`` reads them several times), and writes each
-  candidate's magnitude beside its position, which spares a gather afterwards. Its test is
-  one-sided on purpose: a two-sided range test in the same loop was slower than numpy, so
-  callers that must exclude NaN's patterns (which sort above infinity's) filter the candidates;
-* where few candidates are expected (Top-k at low densities), the pass goes by blocks of 64
-  entries: a count of the block's candidates without a branch (vectorized) first, and the
-  branching loop only over the few blocks that hold any;
-* the k largest among the candidates come from a histogram of their magnitudes, which leaves
-  only one bin to partition instead of partitioning all the candidates;
-* the range pass serves Threshold, whose kept fraction nobody controls. It has no branch on the
-  test: every entry is written at the next free slot and the slot advances by the test's 0 or 1.
-  A branch that is taken at random (a third of the entries kept, say) is mispredicted half the
-  time, which made the candidate pass slower than ``torch.nonzero`` there; the stores cost the
-  same at every fraction kept. It writes the entry's own bits and its position in the index
-  dtype of the wire, so the payload needs no gather and no conversion afterwards.
-
-The candidate and range passes run on several threads where a tensor is large enough
-(:mod:`~grace_legacy.compressors.kernels.compiled`): by fixed blocks, each block's results placed
-after those of the blocks before it, so the output is the serial pass's, whatever the thread count.
-
-Their speed against the alternatives is measured by ``benchmarks/performance/throughput.py``
-(``benchmarks/results/performance.md``).
-
-numba is imported, and the loops compiled, on first use (about a second, then cached on disk
-beside this file), so importing grace_legacy stays cheap.
+"""Compiled passes of CPU selection, on a tensor's magnitude bits (see
+:mod:`~grace_legacy.compressors.kernels.selection`): the candidates at or above a bound (a one-sided
+test: callers that must exclude NaN filter them), the k largest of them (from a histogram of their
+magnitudes), and the entries whose magnitude lies in a range (Threshold's payload, written with
+its wire index dtype). Why each is shaped as it is: docs/DESIGN.md#top-k-selection. The candidate
+and range passes run on several threads by fixed blocks, each block's results placed after those
+of the blocks before it, so the output is the serial pass's whatever the thread count.
 """
 
 from __future__ import annotations
@@ -44,12 +19,11 @@ from grace_legacy.compressors.kernels import compiled as _compiled
 #: Candidates room is made for before the count is known, at least (a second pass is needed only
 #: when more than the caller's estimate, and more than this, are found).
 MIN_ROOM = 1024
-#: Entries per block of the blocked candidate pass: a block is first tested without a branch (a
-#: vectorized count), and scanned for its candidates only when it holds any.
+#: Entries per block of the blocked candidate pass (a branch-free count first, then a scan of the
+#: blocks that hold any).
 BLOCK = 64
-#: The blocked pass is taken when the caller expects fewer than one candidate in this many entries
-#: (callers pass about twice their estimate, so fewer than one block in five then holds any); with
-#: more, most blocks would be read twice.
+#: The blocked pass is taken below one expected candidate per this many entries (callers pass about
+#: twice their estimate); with more, most blocks would be read twice.
 SPARSE_BLOCKS = 128
 #: Histogram bins of :func:`largest`: few enough to stay in L1, enough that the bin holding the
 #: k-th largest magnitude is a small part of the candidates.
@@ -247,13 +221,8 @@ def _kernels() -> SimpleNamespace:
 def candidates_at_or_above(bits: np.ndarray, mask: int, lower: int, expected: int,
                            limit: int | None = None) -> tuple[np.ndarray, np.ndarray] | None:
     """``(positions, magnitudes)``: the sorted positions ``i`` (int64) of the 1-D integer array
-    ``bits`` with ``bits[i] & mask >= lower``, and those ``bits[i] & mask``; ``None`` once they
-    are more than ``limit`` (``None``: no limit).
-
-    ``expected`` sizes the output before the pass: when more are found, a second pass fills arrays
-    of the exact count. The results are views of arrays at most ``max(expected, MIN_ROOM)`` long;
-    they are copied out when they would hold on to more than twice their size.
-    """
+    ``bits`` with ``bits[i] & mask >= lower``, and those ``bits[i] & mask``; ``None`` once they are
+    more than ``limit``. ``expected`` sizes the output (more found: a second pass)."""
     kernels = _kernels()
     sparse = expected * SPARSE_BLOCKS < bits.size
 
@@ -291,13 +260,10 @@ def largest(positions: np.ndarray, magnitudes: np.ndarray, k: int) -> np.ndarray
 def entries_in_range(bits: np.ndarray, mask: int, lower: int, upper: int,
                      index_dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
     """``(entries, positions)``: the entries ``bits[i]`` (unmasked, so a float's sign survives a
-    view back) with ``lower <= bits[i] & mask <= upper``, and their increasing positions ``i`` as
-    ``index_dtype``, which must hold ``bits.size - 1``.
-
-    The pass writes each entry at the next free slot whatever the test says, so both outputs are
-    made ``bits.size`` long; only the slots written are touched (untouched pages of ``np.empty``
-    cost nothing). A result under half of that is copied out rather than holding on to the rest.
-    """
+    view back) with ``lower <= bits[i] & mask <= upper``, and their increasing positions as
+    ``index_dtype``, which must hold ``bits.size - 1``."""
+    # Every entry is written at the next free slot whatever the test says, so both outputs are
+    # bits.size long; untouched pages of np.empty cost nothing, and a small result is copied out.
     kernels = _kernels()
     positions = np.empty(bits.size, dtype=index_dtype)
     kept = np.empty(bits.size, dtype=bits.dtype)

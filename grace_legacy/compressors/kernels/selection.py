@@ -1,30 +1,18 @@
-"""Exact Top-k selection by magnitude, fast on CPU: a sampled threshold, one candidate pass, then
-an exact top-k among the few candidates.
-
-``torch.topk`` over ``n`` entries does a selection over all of them; on CPU that costs tens of
-nanoseconds per entry. Keeping ``k`` of ``n`` needs far less: a threshold ``t`` with a few more
-than ``k`` entries at or above it turns the problem into one streaming comparison over ``n``
-entries (memory-bound) and a top-k over ``c ~ k`` candidates.
+"""Exact Top-k selection by magnitude: a sampled threshold, one candidate pass, then an exact top-k
+among the few candidates (why: docs/DESIGN.md#top-k-selection).
 
 1. *Estimate.* Of ``s`` sampled positions, ``mu = k s / n`` are expected among the top k; the
-   sample's ``r = ceil(mu + 3 sqrt(mu)) + 1``-th largest magnitude is about three standard
+   sample's ``r = ceil(mu + 3 sqrt(mu)) + 1``-th largest magnitude ``t`` lies about three standard
    deviations of that count below the k-th largest, so it rarely admits too few candidates while
-   ``c ~ n r / s`` stays a small multiple of ``k``.
+   their number, about ``n r / s``, stays a small multiple of ``k``.
 2. *Candidates.* ``C = {i : |x_i| >= t}`` in one pass.
-3. *Exact.* If ``|C| >= k``, the k-th largest magnitude is ``>= t``, so the top k all lie in
-   ``C``: a top-k among ``C`` finds them. If ``|C| < k`` (the estimate was too high), every member
-   of ``C`` beats every non-member, so the top k are ``C`` plus the ``k - |C|`` largest of the
-   rest. Either way the result is the set ``torch.topk`` picks (ties aside), whatever the estimate
-   was: only the work depends on it. When ``C`` holds more than half the entries (constant or
-   mostly-zero tensors), a plain top-k over everything is cheaper and is used instead.
+3. *Exact.* If ``|C| >= k`` the top k all lie in ``C``; if ``|C| < k`` every member of ``C`` beats
+   every non-member, so the top k are ``C`` and the ``k - |C|`` largest of the rest. Either way the
+   result is the set ``torch.topk`` picks (ties aside), whatever ``t`` was. Where ``C`` holds more
+   than half the entries, a plain top-k is used.
 
-Magnitudes are compared as the bit patterns of the floats with the sign bit cleared: for
-non-negative IEEE floats (subnormals, zero, infinity) the integer order is the numeric order, and
-every NaN pattern sorts above infinity, which is where ``torch.topk`` puts NaN. So non-finite
-entries are selected first, as ``torch.topk(x.abs(), k)`` selects them, and the same code serves
-fp16, bf16 (which numpy lacks as a float), fp32 and fp64. On CPU the steps run on a zero-copy
-numpy view, the candidate pass and the exact top-k among the candidates as compiled loops
-(:mod:`~grace_legacy.compressors.kernels.scan`); on other devices the same algorithm runs in torch.
+Magnitudes compare as the floats' bit patterns with the sign bit cleared (every NaN above infinity,
+where ``torch.topk`` puts it); on a CPU with compiled passes, elsewhere in torch.
 """
 
 from __future__ import annotations
@@ -36,12 +24,12 @@ import numpy as np
 import torch
 
 from grace_legacy.compressors.kernels.scan import candidates_at_or_above, entries_in_range, largest
-from grace_legacy.core import paths
+from grace_legacy.runtime import paths
 
 #: Below this many entries a plain ``torch.topk`` is as fast as anything (per-call overheads win).
 SMALL = 1 << 15
-#: Positions sampled for the threshold estimate: enough that the candidates stay within a small
-#: multiple of ``k`` at densities down to 0.001, few enough to cost nothing next to one pass.
+#: Positions sampled for the estimate: the candidates stay a small multiple of ``k`` down to
+#: density 0.001, at no cost next to one pass.
 SAMPLES = 4096
 #: Consecutive entries per sampled run (see :func:`_sample_positions`).
 SAMPLE_RUN = 16
@@ -70,12 +58,9 @@ def estimate_order(k: int, samples: int, numel: int) -> int:
 
 @functools.lru_cache(maxsize=512)
 def _sample_positions(numel: int) -> np.ndarray:
-    """Fixed pseudo-random positions for tensors of ``numel`` entries (``numel >= SAMPLE_RUN``):
-    a function of ``numel`` alone, so selection is deterministic and the global RNGs are never
-    touched. They come in runs of :data:`SAMPLE_RUN` consecutive entries (a 64-byte cache line of
-    fp32) at random places: 16 times fewer cache misses than scattered positions, for a sample
-    almost as good (neighbouring gradient entries are only weakly correlated; an unrepresentative
-    sample costs time, never exactness)."""
+    """Fixed pseudo-random positions for tensors of ``numel >= SAMPLE_RUN`` entries, a function of
+    ``numel`` alone (deterministic, no global RNG), in runs of :data:`SAMPLE_RUN` consecutive
+    entries at random places (docs/DESIGN.md#top-k-selection)."""
     starts = np.sort(np.random.default_rng(numel).integers(0, numel - SAMPLE_RUN + 1, SAMPLES // SAMPLE_RUN))
     positions = (starts[:, None] + np.arange(SAMPLE_RUN)).reshape(-1)
     positions.flags.writeable = False
@@ -164,14 +149,9 @@ def _select_cpu(flat: torch.Tensor, k: int, threshold_bits: int, expected: int) 
 @functools.lru_cache(maxsize=256)
 def magnitude_bound(threshold: float, dtype: torch.dtype) -> tuple[torch.Tensor, int]:
     """The smallest value of ``dtype`` that is ``>= threshold`` (a 0-dim tensor, possibly ``inf``),
-    and its magnitude bits: what ``|x| >= threshold`` compares against, exactly, in ``dtype``.
-
-    Comparing a half-precision tensor with the Python float ``0.1`` rounds ``0.1`` to the nearest
-    fp16, ``0.0999755859375``, which is *below* 0.1, so that value would pass ``x >= 0.1``. Rounding
-    the threshold up instead makes ``|x| >= bound`` hold exactly when ``|x| >= threshold`` does
-    for every ``x`` the dtype can represent. Cached: a threshold is fixed for many steps, and
-    building the bound takes several small tensor operations, more than a small layer's pass.
-    """
+    and its magnitude bits: ``|x| >= bound`` holds exactly when ``|x| >= threshold`` does, for
+    every ``x`` of ``dtype`` (rounding to nearest would not: fp16's nearest to 0.1 is below it).
+    Cached: a threshold stays for many steps."""
     exact = torch.tensor(threshold, dtype=torch.float64)
     bound = exact.to(dtype)
     if bound.to(torch.float64) < exact:
@@ -182,13 +162,9 @@ def magnitude_bound(threshold: float, dtype: torch.dtype) -> tuple[torch.Tensor,
 
 def entries_at_or_above(flat: torch.Tensor, threshold: float,
                         index_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(values, indices)``: the entries of the 1-D floating ``flat`` whose magnitude is
-    ``>= threshold`` (exactly, in ``flat``'s dtype: see :func:`magnitude_bound`), NaN never among
-    them, and their flat positions in increasing order as ``index_dtype``: what
-    ``i = torch.nonzero(flat.abs() >= threshold)`` and ``flat[i]`` give, in one pass on CPU.
-
-    Below :data:`SMALL` entries, those torch operations themselves: their per-call cost is lower
-    than a compiled pass's arrays and dispatch."""
+    """``(values, indices)``: the entries of the 1-D ``flat`` with magnitude ``>= threshold`` (exactly
+    in ``flat``'s dtype, NaN never) and their increasing positions as ``index_dtype``: what
+    ``i = torch.nonzero(flat.abs() >= threshold)`` and ``flat[i]`` give (those, below :data:`SMALL`)."""
     bound, bound_bits = magnitude_bound(threshold, flat.dtype)
     if not paths.cpu_path(flat) or flat.numel() < SMALL:
         positions = torch.nonzero(flat.abs() >= bound.to(flat.device)).reshape(-1)

@@ -1,19 +1,8 @@
-"""Compiled CPU passes of the 1-bit compressors: signs packed as they are read, and unpacked
-straight into the decoded values.
-
-In tensor arithmetic a 1-bit round trip reads and writes the gradient several times: a bool
-tensor of ``x >= 0``, its packing, two masked copies for 1-bit SGD's side sums (or ``|x|`` for
-EF-signSGD's scale), then on the way back the unpacked bits, their conversion and the arithmetic
-that makes ``+-1`` or the side means. Here the way out is one loop that reads each element once,
-packs its bit (element ``i`` is bit ``i % 8`` of byte ``i // 8``, as
-:mod:`~grace_legacy.compressors.kernels.bits` lays them out) and, when asked, adds it to its side's sum;
-the way back is one loop that writes each element once.
-
-Float32 and float64 CPU tensors only (the compressors take their tensor path otherwise). Sums are
-kept in float64: each byte's eight elements are summed on their own, then the bytes in order
-within blocks, then the blocks in order (:func:`pack_and_sum_sides`).
-numba is imported, and the loops compiled, on first use (then cached on disk beside this
-file), so importing grace_legacy stays cheap.
+"""Compiled CPU passes of the 1-bit compressors (docs/DESIGN.md#compiled-passes): one loop packs
+each element's bit as :mod:`~grace_legacy.compressors.kernels.bits` lays them out and, when asked,
+adds it to its side's sum; one loop decodes the bits straight into the values. Float32 and float64
+CPU tensors only. Sums are kept in float64: each byte's eight elements on their own, then the bytes
+in order within fixed blocks, then the blocks in order, so they do not depend on the thread count.
 """
 
 from __future__ import annotations
@@ -32,8 +21,7 @@ COMPILED_DTYPES = (torch.float32, torch.float64)
 
 
 def kernels_apply(tensor: torch.Tensor) -> bool:
-    """Whether the compiled loops handle ``tensor``: a float32 or float64 CPU tensor (while
-    :data:`grace_legacy.compressors.kernels.compiled.ENABLED`)."""
+    """Whether the compiled loops handle ``tensor``: float32 or float64 on a CPU, while ``compiled.ENABLED``."""
     return _compiled.applies(tensor, COMPILED_DTYPES)
 
 

@@ -1,16 +1,10 @@
-"""Compiled CPU passes of the stochastic quantizers (QSGD, TernGrad, natural compression).
-
-In tensor arithmetic each quantizer makes one full-size temporary per step of its formula (six
-to thirteen on a transformer's embedding) and draws its random numbers into one more. Here each
-is a single loop that reads an element, draws its number (:mod:`~grace_legacy.compressors.kernels.draws`,
-computed inline) and writes its code, with the same float32 or float64 operations in the same
-order as the tensor formulas, so the codes are bit for bit theirs (tested against them).
+"""Compiled CPU passes of the stochastic quantizers (QSGD, TernGrad, natural compression): one loop
+each that reads an element, draws its number inline (:mod:`~grace_legacy.compressors.kernels.draws`)
+and writes its code, with the tensor formulas' float operations in their order, so the codes are
+bit for bit theirs (docs/DESIGN.md#compiled-passes).
 
 Every loop takes the flat gradient in its work dtype (float32 or float64). QSGD's and TernGrad's
-also take a scale the caller has checked usable (finite and positive), so every element is
-finite; the caller fills the codes with zeros otherwise. Natural's handles every element, inf
-and NaN included. numba is imported, and the loops compiled, on first use (then cached on disk
-beside this file), so importing grace_legacy stays cheap.
+also take a scale the caller has checked finite and positive; Natural's handles inf and NaN too.
 """
 
 from __future__ import annotations
@@ -27,14 +21,13 @@ from grace_legacy.compressors.kernels.draws import GAMMA, MIX1, MIX2
 
 
 def kernels_apply(tensor: torch.Tensor) -> bool:
-    """Whether the compiled loops handle ``tensor``: any CPU tensor, which the quantizers convert
-    to float32 or float64 first (while :data:`grace_legacy.compressors.kernels.compiled.ENABLED`)."""
+    """Whether the compiled loops handle ``tensor``: any CPU tensor (converted to float32 or float64
+    first) while ``compiled.ENABLED``."""
     return _compiled.applies(tensor)
 
 
 def _single(x):  # pragma: no cover - replaced in compiled code, see _kernels
-    """In compiled code, whether the array ``x`` holds float32 (else float64), as a constant of
-    the compilation for ``x``'s type."""
+    """In compiled code, whether ``x`` holds float32 (else float64), a constant of the compilation."""
     raise NotImplementedError("_single is only defined inside compiled loops")
 
 
@@ -43,8 +36,8 @@ def _kernels():
     import numba
     from numba.extending import overload
 
-    # A constant per compiled type: `x.itemsize` is read from the array at run time, so a test of
-    # it would stay in every loop, with both dtypes' code and spilled registers.
+    # A constant per compiled type: a test of `x.itemsize`, read at run time, would keep both
+    # dtypes' code in every loop.
     @overload(_single, inline="always")
     def _single_for(x):
         single = x.dtype.bitwidth == 32
@@ -422,9 +415,9 @@ def sum_of_squares(x: torch.Tensor) -> float:
 
 
 def spread(x: torch.Tensor) -> tuple[float, float, float]:
-    """``(sigma, lowest, highest)`` of ``x``'s elements: the standard deviation about the mean
-    (dividing by n), from two float64 passes summed by blocks as :func:`sum_of_squares` is, and
-    the extremes; all three NaN if an element is NaN (sigma is NaN also when one is infinite)."""
+    """``(sigma, lowest, highest)`` of ``x``: the standard deviation (dividing by n, two float64
+    passes summed by blocks as :func:`sum_of_squares` is) and the extremes; all NaN if an element is
+    NaN (sigma also if one is infinite)."""
     sigma, lowest, highest, not_finite = _run("spread", x.numel(), x.numpy())
     if not_finite and bool(torch.isnan(x).any()):  # the extremes skip NaN
         return math.nan, math.nan, math.nan

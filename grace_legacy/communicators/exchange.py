@@ -1,0 +1,260 @@
+"""A *flight*: many tensors' payloads (parcels) exchanged with one collective per kind: one allgather
+of every gathered parcel's packed buffer back to back (exactly the bytes of the parcels sent one by
+one; by part for Top-k/DGC buckets, aggregated by one scatter-add), and one allreduce per dtype of
+the additive parcels' parts per round. ``Allreduce`` and ``Allgather`` are flights of one parcel, a
+fused bucket a flight of many (docs/DESIGN.md#fused-buckets)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from grace_legacy.compressors.sparse import bucket_positions, scatter_sum_columns, scatter_sum_many
+from grace_legacy.core.backend import Backend, Pending
+from grace_legacy.core.communicator import Communicator
+from grace_legacy.core.compressor import Compressor, Payload
+from grace_legacy.runtime import wire
+from grace_legacy.runtime.buffers import BufferPool
+from grace_legacy.runtime.cost import ring_allreduce_bytes
+
+#: ``update_memory(payload, ctx, encoder=None)``: error feedback learns from the last local payload
+#: (decoded by ``encoder`` where it is not the parcel's compressor: a payload compressed segment by
+#: segment)
+UpdateMemory = Callable[..., None]
+
+
+def nbytes(parts: Payload) -> int:
+    return sum(part.numel() * part.element_size() for part in parts)
+
+
+@dataclass
+class Parcel:
+    """One tensor's part of a flight."""
+
+    name: str
+    payload: Payload
+    ctx: Any
+    compressor: Compressor
+    gathered: bool
+    #: compressed by its exchange, shard by shard (``payload`` holds the uncompressed tensor until then)
+    sharded: bool = False
+    #: called with the last round's local payload (error feedback learns from it)
+    update_memory: UpdateMemory | None = None
+    pending: Pending = field(init=False)
+
+    def __post_init__(self) -> None:
+        if self.sharded:
+            sent = 0
+        elif self.gathered:
+            sent = wire.packed_size(self.payload, not self.compressor.uniform_payload)
+        else:
+            sent = nbytes(self.payload)
+        self.pending = Pending(self._not_flown, sent)
+
+    def _not_flown(self) -> torch.Tensor:
+        raise RuntimeError(f"the gradient of {self.name!r} was waited for before its bucket was complete")
+
+
+def raising(error: BaseException) -> Callable[[], torch.Tensor]:
+    def finish() -> torch.Tensor:
+        raise error
+    return finish
+
+
+class BucketExchange:
+    """The collectives of one set of parcels, launched at construction and finished once."""
+
+    def __init__(self, label: str, parcels: Sequence[Parcel], backend: Backend, average: bool,
+                 recycler: BufferPool | None = None) -> None:
+        self.label, self.parcels, self.backend, self.average = label, list(parcels), backend, average
+        #: keeps the buffer a by-part bucket aggregates into, for the next flight of the same label
+        self.recycler = recycler
+        self.results: dict[str, torch.Tensor] | None = None
+        self._collectives = 0
+        self._failure: BaseException | None = None
+        for parcel in self.parcels:
+            if parcel.update_memory is not None and parcel.compressor.rounds == 1:
+                parcel.update_memory(parcel.payload, parcel.ctx)
+            if parcel.gathered and parcel.compressor.rounds != 1:
+                raise ValueError(f"{parcel.compressor!r} needs {parcel.compressor.rounds} allreduce rounds; "
+                                 f"it cannot be gathered")
+        try:
+            self._launch()
+        except BaseException as error:
+            # Launched whole or not at all: waiting for a parcel of a failed launch raises what the
+            # launch raised (the engine's error), never something about a half-built exchange.
+            for parcel in self.parcels:
+                parcel.pending._finish = raising(error)
+            raise
+        for parcel in self.parcels:
+            parcel.pending._finish = self._finisher(parcel.name)
+
+    def _launch(self) -> None:
+        gathered = [m for m in self.parcels if m.gathered]
+        self._gather = None
+        if gathered:
+            columns = self._by_part(gathered)
+            if columns is not None:
+                packed = wire.pack_columns([m.payload for m in gathered], columns)
+                self._gather = (gathered, columns, self.backend.allgather_async(packed, self._name(0)))
+            else:
+                # Each parcel's parts and whether it carries a size header: how it is packed and unpacked.
+                layouts = [(m.payload, not m.compressor.uniform_payload) for m in gathered]
+                self._gather = (gathered, layouts,
+                                self.backend.allgather_async(wire.pack_many(layouts), self._name(0)))
+        self._reduced = {id(m): list(m.payload) for m in self.parcels if not m.gathered}
+        for parcel in self.parcels:
+            if not parcel.gathered:
+                parcel.pending.wire_bytes = ring_allreduce_bytes(parcel.pending.bytes_sent, self.backend.size())
+        self._reduce = self._launch_reduce([m for m in self.parcels if not m.gathered], round_index=0)
+
+    @staticmethod
+    def _by_part(gathered: Sequence[Parcel]) -> wire.Columns | None:
+        """The by-part layout (:func:`~grace_legacy.runtime.wire.pack_columns`) when every parcel is a
+        header-less ``[values, flat indices]`` scatter-add (Top-k, DGC) and it costs the bytes of the
+        parcels packed one by one; else ``None``."""
+        if not all(m.compressor.uniform_payload and len(m.payload) == 2
+                   and m.compressor.scatter_context(m.ctx) is not None for m in gathered):
+            return None
+        if len({m.payload[0].device for m in gathered}) != 1:  # torch.cat packs within one device
+            return None
+        columns = wire.columns([m.payload for m in gathered])
+        if columns is None or columns.nbytes != sum(m.pending.bytes_sent for m in gathered):
+            return None
+        return columns
+
+    def _name(self, round_index: int) -> str:
+        # The i-th collective of a round, whatever its kind (docs/DESIGN.md#collective-names).
+        name = f"{self.label}.r{round_index}.{self._collectives}"
+        self._collectives += 1
+        return name
+
+    def _launch_reduce(self, parcels: Sequence[Parcel], round_index: int) -> list[tuple[list, Any]]:
+        by_dtype: dict[torch.dtype, list[tuple[Parcel, int]]] = {}
+        for parcel in parcels:
+            for i, part in enumerate(self._reduced[id(parcel)]):
+                by_dtype.setdefault(part.dtype, []).append((parcel, i))
+        if round_index > 0:
+            self._collectives = 0
+        launched = []
+        for segments in by_dtype.values():
+            parts = [self._reduced[id(m)][i] for m, i in segments]
+            flat = parts[0].reshape(-1) if len(parts) == 1 else torch.cat([p.reshape(-1) for p in parts])
+            launched.append((segments, self.backend.allreduce_async(flat, self._name(round_index), self.average)))
+        return launched
+
+    def _wait_reduce(self, launched: list[tuple[list, Any]]) -> None:
+        for segments, handle in launched:
+            flat = self.backend.wait(handle)
+            offset = 0
+            for parcel, i in segments:
+                template = self._reduced[id(parcel)][i]
+                self._reduced[id(parcel)][i] = flat[offset: offset + template.numel()].view(template.shape)
+                offset += template.numel()
+
+    def _finisher(self, name: str) -> Callable[[], torch.Tensor]:
+        def finish() -> torch.Tensor:
+            if self._failure is not None:
+                raise self._failure
+            if self.results is None:
+                try:
+                    self.results = self._finish_all()
+                except BaseException as error:
+                    # Every parcel of the exchange raises the same error: its handles are spent.
+                    self._failure = error
+                    raise
+            return self.results[name]
+        return finish
+
+    def _finish_all(self) -> dict[str, torch.Tensor]:
+        results: dict[str, torch.Tensor] = {}
+        if self._gather is not None:
+            results.update(self._aggregate_gathered(*self._gather))
+            self._count_gathered(*self._gather)
+
+        self._wait_reduce(self._reduce)
+        reducing = [m for m in self.parcels if not m.gathered]
+        rounds = max((m.compressor.rounds for m in reducing), default=1)
+        for round_index in range(1, rounds):
+            active = [m for m in reducing if m.compressor.rounds > round_index]
+            for parcel in active:
+                local, parcel.ctx = parcel.compressor.next_round(self._reduced[id(parcel)], parcel.ctx)
+                parcel.pending.bytes_sent += nbytes(local)
+                parcel.pending.wire_bytes += ring_allreduce_bytes(nbytes(local), self.backend.size())
+                if round_index == parcel.compressor.rounds - 1 and parcel.update_memory is not None:
+                    parcel.update_memory(local, parcel.ctx)
+                self._reduced[id(parcel)] = list(local)
+            self._wait_reduce(self._launch_reduce(active, round_index))
+        for parcel in reducing:
+            reduced = self._reduced[id(parcel)]
+            if parcel.compressor.rounds > 1:
+                parcel.compressor.end_exchange(reduced, parcel.ctx)
+            results[parcel.name] = parcel.compressor.decompress(reduced, parcel.ctx)
+        return results
+
+    def _count_gathered(self, parcels: list[Parcel], layout: wire.Columns | list[tuple[Payload, bool]],
+                        handle: Any) -> None:
+        """Each gathered parcel's link bytes: the other ranks' parts of it. Without a header every
+        rank's part has this rank's size; with one, the sizes were read on arrival."""
+        others = self.backend.size() - 1
+        for parcel in parcels:
+            if parcel.compressor.uniform_payload:
+                parcel.pending.wire_bytes = float(others * parcel.pending.bytes_sent)
+
+    def _aggregate_gathered(self, parcels: list[Parcel], layout: wire.Columns | list[tuple[Payload, bool]],
+                            handle: Any) -> dict[str, torch.Tensor]:
+        if isinstance(layout, wire.Columns):
+            contexts = [m.compressor.scatter_context(m.ctx) for m in parcels]
+            # Zeroed before the wait: a rank that waits for the last bucket's gather is idle then.
+            out = None if self.recycler is None else self.recycler.zeros(
+                self.label, sum(ctx.numel for ctx in contexts), layout.dtypes[0], parcels[0].payload[0].device)
+            gathered = self.backend.wait(handle)
+            values, indices = wire.unpack_columns(gathered, layout, self.backend.size(), self.label)
+            sums = scatter_sum_columns(values, indices, layout.counts[0], contexts, self.average, out=out)
+            if out is not None:
+                # Only the entries written can be inf or NaN: when none is, nobody needs to look
+                # at the parcels' results again (Pending.finite).
+                positions = bucket_positions(indices, layout.counts[0], contexts).reshape(-1)
+                if bool(torch.isfinite(out.index_select(0, positions)).all()):
+                    for parcel in parcels:
+                        parcel.pending.finite = True
+            return {m.name: total for m, total in zip(parcels, sums, strict=True)}
+        gathered = self.backend.wait(handle)
+        if any(with_header for _, with_header in layout):
+            received = wire.unpack_gathered_many(gathered, layout, self.backend.size(), self.label)
+            me = self.backend.rank()
+            for parcel, payloads, (_, with_header) in zip(parcels, received, layout, strict=True):
+                parcel.pending.wire_bytes = float(sum(wire.packed_size(payload, with_header)
+                                                      for rank, payload in enumerate(payloads) if rank != me))
+            return {m.name: m.compressor.aggregate(payloads, m.ctx, self.average)
+                    for m, payloads in zip(parcels, received, strict=True)}
+        # Every rank sent the local layout: each part is one view over all ranks, and the
+        # scatter-add parcels share one zero buffer and one scatter-add.
+        results: dict[str, torch.Tensor] = {}
+        scattered: list[tuple[str, tuple]] = []
+        for parcel, parts in zip(parcels, wire.unpack_stacked(gathered, layout, self.backend.size(), self.label),
+                                 strict=True):
+            ctx = parcel.compressor.scatter_context(parcel.ctx)
+            if ctx is not None:
+                scattered.append((parcel.name, (parts[0], parts[1], ctx)))
+                continue
+            results[parcel.name] = parcel.compressor.aggregate(wire.per_rank(parts), parcel.ctx, self.average)
+        sums = scatter_sum_many([entries for _, entries in scattered], self.average)
+        results.update(zip((name for name, _ in scattered), sums, strict=True))
+        return results
+
+
+class ExchangeCommunicator(Communicator):
+    """Sends each tensor as a flight of its own, gathered or reduced (:attr:`carries_non_additive`)."""
+
+    fusable = True
+
+    def start(self, payload: Payload, ctx: Any, name: str, compressor: Compressor, backend: Backend,
+              average: bool, on_final_payload: UpdateMemory | None = None) -> Pending:
+        parcel = Parcel(name, payload, ctx, compressor, gathered=self.carries_non_additive,
+                        update_memory=on_final_payload)
+        BucketExchange(name, [parcel], backend, average)
+        return parcel.pending

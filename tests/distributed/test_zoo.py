@@ -1,0 +1,25 @@
+"""Over real horovodrun -np 4, under Gloo and MPI: every registered compressor case
+(``tests/registry.py``) equals an independent aggregation of each rank's decompressed payload;
+and once more under Gloo with ``GRACE_LEGACY_DEVICE_PATH=1``, every rank on the path a GPU's
+tensors take (:mod:`grace_legacy.runtime.paths`)."""
+
+import pytest
+
+from tests.distributed.launcher import CONTROLLERS, run_checks
+from tests.registry import FAMILIES, zoo_cases
+
+pytestmark = pytest.mark.distributed
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("controller", CONTROLLERS)
+def test_every_compressor_matches_its_reference(controller, family, tmp_path):
+    reports = run_checks("zoo_worker.py", 4, controller, tmp_path, "--cases", family, timeout=600)
+    assert reports[0]["cases"] == [case.label for case in zoo_cases(family)]
+
+
+def test_every_compressor_matches_its_reference_on_the_device_path(tmp_path):
+    reports = run_checks("zoo_worker.py", 4, "gloo", tmp_path, timeout=1200,
+                         extra_env={"GRACE_LEGACY_DEVICE_PATH": "1"})
+    assert all(report["device_path"] for report in reports.values())
+    assert reports[0]["cases"] == [case.label for family in FAMILIES for case in zoo_cases(family)]
