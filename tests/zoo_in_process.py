@@ -9,11 +9,16 @@ averaged where the route was dense), and the bundle's synchronized gradient must
 every rank, within the case's tolerances (bit for bit for the quantizers). The bytes the bundle
 counts must equal the twin's payload bytes, and the routes the twin's.
 
+The cases' twins model the single-stage routes (allreduce, allgather, broadcast), which a default
+bundle takes at two ranks; from three on it sends gathered payloads along the two-phase
+scatter-gather, whose own reference (``tests/two_phase.py``) :func:`run_two_phase_case` holds it
+to, bit for bit.
+
 The gradients are made up, not a model's: shapes from a 0-dim scale to a tensor large enough that
 the compiled CPU passes go by blocks on several threads (``huge``), values scaled per tensor and
 rank as a small network's are (so that Threshold(0.1) leaves some tensors empty on some ranks
 and some on every rank, as its case checks). They live on ``device``: the device check
-(``benchmarks/device_check.py``) runs these cases on a GPU, the unit tests on the CPU, there
+(``python -m benchmarks.device_check``) runs these cases on a GPU, the unit tests on the CPU, there
 along both paths (:mod:`grace_legacy.runtime.paths`).
 """
 
@@ -24,9 +29,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from grace_legacy import Grace, ScatterGather
 from grace_legacy.grace import _DENSE
 from grace_legacy.runtime import wire
-from tests.helpers import ThreadBackend, run_ranks
+from tests import two_phase
+from tests.helpers import ThreadBackend, bits, run_ranks
 from tests.reference import Case, Observation, mean_rule
 
 #: name -> (shape, scale of rank 0's entries; rank r's are (1 + r) times larger)
@@ -152,7 +159,7 @@ def _rank(case: Case, backend: ThreadBackend, device: torch.device, steps: int, 
     return report
 
 
-def run_case(case: Case, world: int = 4, device: torch.device | str = "cpu", steps: int = STEPS,
+def run_case(case: Case, world: int = 2, device: torch.device | str = "cpu", steps: int = STEPS,
              names: list[str] | None = None) -> list[str]:
     """Run ``case`` on ``world`` in-process ranks with gradients on ``device`` (the tensors ``names``,
     default all of :data:`TENSORS`); every failed check, described (empty when the case holds)."""
@@ -165,4 +172,43 @@ def run_case(case: Case, world: int = 4, device: torch.device | str = "cpu", ste
             case.check(reports[0].compression, reports[0].observations)
         except AssertionError as err:
             failures.append(f"{case.label}: final check: {err}")
+    return failures
+
+
+def run_two_phase_case(label: str, world: int = 3, device: torch.device | str = "cpu") -> list[str]:
+    """The scatter-gather's case ``label`` (:data:`tests.two_phase.SETUPS`) on ``world`` in-process
+    ranks, the bucket's tensors fused, gradients on ``device``: every rank's synchronized tensors
+    must be, bit for bit, the independent two-phase reference's (run on the same device); every
+    failed check, described."""
+    device = torch.device(device)
+    make, memory = two_phase.SETUPS[label]
+    # Without the dense fallback, so that every tensor takes the scatter-gather, as in the reference.
+    bundles = [Grace(make(), memory=memory(), communicator=ScatterGather(), dense_fallback=False,
+                     bucket_bytes=1 << 20) for _ in range(world)]
+    for bundle in bundles:
+        bundle.plan_buckets([(name, 4) for name in two_phase.SIZES])
+
+    def body(backend: ThreadBackend) -> list[list[torch.Tensor]]:
+        bundle, results = bundles[backend.rank()], []
+        for step in range(two_phase.STEPS):
+            mine = two_phase.gradients(world, step, device=device)[backend.rank()]
+            pending = {name: bundle.start(g, name, backend, average=True)
+                       for name, g in zip(two_phase.SIZES, mine, strict=True)}
+            results.append([pending[name]() for name in two_phase.SIZES])
+            bundle.end_step()
+        return results
+
+    per_rank = run_ranks(world, body)
+    expected = two_phase.reference(label, world, torch.float32, device)
+    failures = []
+    for rank, steps in enumerate(per_rank):
+        for step, (got, want) in enumerate(zip(steps, expected, strict=True)):
+            for name, g, e in zip(two_phase.SIZES, got, want, strict=True):
+                where = f"scatter-gather {label}: rank {rank} step {step} {name}"
+                if g.shape != e.shape or g.dtype != e.dtype or g.device != e.device:
+                    failures.append(f"{where}: {tuple(g.shape)} {g.dtype} on {g.device}, expected "
+                                    f"{tuple(e.shape)} {e.dtype} on {e.device}")
+                elif not torch.equal(bits(g), bits(e)):
+                    failures.append(f"{where}: not the reference's bits (largest difference "
+                                    f"{(g.double() - e.double()).abs().max().item():.3g})")
     return failures

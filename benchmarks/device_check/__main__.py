@@ -9,16 +9,18 @@ torch, numba and pytest's ``hypothesis`` (the test registry's) beside it. Stages
 recorded with its status and time:
 
 1. ``environment``: torch, CUDA, the GPU, numba, whether Horovod is there (it need not be).
-2. ``zoo in process``: every zoo case (``tests/registry.py``) on four in-process ranks with the
+2. ``zoo in process``: every zoo case (``tests/registry.py``) on two in-process ranks with the
    gradients on the device (``tests/zoo_in_process.py``): the synchronized gradient equals the
-   case's independent rule, bit for bit for the quantizers.
+   case's independent rule, bit for bit for the quantizers; and every scatter-gather case
+   (``tests/two_phase.py``) on three ranks, bit for bit the two-phase reference's.
 3. ``same payloads on the CPU``: each compressor's payload and decompressed tensor on the device
    against the same on the CPU along the device path (:mod:`grace_legacy.runtime.paths`); a report,
    not a pass/fail check (QSGD's and TernGrad's scales may differ in their last bit between
    devices, 1-bit SGD's and EF-signSGD's sums too).
-4. ``ddp nccl 1 rank``, ``ddp gloo 2 ranks``, ``ddp gloo 4 ranks``: real ``torchrun`` workers
+4. ``ddp nccl 1 rank``, ``ddp gloo 2 ranks``: real ``torchrun`` workers
    (:mod:`benchmarks.device_check.ddp_worker`) run every zoo case through the DDP hook, NCCL with
-   one rank (NCCL refuses two ranks on one GPU), Gloo with CUDA tensors on ranks sharing the GPU.
+   one rank (NCCL refuses two ranks on one GPU), Gloo with CUDA tensors on two ranks sharing the
+   GPU (the cases' twins model the routes a default bundle takes at two ranks).
 5. ``throughput``: :mod:`benchmarks.performance.throughput` on the device (CUDA events), ResNet-50
    and the Transformer-base encoder, grace-legacy against the GRACE-style reference.
 
@@ -124,20 +126,25 @@ def _version(module: str) -> str:
 
 def zoo_in_process(stage: Stage, device: torch.device, quick: bool, check: Check) -> None:
     from grace_legacy.runtime import paths
+    from tests import two_phase
     from tests import zoo_in_process as zoo
     from tests.registry import zoo_cases
 
     names = [name for name in zoo.TENSORS if not (quick and name == "huge.weight")]
+    runs = [(case.label, lambda case=case: zoo.run_case(case, world=2, device=device, steps=2 if quick else zoo.STEPS,
+                                                         names=names)) for case in zoo_cases()]
+    runs += [(f"scatter-gather {label}", lambda label=label: zoo.run_two_phase_case(label, world=3, device=device))
+             for label in sorted(two_phase.SETUPS)]
     timings = {}
     with paths.device_path(True):  # CPU tensors too take the device's path
-        for case in zoo_cases():
+        for label, run in runs:
             if check.left() < 5:
-                stage.details.append(f"{case.label}: not run (budget)")
+                stage.details.append(f"{label}: not run (budget)")
                 stage.status = "failed"
                 continue
             begin = time.perf_counter()
-            failures = zoo.run_case(case, world=4, device=device, steps=2 if quick else zoo.STEPS, names=names)
-            timings[case.label] = round(time.perf_counter() - begin, 2)
+            failures = run()
+            timings[label] = round(time.perf_counter() - begin, 2)
             stage.details += failures
             if failures:
                 stage.status = "failed"
@@ -285,7 +292,7 @@ def main() -> None:
     check.run("zoo in process", lambda stage: zoo_in_process(stage, device, args.quick, check), needs=30)
     check.run("same payloads on the CPU", lambda stage: same_payloads(stage, device), needs=10)
     gpu = device.type == "cuda"
-    runs = [("nccl" if gpu else "gloo", 1), ("gloo", 2)] + ([] if args.quick else [("gloo", 4)])
+    runs = [("nccl" if gpu else "gloo", 1), ("gloo", 2)]
     for backend, ranks in runs:
         # Each launch gets at most what is left, less what the throughput stage needs.
         check.run(f"ddp {backend} {ranks} rank{'s' if ranks > 1 else ''}",

@@ -12,6 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.registry import zoo_cases
+from tests.two_phase import SETUPS
+
 REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.distributed
@@ -32,7 +35,8 @@ def test_the_device_check_runs_every_stage_on_a_cpu(tmp_path):
     assert statuses == {name: "report" if name in ("same payloads on the CPU", "throughput") else "passed"
                         for name in STAGES}
     stages = {stage["name"]: stage for stage in report["stages"]}
-    assert stages["zoo in process"]["data"]["cases"] == stages["ddp gloo 2 ranks"]["data"]["cases"] > 20
+    assert stages["ddp gloo 2 ranks"]["data"]["cases"] == len(zoo_cases()) > 20
+    assert stages["zoo in process"]["data"]["cases"] == len(zoo_cases()) + len(SETUPS)
     text = (out / "gpu.md").read_text()
     assert "**every stage passed**" in text and "Compressor throughput" in text and "PowerSGD" in text
     assert text.index("<!-- begin device_check -->") < text.index("<!-- begin throughput -->")
