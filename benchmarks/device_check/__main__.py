@@ -198,7 +198,8 @@ def _ddp(stage: Stage, device: torch.device, backend: str, ranks: int, quick: bo
                "127.0.0.1", "--master-port", str(port), "--max-restarts", "0", "-m",
                "benchmarks.device_check.ddp_worker", "--out", str(where), "--device", device.type,
                "--backend", backend, "--steps", "2" if quick else "3", *(["--small"] if quick else [])]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1",
+    path = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
+    env = {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1",
            "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // ranks))}
     if device.type == "cpu":
         env["GRACE_LEGACY_DEVICE_PATH"] = "1"

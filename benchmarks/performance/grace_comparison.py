@@ -1,7 +1,7 @@
 """How close the throughput benchmark's reference is to GRACE's own code, in time.
 
     git clone https://github.com/sands-lab/grace /tmp/grace      # not part of this repository
-    python -m benchmarks.performance.grace_comparison --grace /tmp/grace
+    python -m benchmarks.performance.grace_comparison --grace /tmp/grace [--threads 1,8]
 
 The throughput benchmark (:mod:`benchmarks.performance.throughput`) compares grace-legacy with
 :mod:`benchmarks.common.reference_compressors`, a re-implementation of GRACE's
@@ -9,7 +9,8 @@ The throughput benchmark (:mod:`benchmarks.performance.throughput`) compares gra
 a checkout given with ``--grace`` (its code is never copied here), beside that reference on the
 same gradients (ResNet-50's 161 shapes by default), compress then decompress, one tensor after
 another, the two taking turns at going first, at one thread and at the machine's count. The
-ratio reference time / GRACE time near 1 says the reference stands for GRACE.
+ratio reference time / GRACE time near 1 says the reference stands for GRACE. The table goes to
+``benchmarks/results/performance.md`` (section "grace_comparison") and ``grace_comparison.json``.
 
 Left out: GRACE's natural compression (it needs CuPy and a GPU) and PowerSGD (it runs Horovod
 allreduces inside ``compress``, and needs its memory to draw Q first).
@@ -21,6 +22,7 @@ import argparse
 import importlib
 import json
 import statistics
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -29,8 +31,10 @@ import torch
 
 from benchmarks.common import reference_compressors as ref
 from benchmarks.performance.throughput import (
+    REPO,
     THRESHOLD_FRACTIONS,
     default_threads,
+    oversubscribed,
     quartiles,
     resnet50_shapes,
     thread_counts,
@@ -106,7 +110,8 @@ def main() -> None:
     parser.add_argument("--repetitions", type=int, default=7)
     parser.add_argument("--model", choices=["ResNet-50", "Transformer-base encoder"], default="ResNet-50")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--results", type=Path, default=REPO / "benchmarks" / "results",
+                        help="where performance.md and grace_comparison.json go")
     args = parser.parse_args()
     from benchmarks.common.report import load_average, machine
 
@@ -116,21 +121,61 @@ def main() -> None:
     generator = torch.Generator().manual_seed(0)
     grads = [(name, torch.randn(shape, generator=generator).to(device)) for name, shape in shapes]
     threads = args.threads or default_threads()
-    result = {"machine": machine(), "model": args.model, "load_average": [load_average()], "runs": {}}
+    result = {"machine": machine(), "model": args.model, "device": args.device, "repetitions": args.repetitions,
+              "grace_commit": grace_commit(args.grace), "load_average": [load_average()], "runs": {}}
     for count in threads:
         torch.set_num_threads(count)
         result["runs"][str(count)] = measure(grads, grace, args.repetitions, device)
     result["load_average"].append(load_average())
-    print(f"{result['machine']}; load average {result['load_average'][0]:.1f} before, "
-          f"{result['load_average'][1]:.1f} after; {args.model}, median of {args.repetitions} paired repetitions")
-    print(f"{'threads':>7} {'compressor':24} {'GRACE ms':>10} {'reference ms':>13} {'reference / GRACE':>18}")
-    for count, cases in result["runs"].items():
-        for label, case in cases.items():
-            low, high = case["quartiles"]
-            print(f"{count:>7} {label:24} {case['grace_ms']:10.1f} {case['reference_ms']:13.1f} "
-                  f"{case['reference_over_grace']:8.3f} ({low:.3f}-{high:.3f})")
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=1))
+    command = f"python -m benchmarks.performance.grace_comparison --grace GRACE_CHECKOUT --threads " \
+              f"{','.join(map(str, threads))} --repetitions {args.repetitions}" + \
+              ("" if args.model == "ResNet-50" else f" --model '{args.model}'") + \
+              ("" if args.device == "cpu" else f" --device {args.device}")
+    print(write(result, args.results, command))
+
+
+def grace_commit(checkout: Path) -> str | None:
+    """The commit of a git checkout of GRACE, if it is one."""
+    try:
+        return subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def write(result: dict, results_dir: Path, command: str) -> str:
+    """The table, in ``results_dir/performance.md`` (section "grace_comparison") and its JSON; returns the text."""
+    from benchmarks.common.report import load_note, update_section
+
+    results_dir.mkdir(parents=True, exist_ok=True)
+    (results_dir / "grace_comparison.json").write_text(json.dumps(result, indent=1))
+    rows = [f"| {count} | {label} | {case['grace_ms']:.1f} | {case['reference_ms']:.1f} | "
+            f"**{case['reference_over_grace']:.3f}** ({case['quartiles'][0]:.3f}-{case['quartiles'][1]:.3f}) |"
+            for count, cases in result["runs"].items() for label, case in cases.items()]
+    # NoCompression does nothing on either side: its ratio is of two empty loops.
+    ratios = [case["reference_over_grace"] for cases in result["runs"].values()
+              for label, case in cases.items() if label != "NoCompression"]
+    commit = result.get("grace_commit") or "unknown commit"
+    text = f"""## The throughput benchmark's reference against GRACE's own code
+
+`{command}`, GRACE_CHECKOUT a checkout of sands-lab/grace ({commit}; run from it, never copied here).
+
+Machine: {result['machine']}; device: {result['device']}; {load_note(result['load_average'])}.\
+{oversubscribed(result['load_average'], command)} Median of
+{result['repetitions']} paired repetitions (the two taking turns at going first) of compress + decompress over
+{result['model']}'s gradients, one tensor after another, at each thread count (`torch.set_num_threads`).
+A ratio reference / GRACE near 1 says `benchmarks/common/reference_compressors.py`, what
+`benchmarks.performance.throughput` compares grace-legacy against, times as GRACE's own
+`grace_dl/torch/compressor/` does; here {min(ratios):.3f} to {max(ratios):.3f} (NoCompression aside).
+Left out: Natural (GRACE's needs CuPy and a GPU) and PowerSGD (GRACE's runs Horovod allreduces
+inside `compress`).
+
+| threads | compressor | GRACE ms | reference ms | reference / GRACE (paired quartiles) |
+|---|---|---|---|---|
+{chr(10).join(rows)}
+"""
+    update_section(results_dir / "performance.md", "grace_comparison", text, title="Performance results")
+    return text
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ For each compressor, three ways go over the same gradients, one tensor at a time
 repetition by repetition so that drift of a shared machine hits them alike (grace-legacy and the
 reference take turns at going first):
 
-* *grace-legacy*: ``resolve`` (tensors a compressor sends dense cost nothing), ``compress``,
+* *grace-legacy*: ``compressor_for`` (tensors a compressor sends dense cost nothing), ``compress``,
   the further rounds of multi-round compressors (PowerSGD) with the payload as its own sum, and
   ``decompress``;
 * *per-tensor reference*: the straightforward GRACE-style code of
@@ -48,6 +48,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
 import resource
 import statistics
 import time
@@ -370,11 +371,11 @@ def write(result: dict, results_dir: Path, command: str, section: str = "through
 `{command}`
 
 Machine: {result['machine']}; device: {result['device']}; {load_note(result['load_average'])} (other jobs add
-noise: the quartiles show the spread). Thread counts: {', '.join(runs)} (`torch.set_num_threads`, for
-both sides). Median of {first['repetitions']} interleaved repetitions (copy, clone, then
-grace-legacy and the reference, taking turns at going first, per compressor); times are for the
-whole model, one tensor after another; GB/s is the
-gradient's fp32 bytes over that time. The copy is `dst.copy_(grad)` into preallocated buffers:
+noise: the quartiles show the spread).{oversubscribed(result['load_average'], command)}
+Thread counts: {', '.join(runs)} (`torch.set_num_threads`, for both sides). Median of
+{first['repetitions']} interleaved repetitions (copy, clone, then grace-legacy and the reference,
+taking turns at going first, per compressor); times are for the whole model, one tensor after
+another; GB/s is the gradient's fp32 bytes over that time. The copy is `dst.copy_(grad)` into preallocated buffers:
 the memory floor; the clone (`grad.clone()`) allocates its output, as decompress must.
 grace-legacy's NoCompression costs nothing: it sends the gradient itself, dense. The reference is
 the straightforward GRACE-style code in `benchmarks/common/reference_compressors.py`.
@@ -415,6 +416,16 @@ own output once the caller has let go of it).
     figure.tight_layout()
     figure.savefig(results_dir / f"{section}.png", dpi=110)
     plt.close(figure)
+
+
+def oversubscribed(load: list[float], command: str) -> str:
+    """A warning, for a report, when the machine had more runnable jobs than cores during the run."""
+    cores = os.cpu_count() or 1
+    if max(load) <= cores:
+        return ""
+    return (f" **The machine was oversubscribed** (load above its {cores} cores: other jobs ran beside this one), "
+            f"so the times are inflated and the ratios noisy, the more so with more threads: rerun `{command}` "
+            f"on a quiet machine before reading a ratio near 1.")
 
 
 def thread_counts(text: str) -> list[int]:
