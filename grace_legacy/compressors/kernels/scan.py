@@ -189,33 +189,43 @@ def _kernels() -> SimpleNamespace:
         return total
 
     @compiled
-    def in_range_block(bits, mask, lower, upper, positions, kept, start, end):  # pragma: no cover - compiled
-        # As in_range, each block's entries written from the block's own start.
-        found = start
+    def count_in_range(bits, mask, lower, upper, start, end):  # pragma: no cover - compiled
+        hits = 0
+        for i in range(start, end):  # no branch: vectorized
+            magnitude = bits[i] & mask
+            hits += (magnitude >= lower) & (magnitude <= upper)
+        return hits
+
+    @parallel
+    def count_in_range_parallel(bits, mask, lower, upper, counts):  # pragma: no cover - compiled
+        n = bits.size
+        for b in numba.prange(counts.size):
+            counts[b] = count_in_range(bits, mask, lower, upper, b * big, min(n, (b + 1) * big))
+
+    @compiled
+    def write_in_range(bits, mask, lower, upper, positions, kept, at, limit, start, end):  # pragma: no cover
+        # As in_range, from the block's own offset; it stops once its last entry is written, since
+        # the next (unkept) store would land on the next block's first slot.
+        found = at
         for i in range(start, end):
+            if found == limit:
+                break
             entry = bits[i]
             magnitude = entry & mask
             positions[found] = i
             kept[found] = entry
             found += (magnitude >= lower) & (magnitude <= upper)
-        return found - start
 
     @parallel
-    def in_range_parallel(bits, mask, lower, upper, positions, kept, counts):  # pragma: no cover - compiled
+    def write_in_range_parallel(bits, mask, lower, upper, positions, kept, offsets, counts):  # pragma: no cover
         n = bits.size
         for b in numba.prange(counts.size):
-            counts[b] = in_range_block(bits, mask, lower, upper, positions, kept, b * big, min(n, (b + 1) * big))
-
-    @parallel
-    def gather_blocks(positions, kept, counts, offsets, out_positions, out_kept):  # pragma: no cover - compiled
-        for b in numba.prange(counts.size):
-            start, at = b * big, offsets[b]
-            for j in range(counts[b]):
-                out_positions[at + j] = positions[start + j]
-                out_kept[at + j] = kept[start + j]
+            write_in_range(bits, mask, lower, upper, positions, kept, offsets[b], offsets[b] + counts[b], b * big,
+                           min(n, (b + 1) * big))
 
     return SimpleNamespace(candidates=candidates, candidates_parallel=candidates_parallel, largest=largest,
-                           in_range=in_range, in_range_parallel=in_range_parallel, gather_blocks=gather_blocks)
+                           in_range=in_range, count_in_range_parallel=count_in_range_parallel,
+                           write_in_range_parallel=write_in_range_parallel)
 
 
 def candidates_at_or_above(bits: np.ndarray, mask: int, lower: int, expected: int,
@@ -262,23 +272,24 @@ def entries_in_range(bits: np.ndarray, mask: int, lower: int, upper: int,
     """``(entries, positions)``: the entries ``bits[i]`` (unmasked, so a float's sign survives a
     view back) with ``lower <= bits[i] & mask <= upper``, and their increasing positions as
     ``index_dtype``, which must hold ``bits.size - 1``."""
-    # Every entry is written at the next free slot whatever the test says, so both outputs are
-    # bits.size long; untouched pages of np.empty cost nothing, and a small result is copied out.
     kernels = _kernels()
-    positions = np.empty(bits.size, dtype=index_dtype)
-    kept = np.empty(bits.size, dtype=bits.dtype)
     threads = _compiled.threads_for(bits.size)
     if threads == 1:
+        # Every entry is written at the next free slot whatever the test says, so both outputs are
+        # bits.size long; untouched pages of np.empty cost nothing, and a small result is copied out.
+        positions = np.empty(bits.size, dtype=index_dtype)
+        kept = np.empty(bits.size, dtype=bits.dtype)
         found = kernels.in_range(bits, mask, lower, upper, positions, kept)
         if 2 * found < bits.size:
             return kept[:found].copy(), positions[:found].copy()
         return kept[:found], positions[:found]
-    # Each block's entries land at the block's own start; then they are gathered, in block order.
+    # On several threads: each block's entries counted first (a vectorized read), then written at
+    # the block's offset in outputs of the exact size; no copy afterwards, whatever the fraction kept.
     counts = np.empty(_compiled.blocks(bits.size), dtype=np.int64)
     with _compiled.launched(threads):
-        kernels.in_range_parallel(bits, mask, lower, upper, positions, kept, counts)
+        kernels.count_in_range_parallel(bits, mask, lower, upper, counts)
         offsets = np.cumsum(counts) - counts
         found = int(counts.sum())
-        out_positions, out_kept = np.empty(found, dtype=index_dtype), np.empty(found, dtype=bits.dtype)
-        kernels.gather_blocks(positions, kept, counts, offsets, out_positions, out_kept)
-    return out_kept, out_positions
+        positions, kept = np.empty(found, dtype=index_dtype), np.empty(found, dtype=bits.dtype)
+        kernels.write_in_range_parallel(bits, mask, lower, upper, positions, kept, offsets, counts)
+    return kept, positions
