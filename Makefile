@@ -6,7 +6,7 @@ STAMP := $(VENV)/.setup-done
 CONTROLLER ?= gloo
 NP ?= 4
 
-.PHONY: setup run test unit lint clean
+.PHONY: setup run test test-quick unit lint clean
 
 setup: $(STAMP)
 
@@ -20,6 +20,13 @@ run: setup
 test: setup
 	$(PY) -m ruff check .
 	$(PY) -m pytest
+
+# The quick loop for one's own edits (a few minutes): lint, the unit tests, and one real launch
+# under each launcher (horovodrun and torchrun), the tests marked `smoke`.
+test-quick: setup
+	$(PY) -m ruff check .
+	$(PY) -m pytest tests/unit tests/benchmarks -m "not distributed"
+	$(PY) -m pytest tests/distributed -m smoke
 
 unit: setup
 	$(PY) -m pytest tests/unit tests/benchmarks -m "not distributed"

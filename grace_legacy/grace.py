@@ -292,12 +292,9 @@ class Grace:
     def undo(self, name: str) -> None:
         """Undo this step's changes to ``name``'s memory and compressor state (skipped step)."""
         self.memory.undo(name)
-        self.compressor.undo(name)
-        if self.owner_memory is not None and self.owner_memory.undo_log is not None:
-            # The owner's feedback on the segments of ``name`` (ScatterGather's segment names).
-            for segment in self.owner_memory.undo_log.names():
-                if segment.startswith(f"{name}["):
-                    self.owner_memory.undo(segment)
+        self.compressor.undo(name)  # with the state of its segments (ScatterGather's segment names)
+        if self.owner_memory is not None:
+            self.owner_memory.undo(name)  # the owner's feedback on the segments of ``name``
 
     def describe(self) -> dict[str, str]:
         """What every rank must agree on, as text (see :mod:`grace_legacy.consistency`)."""

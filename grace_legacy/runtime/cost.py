@@ -127,18 +127,22 @@ def cheapest_route(costs: dict[str, float]) -> str:
 def choose_route(concrete: Compressor, shape: int | Sequence[int], dtype: torch.dtype, world_size: int, *,
                  forced: str | None = None, dense_fallback: bool = True) -> str:
     """The route a bundle takes for a tensor that ``concrete`` compresses, at ``world_size`` ranks:
-    the fewest link bytes (:func:`route_link_bytes`; one rank decides as two) among the routes
-    ``forced`` leaves (a communicator's route: ``"allreduce"``, ``"allgather"``, ``"broadcast"``
-    or ``"scattergather"``; ``None``: any), ``"dense"`` where sending the tensor uncompressed
-    costs no more, unless ``dense_fallback`` is off. A function of the configuration, the shape
-    and the number of ranks alone, so every rank takes the same."""
+    the fewest link bytes (:func:`route_link_bytes`; one rank decides as two; the scatter-gather
+    from three ranks) among the routes ``forced`` leaves (a communicator's route: ``"allreduce"``,
+    ``"allgather"``, ``"broadcast"`` or ``"scattergather"``; ``None``: any), ``"dense"`` where
+    sending the tensor uncompressed costs no more, unless ``dense_fallback`` is off. A function of
+    the configuration, the shape and the number of ranks alone, so every rank takes the same."""
     costs = route_link_bytes(concrete, shape, dtype, max(world_size, 2))
     if forced is not None and forced != "allreduce":
         via = "scattergather" if forced == "scattergather" else "allgather"
         candidates = {r: c for r, c in costs.items() if r in (via, "dense")}
         candidates.setdefault(via, 0.0)  # a size only the data decides: no choice to make
     else:
-        candidates = costs
+        candidates = dict(costs)
+        if world_size < 3:
+            # Two ranks swap halves, as a gather swaps wholes: no fewer bytes but those that
+            # rounding per segment drops, for a second lossy step. Taken only when asked for.
+            candidates.pop("scattergather", None)
     if not dense_fallback and len(candidates) > 1:
         candidates.pop("dense", None)
     route = cheapest_route(candidates)

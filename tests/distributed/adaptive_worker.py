@@ -12,6 +12,9 @@ where the twin compresses this rank's own gradient at the parameter chosen *here
   rank 0 checks each solve against errors and sizes it computes independently (a sorted top-k and
   the byte rule ``8k``/``4n``) by brute force over every assignment.
 
+The bundle takes the gather route (``Allgather()``), whose result the mean of decoded payloads is;
+the scatter-gather, the default from 3 ranks, has its own reference (tests/two_phase.py) and tests.
+
 Every rank also compares its decisions with every other rank's at every step. For L-GreCo, ranks
 other than 0 zero their accumulated gradients right before every solve, so their own solution
 differs from rank 0's: the broadcast must still make them apply rank 0's.
@@ -25,7 +28,7 @@ import math
 import horovod.torch as hvd
 import torch
 
-from grace_legacy import DGC, QSGD, Accordion, DGCMemory, DGCWarmup, Grace, LGreCo, NoMemory, Residual, TopK
+from grace_legacy import DGC, QSGD, Accordion, Allgather, DGCMemory, DGCWarmup, Grace, LGreCo, NoMemory, Residual, TopK
 from grace_legacy.core.seeds import derived_seed
 from grace_legacy.schedules.lgreco import LGreCo as LGreCoClass
 from tests.distributed.checks import Recorder, gather_from_ranks, kept, parse_args, topk_reference
@@ -60,7 +63,7 @@ def run_case(rec: Recorder, label: str, schedule, memory, twin, twin_memory, ste
              dense_fallback: bool = True) -> None:
     """Train ``steps`` steps; ``before_step(step, decided)`` sees the schedule's parameter per parameter
     for the step, ``after_sync(step, model)`` runs once the gradients are synchronized."""
-    grace = Grace(schedule, memory=memory, dense_fallback=dense_fallback)
+    grace = Grace(schedule, memory=memory, communicator=Allgather(), dense_fallback=dense_fallback)
     twin.set_rank(process_set.rank())
     torch.manual_seed(0)
     model = Net()

@@ -42,7 +42,7 @@ from torch.nn.parallel.distributed import _MixedPrecision
 
 import grace_legacy.ddp
 from benchmarks.performance.memory import structure_size
-from grace_legacy import Grace, Legacy, NoCompression, NoMemory, PowerSGD, TopK
+from grace_legacy import Allgather, Grace, Legacy, NoCompression, NoMemory, PowerSGD, TopK
 from grace_legacy.backends.torch_distributed import VARIABLE_GATHERS, TorchDistributedBackend
 from tests.distributed.checks import Recorder, parse_args, topk_contribution
 from tests.distributed.every_pair_worker import INIT_SCALE, parameter_digest, poisons, tensors_in
@@ -190,7 +190,8 @@ def unused_parameters(rec: Recorder) -> None:
     """Ranks 1 and 3 skip a branch, no rank uses ``never``: each used gradient is the mean of the
     ranks' Top-k (zeros where a rank skipped it); ``never`` keeps no gradient, as without a hook;
     PowerSGD with one collective per tensor does not deadlock and agrees on every rank."""
-    for label, compression in [("topk", Grace(TopK(0.3), memory=NoMemory())),
+    # The gather route for Top-k, whose result that mean is (the scatter-gather's: two_phase.py).
+    for label, compression in [("topk", Grace(TopK(0.3), memory=NoMemory(), communicator=Allgather())),
                                ("powersgd", Grace(PowerSGD(1), bucket_bytes=0)), ("no hook", None)]:
         torch.manual_seed(0)
         model = Branchy()

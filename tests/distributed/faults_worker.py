@@ -27,7 +27,7 @@ import horovod.torch as hvd
 import torch
 from torch import nn
 
-from grace_legacy import Grace, Legacy, NoMemory, PowerSGD, RanksDisagree, TopK
+from grace_legacy import Allgather, Grace, Legacy, NoMemory, PowerSGD, RanksDisagree, TopK
 from tests.distributed.checks import Recorder, gather_from_ranks, mean_of, parse_args, topk_contribution
 
 RATIO = 0.3
@@ -114,7 +114,8 @@ def expect_disagreement(rec: Recorder, label: str, run, *needles: str) -> None:
 
 def agreement(rec: Recorder) -> None:
     size = hvd.size()
-    rec.guard("topk", unused_parameters, rec, "topk", Grace(TopK(RATIO), memory=NoMemory()),
+    # The gather route, whose result the reference (the mean of every rank's top-k) is.
+    rec.guard("topk", unused_parameters, rec, "topk", Grace(TopK(RATIO), memory=NoMemory(), communicator=Allgather()),
               lambda g: topk_contribution(g, RATIO, size))
     # One tensor per collective, so PowerSGD's second round depends on the order of the waits.
     rec.guard("powersgd", unused_parameters, rec, "powersgd", Grace(PowerSGD(1), bucket_bytes=0), None)

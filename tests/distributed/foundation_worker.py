@@ -15,7 +15,7 @@ import torch
 from horovod.common.exceptions import HorovodInternalError
 
 import grace_legacy
-from grace_legacy import FP16, Broadcast, Grace, NoCompression, NoMemory, RandomK, Residual, TopK
+from grace_legacy import FP16, Allgather, Broadcast, Grace, NoCompression, NoMemory, RandomK, Residual, TopK
 from grace_legacy.backends.horovod import HorovodBackend
 from tests.distributed.checks import (
     Recorder,
@@ -25,7 +25,7 @@ from tests.distributed.checks import (
     topk_contribution,
     topk_goes_dense,
 )
-from tests.distributed.harness import Net, mean_over_ranks, train_and_compare
+from tests.distributed.harness import STEPS, Net, mean_over_ranks, train_and_compare
 
 RATIO = 0.05
 
@@ -37,6 +37,9 @@ def main() -> None:
     rec = Recorder(args.out)
     size = hvd.size()
 
+    def topk_gathered(p):
+        return not topk_goes_dense(p.numel(), RATIO, size)
+
     def topk_bytes(p):
         return 4 * p.numel() if topk_goes_dense(p.numel(), RATIO, size) else 8 * kept(RATIO, p.numel())
 
@@ -44,16 +47,20 @@ def main() -> None:
               hvd.DistributedOptimizer is grace_legacy.optimizer.DistributedOptimizer)
 
     # Top-k without memory: mean over ranks of each rank's own top-k (the whole tensor where the
-    # dense fallback applies: tensors too small for a gather to beat an allreduce).
-    topk = Grace(TopK(RATIO), memory=NoMemory())
+    # dense fallback applies: tensors too small for a gather to beat an allreduce). The gather
+    # route is named: from 3 ranks the default is the scatter-gather, whose reference is
+    # tests/two_phase.py (scatter_gather_worker.py).
+    topk = Grace(TopK(RATIO), memory=NoMemory(), communicator=Allgather())
     rec.guard("topk/no-memory", train_and_compare, rec, "topk/no-memory", topk,
               mean_over_ranks(lambda n, g, s: topk_contribution(g, RATIO, size)),
-              expected_bytes=topk_bytes)
+              expected_bytes=topk_bytes, gathered=topk_gathered)
 
     # Top-k with op=Sum and with gradient accumulation over two backward passes.
-    rec.guard("topk/sum", train_and_compare, rec, "topk/sum", Grace(TopK(RATIO), memory=NoMemory()),
+    rec.guard("topk/sum", train_and_compare, rec, "topk/sum",
+              Grace(TopK(RATIO), memory=NoMemory(), communicator=Allgather()),
               mean_over_ranks(lambda n, g, s: topk_contribution(g, RATIO, size), op=hvd.Sum), op=hvd.Sum)
-    rec.guard("topk/bpps2", train_and_compare, rec, "topk/bpps2", Grace(TopK(RATIO), memory=NoMemory()),
+    rec.guard("topk/bpps2", train_and_compare, rec, "topk/bpps2",
+              Grace(TopK(RATIO), memory=NoMemory(), communicator=Allgather()),
               mean_over_ranks(lambda n, g, s: topk_contribution(g, RATIO, size)), passes=2)
 
     # Top-k with error feedback: the test carries its own residuals.
@@ -68,16 +75,27 @@ def main() -> None:
             residual_ref[name] = compensated - sent
         return sent
 
-    topk_ef = Grace(TopK(RATIO), memory=Residual())
+    topk_ef = Grace(TopK(RATIO), memory=Residual(), communicator=Allgather())
     rec.guard("topk/residual", train_and_compare, rec, "topk/residual", topk_ef, mean_over_ranks(topk_residual))
     for name, expected in residual_ref.items():
         rec.close(topk_ef.memory.residuals[name], expected, f"topk/residual: carried residual {name}")
 
-    # A bare compressor gets its recommended memory (Residual for Top-k) and keeps .stats.
-    bare = TopK(RATIO)
-    residual_ref.clear()
-    rec.guard("topk/bare", train_and_compare, rec, "topk/bare", bare, mean_over_ranks(topk_residual),
-              expected_bytes=topk_bytes)
+    # A bare compressor gets its recommended memory (Residual for Top-k) and the default route, and
+    # keeps .stats: it trains bit for bit as the bundle written out does.
+    def bare_is_the_default_bundle() -> None:
+        bare = TopK(RATIO)
+        trained = train_and_compare(rec, "topk/bare", bare, None)
+        written = train_and_compare(rec, "topk/bare bundle", Grace(TopK(RATIO), memory=Residual()), None)
+        rec.check("topk/bare: trains as Grace(TopK, memory=Residual())",
+                  all(torch.equal(a, b) for a, b in zip(trained.parameters(), written.parameters(), strict=True)))
+        rec.check("topk/bare: keeps stats", bare.stats["tensors"] == STEPS * len(list(trained.parameters())),
+                  str(bare.stats["tensors"]))
+        if size == 2:  # the gather route, whose reference the mean of the ranks' top-k is
+            residual_ref.clear()
+            train_and_compare(rec, "topk/bare at 2 ranks", TopK(RATIO), mean_over_ranks(topk_residual),
+                              expected_bytes=topk_bytes, gathered=topk_gathered)
+
+    rec.guard("topk/bare", bare_is_the_default_bundle)
 
     # Random-k: indices from the documented (seed, name, step) rule, identical on every rank.
     def randomk_mask(name, grad, step):
@@ -113,7 +131,7 @@ def main() -> None:
         upper = hvd.add_process_set(list(range(half, size)))
         mine = lower if hvd.rank() < half else upper
         rec.guard("topk/process-set", train_and_compare, rec, "topk/process-set",
-                  Grace(TopK(RATIO), memory=NoMemory()),
+                  Grace(TopK(RATIO), memory=NoMemory(), communicator=Allgather()),
                   mean_over_ranks(lambda n, g, s: topk_contribution(g, RATIO, half), process_set=mine),
                   process_set=mine)
         # Broadcast's roots are ranks *within* the set: the upper half has no global rank 0.

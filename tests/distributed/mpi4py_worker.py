@@ -11,7 +11,7 @@ import horovod.torch as hvd
 import torch
 from mpi4py import MPI
 
-from grace_legacy import Grace, NoMemory, TopK
+from grace_legacy import Allgather, Grace, NoMemory, TopK
 from tests.distributed.checks import Recorder, parse_args, topk_contribution
 from tests.distributed.harness import Net, loss_of
 
@@ -25,7 +25,8 @@ def train_on(comm, label: str, rec: Recorder) -> float:
     rec.check(f"{label}: hvd.rank() is the communicator's", hvd.rank() == comm.rank, f"{hvd.rank()} != {comm.rank}")
     torch.manual_seed(0)
     model = Net()
-    compression = Grace(TopK(RATIO), memory=NoMemory())
+    # The gather route, whose result that mean is (from 3 ranks the default is the scatter-gather).
+    compression = Grace(TopK(RATIO), memory=NoMemory(), communicator=Allgather())
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
                                    named_parameters=model.named_parameters(), compression=compression)
     for step in range(3):

@@ -65,6 +65,7 @@ def test_the_hook_on_cuda_with_nccl(tmp_path):
     assert reports[0]["cases"] == zoo_labels()
 
 
+@pytest.mark.smoke
 def test_the_digits_example_trains_with_the_ddp_hook(tmp_path):
     """``examples/train_digits.py --backend ddp`` under torchrun, with tiny settings, prints its line."""
     result = subprocess.run(

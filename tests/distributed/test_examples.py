@@ -16,6 +16,7 @@ pytestmark = pytest.mark.distributed
 EXAMPLES = REPO / "examples"
 
 
+@pytest.mark.smoke
 def test_synthetic_benchmark_with_a_legacy_schedule():
     pytest.importorskip("torchvision.models")
     flags = ["--legacy-by", "layer", "--group-compressions", "100,1", "--group-splits", "10000"]
