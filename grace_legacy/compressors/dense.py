@@ -7,6 +7,7 @@ from typing import Any
 import torch
 
 from grace_legacy.core.compressor import Compressor, Payload
+from grace_legacy.runtime import paths
 from grace_legacy.runtime.buffers import MMAP_CEILING, BufferPool
 from grace_legacy.runtime.validation import check_gradient
 
@@ -48,7 +49,7 @@ class FP16(Compressor):
 
     def decompress(self, payload: Payload, ctx: Any) -> torch.Tensor:
         half = payload[0]
-        if ctx == torch.float16 or half.numel() * ctx.itemsize < self._outputs.min_bytes or half.device.type != "cpu":
+        if ctx == torch.float16 or half.numel() * ctx.itemsize < self._outputs.min_bytes or not paths.cpu_path(half):
             return _CAST_TO[ctx](half)
         out = self._outputs.empty((half.numel(), ctx), half.numel(), ctx, half.device)
         return out.view(half.shape).copy_(half)

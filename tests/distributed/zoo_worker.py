@@ -11,7 +11,7 @@ import horovod.torch as hvd
 import torch
 
 from grace_legacy.grace import _DENSE
-from grace_legacy.runtime import wire
+from grace_legacy.runtime import paths, wire
 from tests.distributed.checks import Recorder, gather_from_ranks, gathered_goes_dense, parse_args
 from tests.distributed.harness import STEPS, Net, batch, local_gradients, loss_of
 from tests.distributed.zoo import FAMILIES, Observation, cases, mean_rule
@@ -105,6 +105,7 @@ def main() -> None:
             labels.append(case.label)
             rec.guard(case.label, run_case, rec, case)
     rec.extra["cases"] = labels
+    rec.extra["device_path"] = paths.FORCE_DEVICE_PATH  # GRACE_LEGACY_DEVICE_PATH, as this process read it
     rec.write()
 
 
