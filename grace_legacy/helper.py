@@ -8,12 +8,17 @@ The keys and defaults are GRACE's:
 * ``communicator`` (``"allreduce"``): one of :data:`COMMUNICATORS` (``"scattergather"``, the
   two-phase compressed allreduce, is ours; ``"auto"`` lets the bundle take the route of fewest link
   bytes per tensor, as ``Grace(communicator=None)`` does);
-* ``compress_ratio`` (``0.3``): the density of topk, randomk and dgc;
+* ``compress_ratio`` (``0.3``): the density of topk, randomk and dgc, and adaq's share of each sign;
 * ``quantum_num`` (``127``): qsgd's levels;
 * ``threshold`` (``0.01``): threshold's magnitude;
 * ``momentum`` (``0.9``): signum's momentum, and the dgc memory's;
 * ``lr`` (``0.1``): efsignsgd's learning rate (compressor and memory);
 * ``compress_rank`` (``1``): powersgd's rank;
+* ``error_bound`` (``2e-10``): inceptionn's bound on the absolute error. GRACE's TensorFlow code
+  reads the bound's exponent as ``int(log10(error_bound / 2))`` and so, with this default, drops
+  every value below ``2**-10``; here the bound is what it says, and ``2e-10`` keeps nearly every
+  value, most of them in full. Pass ``2**-10`` for what GRACE's default did;
+* ``quantiles`` (``64``): sketch's number of buckets;
 * ``gradient_clipping`` (``False``): the dgc memory's clipping norm (``False`` or ``None``: none);
 * ``world_size``: ignored (GRACE needed it; the backend knows the number of ranks), but checked:
   ``None`` or a positive integer.
@@ -23,6 +28,10 @@ compressor's parameter (:meth:`Legacy.from_flags`): ``legacy_by`` (``"uniform"``
 ``"epoch"`` or ``"both"``), ``group_compressions`` (percent for a density), ``group_splits`` and
 ``epochs``. The schedule then sets the parameter, so ``compress_ratio`` (or ``quantum_num``,
 ``threshold``, ``compress_rank``) is not used.
+
+The compressor names are GRACE's, from its PyTorch and TensorFlow sides (``adaq``, ``inceptionn``,
+``sketch`` and ``u8bit`` are TensorFlow's), plus ``bf16`` (:class:`~grace_legacy.BF16`), which GRACE
+lacks.
 
 GRACE accepted combinations that silently corrupt the gradient, such as a sparse payload summed by
 ``"allreduce"``; here they raise ``ValueError`` naming the communicator to use instead.
@@ -38,9 +47,12 @@ import torch
 
 from grace_legacy.communicators import Allgather, Allreduce, Broadcast, ScatterGather
 from grace_legacy.compressors import (
+    BF16,
     DGC,
     FP16,
+    INCEPTIONN,
     QSGD,
+    AdaQ,
     EFSignSGD,
     Natural,
     NoCompression,
@@ -49,9 +61,11 @@ from grace_legacy.compressors import (
     RandomK,
     SignSGD,
     Signum,
+    Sketch,
     TernGrad,
     Threshold,
     TopK,
+    U8bit,
 )
 from grace_legacy.core.communicator import Communicator
 from grace_legacy.core.compressor import Compressor
@@ -65,7 +79,7 @@ from grace_legacy.schedules.legacy import Legacy
 DEFAULTS: dict[str, Any] = {
     "compressor": "none", "memory": "none", "communicator": "allreduce",
     "compress_ratio": 0.3, "quantum_num": 127, "threshold": 0.01, "momentum": 0.9, "lr": 0.1,
-    "compress_rank": 1, "gradient_clipping": False, "world_size": None,
+    "compress_rank": 1, "gradient_clipping": False, "world_size": None, "error_bound": 2e-10, "quantiles": 64,
 }
 #: The LEGACY reference implementation's flags.
 LEGACY_KEYS = ("legacy_by", "group_compressions", "group_splits", "epochs")
@@ -88,10 +102,16 @@ COMPRESSORS: dict[str, _Build] = {
     "efsignsgd": lambda p, parameter: EFSignSGD(p["lr"]),
     "onebit": lambda p, parameter: OneBit(),
     "powersgd": lambda p, parameter: PowerSGD(p["compress_rank"] if parameter else None),
+    "adaq": lambda p, parameter: AdaQ(p["compress_ratio"] if parameter else None),
+    "inceptionn": lambda p, parameter: INCEPTIONN(p["error_bound"] if parameter else None),
+    "sketch": lambda p, parameter: Sketch(p["quantiles"] if parameter else None),
+    "u8bit": lambda p, parameter: U8bit(),
+    "bf16": lambda p, parameter: BF16(),
 }
 #: The key that sets each compressor's parameter (the parameter LEGACY schedules).
 PARAMETER_KEYS = {"topk": "compress_ratio", "randomk": "compress_ratio", "dgc": "compress_ratio",
-             "threshold": "threshold", "qsgd": "quantum_num", "powersgd": "compress_rank"}
+                  "threshold": "threshold", "qsgd": "quantum_num", "powersgd": "compress_rank",
+                  "adaq": "compress_ratio", "inceptionn": "error_bound", "sketch": "quantiles"}
 MEMORIES: dict[str, Callable[[Mapping[str, Any]], Memory]] = {
     "none": lambda p: NoMemory(),
     "residual": lambda p: Residual(),

@@ -55,6 +55,10 @@ class Case:
     atol: float = 1e-7
     #: route names the case must have used at least once (e.g. {"allgather"})
     routes: set[str] = field(default_factory=set)
+    #: the same when the model trains in float16 or bfloat16, where they differ (``None``: ``routes``):
+    #: a 1-byte payload gathered from 4 ranks moves as many bytes as a ring allreduce of 2-byte
+    #: gradients, so the dense fallback sends those tensors dense
+    half_routes: set[str] | None = None
     #: after training: check(compression, observations) with one Observation per step and
     #: parameter; an AssertionError fails the case
     check: Callable[[Any, list[Observation]], None] | None = None

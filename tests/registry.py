@@ -27,11 +27,15 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
 from grace_legacy import (
+    BF16,
     DGC,
     EF21,
     FP16,
+    INCEPTIONN,
     QSGD,
     Accordion,
+    AdaQ,
+    Allgather,
     Broadcast,
     Compressor,
     DGCMemory,
@@ -52,13 +56,17 @@ from grace_legacy import (
     ScheduledParameter,
     SignSGD,
     Signum,
+    Sketch,
     TernGrad,
     Threshold,
     TopK,
+    U8bit,
 )
 from grace_legacy.compressors.entries import DENSITY
+from grace_legacy.compressors.inceptionn import ERROR_BOUND
 from grace_legacy.compressors.qsgd import LEVELS
 from grace_legacy.compressors.signsgd import MOMENTUM
+from grace_legacy.compressors.sketch import QUANTILES
 from grace_legacy.compressors.threshold import THRESHOLD
 from tests.example_compressor import LEVELS as INT8_LEVELS
 from tests.example_compressor import Int8Linear
@@ -69,6 +77,14 @@ from tests.reference import (
     first_group,
     majority_vote_rule,
     some_payloads_empty,
+)
+from tests.reference_compressors import (
+    AdaQReference,
+    BF16Reference,
+    INCEPTIONNReference,
+    ReferenceFamily,
+    SketchReference,
+    U8bitReference,
 )
 
 #: The distributed workers' SGD learning rate, which EF-signSGD's memory must share.
@@ -119,22 +135,43 @@ def parameter_values(parameter: ScheduledParameter) -> st.SearchStrategy[Any]:
 # -- reference cases ----------------------------------------------------------------------------
 
 
-def pair(make_compressor: Callable[[], Any], make_memory: Callable[[], Any]) -> Callable[[], tuple]:
-    """A case's set-up: the optimizer's Grace bundle and an identical, separate twin."""
-    return lambda: (Grace(make_compressor(), memory=make_memory()), make_compressor(), make_memory())
+def case_bundle(compressor: Compressor, memory: Any = None, **options: Any) -> Grace:
+    """The bundle a case trains with. A payload that cannot be summed goes by ``Allgather()``
+    unless the case names its communicator: with none named, 3 or more ranks would send it by the
+    scatter-gather wherever that moves fewer link bytes, and a case's twin models one rank's
+    payload combined with the others' by the rule. The scatter-gather has its own reference
+    (``tests/two_phase.py``), with every compressor's set-up there."""
+    if "communicator" not in options and not compressor.additive:
+        options["communicator"] = Allgather()
+    return Grace(compressor, memory=memory, **options)
+
+
+def pair(make_compressor: Callable[[], Any], make_memory: Callable[[], Any],
+         dense_fallback: bool = True) -> Callable[[], tuple]:
+    """A case's set-up: the optimizer's Grace bundle (:func:`case_bundle`) and an identical,
+    separate twin."""
+    return lambda: (case_bundle(make_compressor(), make_memory(), dense_fallback=dense_fallback), make_compressor(),
+                    make_memory())
 
 
 def pair_without_memory(make_compressor: Callable[[], Any], dense_fallback: bool = False) -> Callable[[], tuple]:
     """As :func:`pair` with no memory. The dense fallback is off by default: it would send the
     smallest tensors through Horovod's allreduce, whose summation order is not the reference's,
     and the quantizers' cases check every quantized value bit for bit."""
-    return lambda: (Grace(make_compressor(), memory=NoMemory(), dense_fallback=dense_fallback), make_compressor(),
+    return lambda: (case_bundle(make_compressor(), NoMemory(), dense_fallback=dense_fallback), make_compressor(),
                     NoMemory())
 
 
 def through(communicator: Any, make_compressor: Callable[[], Any], make_memory: Callable[[], Any]):
-    return lambda: (Grace(make_compressor(), memory=make_memory(), communicator=communicator),
+    return lambda: (case_bundle(make_compressor(), make_memory(), communicator=communicator),
                     make_compressor(), make_memory())
+
+
+def against(make_reference: Callable[[], Any], make_compressor: Callable[[], Any], make_memory: Callable[[], Any],
+            **grace: Any) -> Callable[[], tuple]:
+    """A case whose twin is an independent reference (:mod:`tests.reference_compressors`) rather
+    than a second copy of the library's compressor; ``grace``: the bundle's other arguments."""
+    return lambda: (case_bundle(make_compressor(), make_memory(), **grace), make_reference(), make_memory())
 
 
 #: Quantized tensors are gathered (each rank has its own scale) and the twin draws the same numbers
@@ -161,6 +198,9 @@ class Entry:
     family: str
     #: reference cases: the synchronized gradient equals an independent rule's
     cases: tuple[Case, ...]
+    #: an independent reference of ``typical`` (``tests/reference_compressors.py``), the twin of
+    #: the dtype contract (``test_contract_dtypes.py``); ``None``: a second ``typical`` is the twin
+    reference: Callable[[], Compressor] | None = None
 
     @property
     def name(self) -> str:
@@ -170,8 +210,12 @@ class Entry:
 ENTRIES: list[Entry] = [
     Entry(NoCompression, "NoCompression", NoCompression, {}, "core", (
         Case("NoCompression", pair(NoCompression, NoMemory), routes={"allreduce"}),)),
+    # Both are summed in 16 bits, in the backend's order: the workers hold them to the rounding of
+    # such a sum (zoo_worker.compare_with_rule) rather than to the case's tolerances.
     Entry(FP16, "FP16", FP16, {}, "core", (
-        Case("FP16", pair(FP16, NoMemory), rtol=2e-3, atol=1e-4, routes={"allreduce"}),)),
+        Case("FP16", pair(FP16, NoMemory), routes={"allreduce"}),)),
+    Entry(BF16, "BF16", BF16, {}, "core", (
+        Case("BF16", against(BF16Reference, BF16, NoMemory), routes={"allreduce"}),), reference=BF16Reference),
     Entry(TopK, "TopK(0.1)", lambda: TopK(0.1), {"ratio": parameter_values(DENSITY)}, "core", (
         Case("TopK+Residual", pair(lambda: TopK(0.1), Residual), routes={"allgather"}),
         # EF21 applies its running estimate g <- g + mean_r D(sent_r): the twin's memory.aggregated does it.
@@ -201,7 +245,7 @@ ENTRIES: list[Entry] = [
         # differs from the rule's in the last bit: default tolerances, still far below one
         # quantization step (norm / levels / 4), so a wrong draw fails the case too.
         Case("QSGD(levels=4) with the dense fallback", pair_without_memory(lambda: QSGD(4, seed=14), True),
-             routes={"allgather", "dense-fallback"}),)),
+             routes={"allgather", "dense-fallback"}, half_routes={"dense-fallback"}),)),
     Entry(TernGrad, "TernGrad", lambda: TernGrad(seed=4), {"seed": seeds}, "quantize", (
         Case("TernGrad", pair_without_memory(lambda: TernGrad(seed=9)), routes={"allgather"}, **EXACT),)),
     Entry(Natural, "Natural", lambda: Natural(seed=5), {"seed": seeds}, "quantize", (
@@ -216,13 +260,68 @@ ENTRIES: list[Entry] = [
              routes={"allgather"}),)),
     Entry(OneBit, "OneBit", OneBit, {}, "sign", (
         Case("OneBit+Residual", pair(OneBit, Residual), routes={"allgather"}),)),
+    # GRACE's TensorFlow compressors, each against its reference in tests/reference_compressors.py:
+    # gathered, in fused buckets (the optimizer's default), one tensor per collective, by Broadcast,
+    # and, where the size is known in advance, through the dense fallback. With a 16-bit model the
+    # 1-byte payloads gathered from 4 ranks always go dense, so the cases without the fallback are
+    # the ones that compress there.
+    Entry(U8bit, "U8bit", U8bit, {}, "grace_tf", (
+        Case("U8bit+Residual", against(U8bitReference, U8bit, Residual), routes={"allgather", "dense-fallback"},
+             half_routes={"dense-fallback"}),
+        Case("U8bit+Residual without the dense fallback", against(U8bitReference, U8bit, Residual,
+                                                                  dense_fallback=False),
+             routes={"allgather"}, **EXACT),
+        Case("U8bit via Broadcast, one tensor per collective",
+             against(U8bitReference, U8bit, NoMemory, communicator=Broadcast(), dense_fallback=False),
+             routes={"broadcast"}, **EXACT),), reference=U8bitReference),
+    Entry(Sketch, "Sketch(16)", lambda: Sketch(16), {"quantiles": parameter_values(QUANTILES)}, "grace_tf", (
+        Case("Sketch(16)+Residual", against(lambda: SketchReference(16), lambda: Sketch(16), Residual),
+             routes={"allgather", "dense-fallback"}, half_routes={"dense-fallback"}),
+        Case("Sketch(64)+Residual without the dense fallback",
+             against(lambda: SketchReference(64), lambda: Sketch(64), Residual, dense_fallback=False),
+             routes={"allgather"}, **EXACT),
+        Case("Sketch(3) via Broadcast", against(lambda: SketchReference(3), lambda: Sketch(3), NoMemory,
+                                                communicator=Broadcast(), dense_fallback=False),
+             routes={"broadcast"}, **EXACT),), reference=lambda: SketchReference(16)),
+    # 2**-10 is the bound GRACE's code ends up with for its default 2e-10 (see INCEPTIONN's docstring):
+    # the Net's gradients then take every form but the full one; 2e-10 itself sends most in full.
+    Entry(INCEPTIONN, "INCEPTIONN(2**-10)", lambda: INCEPTIONN(2**-10), {"error_bound": parameter_values(ERROR_BOUND)},
+          "grace_tf", (
+        Case("INCEPTIONN(2**-10)+Residual", against(lambda: INCEPTIONNReference(2**-10), lambda: INCEPTIONN(2**-10),
+                                                    Residual), routes={"allgather"}, **EXACT),
+        Case("INCEPTIONN(2e-10), one tensor per collective",
+             against(lambda: INCEPTIONNReference(2e-10), lambda: INCEPTIONN(2e-10), NoMemory, bucket_bytes=0),
+             routes={"allgather"}, **EXACT),
+        Case("INCEPTIONN(2**-20)+Residual via Broadcast",
+             against(lambda: INCEPTIONNReference(2**-20), lambda: INCEPTIONN(2**-20), Residual,
+                     communicator=Broadcast()), routes={"broadcast"}, **EXACT),),
+          reference=lambda: INCEPTIONNReference(2**-10)),
+    # min_samples=16: fc1.weight's ~480 entries of each sign are sampled, the smaller tensors taken whole.
+    Entry(AdaQ, "AdaQ(0.3)", lambda: AdaQ(0.3, seed=12, min_samples=16),
+          {"ratio": parameter_values(DENSITY), "seed": seeds, "sample_ratio": st.floats(1e-9, 1.0),
+           "min_samples": st.integers(1, 10**9)}, "grace_tf", (
+        Case("AdaQ(0.3)+Residual", against(lambda: AdaQReference(0.3, seed=15, min_samples=16),
+                                           lambda: AdaQ(0.3, seed=15, min_samples=16), Residual),
+             routes={"allgather"}, **EXACT),
+        Case("AdaQ(0.1), one tensor per collective",
+             against(lambda: AdaQReference(0.1, seed=16, sample_ratio=0.5, min_samples=8),
+                     lambda: AdaQ(0.1, seed=16, sample_ratio=0.5, min_samples=8), NoMemory, bucket_bytes=0),
+             routes={"allgather"}, **EXACT),
+        Case("AdaQ(0.3)+Residual via Broadcast",
+             against(lambda: AdaQReference(0.3, seed=17), lambda: AdaQ(0.3, seed=17), Residual,
+                     communicator=Broadcast()), routes={"broadcast"}, **EXACT),),
+          reference=lambda: AdaQReference(0.3, seed=12, min_samples=16)),
     # PowerSGD's two rounds are checked by their own worker (tests/distributed/test_powersgd.py) against a
     # reference of the two allreduces; the state tests pair it with every memory.
     Entry(PowerSGD, "PowerSGD(2)", lambda: PowerSGD(2, seed=6),
           {"rank": st.integers(1, 64) | st.integers(1, 10**30), "seed": seeds}, "core", ()),
     # The worked example of docs/IMPLEMENTING.md, registered as a new compressor would be.
     Entry(Int8Linear, "Int8Linear(8)", lambda: Int8Linear(8), {"levels": parameter_values(INT8_LEVELS)}, "core", (
-        Case("Int8Linear(8)+Residual", pair(lambda: Int8Linear(8), Residual), routes={"allgather"}),)),
+        Case("Int8Linear(8)+Residual", pair(lambda: Int8Linear(8), Residual), routes={"allgather"},
+             half_routes={"dense-fallback"}),
+        # With a 16-bit model every tensor of the case above goes dense: this one compresses them all.
+        Case("Int8Linear(8)+Residual without the dense fallback", pair(lambda: Int8Linear(8), Residual, False),
+             routes={"allgather"}),)),
 ]
 
 ENTRY_OF: dict[type, Entry] = {entry.compressor: entry for entry in ENTRIES}
@@ -242,23 +341,40 @@ SCHEDULE_AND_COMMUNICATOR_CASES: dict[str, list[Case]] = {
     # picks is really sent (on 4 ranks s=256, two bytes an element, would otherwise go dense).
     "quantize": [
         Case("Legacy(QSGD) by layer", lambda: (
-            Grace(Legacy(QSGD(seed=11), by="layer", values=[None, 4, 16, 300], splits=[5, 100, 500]),
-                  dense_fallback=False),
+            case_bundle(Legacy(QSGD(seed=11), by="layer", values=[None, 4, 16, 300], splits=[5, 100, 500]),
+                        dense_fallback=False),
             RuleTwin(QSGD(seed=11), lambda n, step: [None, 4, 16, 300][first_group(n, [5, 100, 500])]), NoMemory()),
             routes={"allgather", "dense"}),
         # The rebuttal's QSGD groups (<600 dense, <100k s=256, <1M s=64, else s=16) on this model:
         # only the first two groups occur, so the 960-element fc1.weight is compressed at s=256.
         Case("Legacy(QSGD) rebuttal groups", lambda: (
-            Grace(Legacy(QSGD(seed=12), by="layer", values=[None, 256, 64, 16], splits=[600, 100_000, 1_000_000]),
-                  dense_fallback=False),
+            case_bundle(Legacy(QSGD(seed=12), by="layer", values=[None, 256, 64, 16],
+                               splits=[600, 100_000, 1_000_000]), dense_fallback=False),
             RuleTwin(QSGD(seed=12), lambda n, step: [None, 256, 64, 16][first_group(n, [600, 100_000, 1_000_000])]),
             NoMemory()), routes={"allgather", "dense"}),
         # By epoch, counting steps (one epoch per step): levels 256, 64, 16 over the 4 steps run.
         Case("Legacy(QSGD) by epoch", lambda: (
-            Grace(Legacy(QSGD(seed=13), by="epoch", values=[256, 64, 16], epochs=4, steps_per_epoch=1),
-                  dense_fallback=False),
+            case_bundle(Legacy(QSGD(seed=13), by="epoch", values=[256, 64, 16], epochs=4, steps_per_epoch=1),
+                        dense_fallback=False),
             RuleTwin(QSGD(seed=13), lambda n, step: [256, 64, 16][equal_phase(step, 4, 3)]), NoMemory()),
             routes={"allgather"}, **EXACT),
+    ],
+    # LEGACY setting GRACE's TensorFlow compressors' parameters, against rules written out here
+    # over their independent references. Sketch's buckets by phase, one epoch per step: 64, 8,
+    # then 2 buckets (no dense fallback, so that the 16-bit runs compress too). AdaQ's ratio by size:
+    # dense below 5 elements, 0.5 below 100, 0.1 from there (fc1.weight and fc2.weight); the dense
+    # tensors are summed by Horovod in its own order, hence the default tolerances.
+    "grace_tf": [
+        Case("Legacy(Sketch) by epoch", lambda: (
+            case_bundle(Legacy(Sketch(), by="epoch", values=[64, 8, 2], epochs=4, steps_per_epoch=1), Residual(),
+                        dense_fallback=False),
+            RuleTwin(ReferenceFamily(SketchReference), lambda n, step: [64, 8, 2][equal_phase(step, 4, 3)]),
+            Residual()), routes={"allgather"}, **EXACT),
+        Case("Legacy(AdaQ) by layer", lambda: (
+            case_bundle(Legacy(AdaQ(seed=18, min_samples=16), by="layer", values=[None, 0.5, 0.1], splits=[5, 100])),
+            RuleTwin(ReferenceFamily(lambda ratio: AdaQReference(ratio, seed=18, min_samples=16)),
+                     lambda n, step: [None, 0.5, 0.1][first_group(n, [5, 100])]), Residual()),
+            routes={"allgather", "dense"}),
     ],
     "sparse": [
         Case("TopK(0.1)+Residual via Broadcast", through(Broadcast(), lambda: TopK(0.1), Residual),

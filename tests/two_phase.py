@@ -19,9 +19,12 @@ from collections.abc import Sequence
 import torch
 
 from grace_legacy import (
+    BF16,
     DGC,
     FP16,
+    INCEPTIONN,
     QSGD,
+    AdaQ,
     DGCMemory,
     EFSignSGD,
     EFSignSGDMemory,
@@ -31,9 +34,11 @@ from grace_legacy import (
     Residual,
     SignSGD,
     Signum,
+    Sketch,
     TernGrad,
     Threshold,
     TopK,
+    U8bit,
 )
 
 
@@ -156,6 +161,12 @@ SETUPS = {
     "efsignsgd": (lambda: EFSignSGD(LR), lambda: EFSignSGDMemory(LR)),
     "onebit": (OneBit, Residual),
     "fp16": (FP16, NoMemory),
+    "bf16": (BF16, NoMemory),
+    # GRACE's TensorFlow compressors; min_samples=4 makes AdaQ sample the larger segments' sides.
+    "adaq+residual": (lambda: AdaQ(0.3, seed=7, min_samples=4), Residual),
+    "inceptionn+residual": (lambda: INCEPTIONN(2**-6), Residual),
+    "sketch+residual": (lambda: Sketch(4), Residual),
+    "u8bit+residual": (U8bit, Residual),
 }
 
 SIZES = {"a": 37, "b": 3, "c": (4, 16), "d": 1}

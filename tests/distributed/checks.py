@@ -73,11 +73,14 @@ def gather_from_ranks(tensor: torch.Tensor, process_set=None) -> list[torch.Tens
     """Every rank's copy of ``tensor``, through a plain (uncompressed) Horovod allgather.
 
     Workers call this in the same order on every rank, so a call counter names it consistently.
+    Horovod has no bfloat16: those travel as their bits (int16) and are viewed back.
     """
     process_set = process_set or hvd.global_process_set
-    stacked = hvd.allgather(tensor.detach().reshape(1, -1).clone(), name=f"reference.{next(_reference_calls)}",
+    rows = tensor.detach().reshape(1, -1).clone()
+    bits = rows.dtype == torch.bfloat16
+    stacked = hvd.allgather(rows.view(torch.int16) if bits else rows, name=f"reference.{next(_reference_calls)}",
                             process_set=process_set)
-    return [row.view(tensor.shape) for row in stacked]
+    return [(row.view(torch.bfloat16) if bits else row).view(tensor.shape) for row in stacked]
 
 
 def kept(ratio: float, numel: int) -> int:

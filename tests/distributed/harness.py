@@ -36,8 +36,10 @@ def batch(step: int, rank: int, pass_index: int = 0) -> tuple[torch.Tensor, torc
 
 
 def loss_of(model: nn.Module, data) -> torch.Tensor:
+    """The loss of ``model`` on ``data``, the inputs cast to the model's dtype (a model trained in
+    fp16 or bf16 sees the same batches rounded)."""
     x, y = data
-    return nn.functional.cross_entropy(model(x), y)
+    return nn.functional.cross_entropy(model(x.to(next(model.parameters()).dtype)), y)
 
 
 def local_gradients(model: nn.Module, step: int, passes: int) -> dict[str, torch.Tensor]:
@@ -53,14 +55,15 @@ def local_gradients(model: nn.Module, step: int, passes: int) -> dict[str, torch
 
 def train_and_compare(rec: Recorder, label: str, compression, reference, *, op=hvd.Average, passes=1,
                       process_set=hvd.global_process_set, expected_bytes=None, rtol=1e-6, atol=1e-7,
-                      before_step=None, exact=frozenset(), steps=STEPS, gathered=None) -> torch.nn.Module:
+                      before_step=None, exact=frozenset(), steps=STEPS, gathered=None,
+                      dtype=torch.float32) -> torch.nn.Module:
     """Train ``steps`` steps; at each compare every synchronized gradient with
     ``reference(name, local_grad, step)`` (``None``: train only). ``before_step(step)`` runs first (e.g. set_epoch);
-    parameters named in ``exact`` must match bit for bit. ``expected_bytes(p)``: the bytes a rank
-    hands over for ``p`` each step, allreduced unless ``gathered(p)`` (then every other rank receives
+    parameters named in ``exact`` must match bit for bit; ``dtype``: the model's. ``expected_bytes(p)``: the bytes
+    a rank hands over for ``p`` each step, allreduced unless ``gathered(p)`` (then every other rank receives
     them), from which the link's share ``stats["volume"]`` follows. Returns the trained model."""
     torch.manual_seed(0)
-    model = Net()
+    model = Net().to(dtype)
     sgd = torch.optim.SGD(model.parameters(), lr=0.05)
     opt = hvd.DistributedOptimizer(sgd, named_parameters=model.named_parameters(), compression=compression,
                                    op=op, backward_passes_per_step=passes, process_set=process_set)

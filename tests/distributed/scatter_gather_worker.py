@@ -28,6 +28,8 @@ from tests.two_phase import SETUPS, SIZES, STEPS, gradients, reference
 
 # What each rank compares against the reference.
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+#: The set-ups also run in bfloat16 (every one does in-process, tests/unit/test_scatter_gather.py).
+IN_BFLOAT16 = ("topk+residual", "signsgd", "qsgd", "bf16", "sketch+residual")
 
 
 def through_backend(rec: Recorder, backend, label: str, fused: bool, dtype: torch.dtype) -> None:
@@ -110,7 +112,7 @@ def main() -> None:
         backend, rec = TorchDistributedBackend(), Recorder(args.out, dist.get_rank())
     rec.extra["device_path"] = paths.FORCE_DEVICE_PATH  # GRACE_LEGACY_DEVICE_PATH, as this process read it
     for label in SETUPS:
-        for dtype in DTYPES.values() if label in ("topk+residual", "signsgd", "qsgd") else [torch.float32]:
+        for dtype in DTYPES.values() if label in IN_BFLOAT16 else [torch.float32]:
             rec.guard(f"{label} {dtype}: fused", through_backend, rec, backend, label, True, dtype)
         rec.guard(f"{label}: per tensor", through_backend, rec, backend, label, False, torch.float32)
     rec.guard("default route", default_route, rec, args.engine)

@@ -1,5 +1,6 @@
 """PowerSGD over real horovodrun -np 4 (Gloo and MPI) against an independent implementation,
-including LEGACY's epoch-quartile ranks (6, 4, 3, 2) from the rebuttal."""
+including LEGACY's epoch-quartile ranks (6, 4, 3, 2) from the rebuttal, with the model in float32,
+float16 and bfloat16."""
 
 import pytest
 
@@ -8,8 +9,9 @@ from tests.distributed.launcher import CONTROLLERS, run_checks
 pytestmark = pytest.mark.distributed
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 @pytest.mark.parametrize("controller", CONTROLLERS)
-def test_powersgd_matches_an_independent_implementation(controller, tmp_path):
-    reports = run_checks("powersgd_worker.py", 4, controller, tmp_path)
+def test_powersgd_matches_an_independent_implementation(controller, dtype, tmp_path):
+    reports = run_checks("powersgd_worker.py", 4, controller, tmp_path, "--dtype", dtype)
     names = {check["name"] for check in reports[0]["checks"]}
     assert any(name.startswith("legacy powersgd quartiles: step 3") for name in names)

@@ -1,6 +1,7 @@
 """Over real horovodrun -np 4, under Gloo and MPI: every registered compressor case
-(``tests/registry.py``) equals an independent aggregation of each rank's decompressed payload;
-and once more under Gloo with ``GRACE_LEGACY_DEVICE_PATH=1``, every rank on the path a GPU's
+(``tests/registry.py``) equals an independent aggregation of each rank's decompressed payload, with
+the model trained in float32, float16 and bfloat16 (one launch per family and controller runs the
+three); and once more under Gloo with ``GRACE_LEGACY_DEVICE_PATH=1``, every rank on the path a GPU's
 tensors take (:mod:`grace_legacy.runtime.paths`), on two ranks."""
 
 import pytest
@@ -10,12 +11,16 @@ from tests.registry import FAMILIES, zoo_cases
 
 pytestmark = pytest.mark.distributed
 
+DTYPES = ("float32", "float16", "bfloat16")
+
 
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("controller", CONTROLLERS)
 def test_every_compressor_matches_its_reference(controller, family, tmp_path):
-    reports = run_checks("zoo_worker.py", 4, controller, tmp_path, "--cases", family, timeout=600)
+    reports = run_checks("zoo_worker.py", 4, controller, tmp_path, "--cases", family, "--dtypes", *DTYPES,
+                         timeout=900)
     assert reports[0]["cases"] == [case.label for case in zoo_cases(family)]
+    assert reports[0]["dtypes"] == list(DTYPES)
 
 
 def test_every_compressor_matches_its_reference_on_the_device_path(tmp_path):

@@ -2,19 +2,26 @@
 ``hvd.DistributedOptimizer`` and compared at every step with an independent aggregation of its
 twin's decompressed payloads.
 
-Run with ``--cases FAMILY ...`` to pick families of cases (``zoo.FAMILIES``); all by default.
+Run with ``--cases FAMILY ...`` to pick families of cases (``zoo.FAMILIES``); all by default, and
+``--dtypes`` to train the model in float32 (the default), float16 and/or bfloat16, each case once
+per dtype: its gradients, the twin's and every rule's arithmetic are then in that dtype.
 """
 
 from __future__ import annotations
+
+import copy
 
 import horovod.torch as hvd
 import torch
 
 from grace_legacy.grace import _DENSE
 from grace_legacy.runtime import paths, wire
+from grace_legacy.runtime.cost import choose_route
 from tests.distributed.checks import Recorder, gather_from_ranks, gathered_goes_dense, parse_args
 from tests.distributed.harness import STEPS, Net, batch, local_gradients, loss_of
 from tests.distributed.zoo import FAMILIES, Observation, cases, mean_rule
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 def predicted_packed_bytes(concrete, tensor: torch.Tensor) -> int | None:
@@ -30,19 +37,33 @@ def twin_step(twin, memory, grad: torch.Tensor, name: str, communicator, dense_f
     """What this rank contributes for ``grad``: the decompressed payload, its bytes and route.
 
     Bytes are counted with the gather layout, which every non-additive route (Allgather,
-    Broadcast) hands to the backend byte for byte."""
+    Broadcast) hands to the backend byte for byte. The twin models the routes that carry each
+    rank's payload whole; with no ``communicator`` named, a payload the bundle would send by the
+    scatter-gather (where it moves fewer link bytes, as from 3 ranks on it mostly does) is a ``ValueError``: pin
+    ``Allgather()`` (``tests/registry.case_bundle``) and check the scatter-gather against
+    ``tests/two_phase.py``."""
+    return twin_step_sent(twin, memory, grad, name, communicator, dense_fallback, world_size)[:3]
+
+
+def twin_step_sent(twin, memory, grad: torch.Tensor, name: str, communicator, dense_fallback: bool,
+                   world_size: int | None = None) -> tuple[torch.Tensor, int, str, list[torch.dtype]]:
+    """:func:`twin_step`, and the floating dtypes its payload travels in."""
     compensated = memory.compensate(grad, name)
     concrete = twin.compressor_for(compensated, name)
+    world = hvd.size() if world_size is None else world_size
     route = "dense"
     if concrete is not None and dense_fallback and concrete.aggregates_by_mean:
         gathered = communicator.carries_non_additive if communicator is not None else not concrete.additive
         packed = predicted_packed_bytes(concrete, compensated) if gathered else None
-        world = hvd.size() if world_size is None else world_size
         if packed is not None and gathered_goes_dense(packed, grad.numel(), world, grad.element_size()):
             concrete, route = None, "dense-fallback"
     if concrete is None:
         memory.update(compensated, name, _DENSE, [compensated], None)
-        return compensated, compensated.numel() * compensated.element_size(), route
+        return compensated, compensated.numel() * compensated.element_size(), route, [compensated.dtype]
+    if communicator is None and not concrete.additive and choose_route(
+            concrete, compensated.shape, compensated.dtype, world, dense_fallback=False) == "scattergather":
+        raise ValueError(f"{name}: with no communicator named, {world} ranks send {concrete!r}'s payload by the "
+                         f"scatter-gather, which this twin does not model; name communicator=Allgather()")
     payload, ctx = concrete.compress(compensated, name)
     memory.update(compensated, name, concrete, payload, ctx)
     if concrete.additive and communicator is None:
@@ -50,14 +71,64 @@ def twin_step(twin, memory, grad: torch.Tensor, name: str, communicator, dense_f
     else:
         sent = wire.packed_size(payload, with_header=not concrete.uniform_payload)
         route = communicator.route if communicator is not None else "allgather"
-    return concrete.decompress(payload, ctx), sent, route
+    return concrete.decompress(payload, ctx), sent, route, [p.dtype for p in payload if p.is_floating_point()]
 
 
-def run_case(rec: Recorder, case) -> None:
+#: Routes whose payloads the backend sums (in its own order and precision) rather than gathers.
+SUMMED_ROUTES = ("dense", "dense-fallback", "allreduce")
+
+
+def compare_with_rule(rec: Recorder, label: str, actual: torch.Tensor, combined: torch.Tensor, twin_memory,
+                      name: str, route: str, dtypes: list[torch.dtype], contributions: list[torch.Tensor],
+                      step: int, case) -> torch.Tensor:
+    """Check ``actual`` against the rule's ``combined`` as the twin's memory turns it into the
+    gradient, and return that. Where the backend sums in 16 bits (a 16-bit model, or a payload
+    such as FP16's or BF16's) it sums in its own order and precision: held to
+    :func:`summed_bound` instead of the case's tolerances. ``dtypes``: the model's, then the payload's."""
+    narrow = route in SUMMED_ROUTES and any(torch.finfo(d).bits <= 16 for d in dtypes)
+    probe = copy.deepcopy(twin_memory) if narrow else None
+    expected = twin_memory.aggregated(name, combined)
+    if probe is None:
+        rec.close(actual, expected, label, case.rtol, case.atol)
+        return expected
+    bound = summed_bound(contributions, expected, dtypes, step,
+                         lambda t: copy.deepcopy(probe).aggregated(name, t))
+    excess = (actual.double() - expected.double()).abs() - bound
+    rec.check(f"{label} (within the rounding of a 16-bit sum)", bool((excess <= 0).all()),
+              f"max excess over the bound {excess.max().item():.3e}")
+    return expected
+
+
+def summed_bound(contributions: list[torch.Tensor], expected: torch.Tensor, dtypes: list[torch.dtype],
+                 step: int, shifted) -> torch.Tensor:
+    """How far, element by element, a sum the backend computes in a 16-bit dtype may lie from the
+    rule's.
+
+    Summing ``P`` values in any order, each addition rounding to a dtype with machine epsilon
+    ``eps`` (``u = eps / 2``), lands within ``(P - 1) u sum_r |c_r|`` of the exact sum, and the mean
+    within ``u ((P - 1) / P sum_r |c_r| + |mean|)`` of the exact mean: the backend's and the
+    rule's (rank order) are each that close, so within ``eps (sum_r |c_r| + |mean|)`` of each
+    other, plus the smallest subnormal where the result is too small for a relative bound. ``eps``
+    is the coarsest of the model's dtype and the payload's. A memory's ``aggregated`` map carries the
+    bound through ``shifted`` (the same map applied to the mean moved by it), plus one more
+    rounding of the result; a memory that accumulates the means (EF21) adds one such bound per
+    step, hence the factor ``step + 1``.
+    """
+    eps = max(torch.finfo(d).eps for d in dtypes)
+    tiny = max(torch.finfo(d).smallest_normal * torch.finfo(d).eps for d in dtypes)
+    magnitude = sum(c.double().abs() for c in contributions)
+    mean = sum(c.double() for c in contributions) / len(contributions)
+    on_mean = eps * (magnitude + mean.abs()) + tiny
+    through = (shifted(mean + on_mean) - shifted(mean)).abs()
+    return (step + 1) * (through + eps * expected.double().abs() + tiny)
+
+
+def run_case(rec: Recorder, case, dtype: torch.dtype) -> None:
+    label = f"{case.label} in {str(dtype).removeprefix('torch.')}"
     compression, twin, twin_memory = case.build()
     twin.set_rank(hvd.rank())
     torch.manual_seed(0)
-    model = Net()
+    model = Net().to(dtype)
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
                                    named_parameters=model.named_parameters(), compression=compression)
     communicator = getattr(compression, "communicator", None)
@@ -67,35 +138,44 @@ def run_case(rec: Recorder, case) -> None:
         local = local_gradients(model, step, 1)
         loss_of(model, batch(step, hvd.rank())).backward()
         opt.synchronize()
-        for name, p in model.named_parameters():
-            contribution, sent, route = twin_step(twin, twin_memory, local[name], name, communicator,
-                                                  getattr(compression, "dense_fallback", True))
+        twins = {name: twin_step_sent(twin, twin_memory, local[name], name, communicator,
+                                      getattr(compression, "dense_fallback", True))
+                 for name, _ in model.named_parameters()}
+        # Every parameter's contribution in one gather per step, exact in float64: far fewer
+        # collectives to wait for than one per parameter.
+        flat = torch.cat([contribution.reshape(-1).double() for contribution, *_ in twins.values()])
+        sizes = [contribution.numel() for contribution, *_ in twins.values()]
+        per_rank = [torch.split(row, sizes) for row in gather_from_ranks(flat)]
+        for i, (name, p) in enumerate(model.named_parameters()):
+            contribution, sent, route, dtypes = twins[name]
             expected_bytes += sent
             routes.add(route)
-            contributions = gather_from_ranks(contribution)
+            contributions = [parts[i].view(contribution.shape).to(contribution.dtype) for parts in per_rank]
             observations.append(Observation(step, name, contributions, route))
             # Dense tensors are averaged whatever the compressor's rule; as the bundle does, the
             # memory then turns the aggregate into the gradient (EF21, EF-signSGD).
             combined = mean_rule(contributions) if route.startswith("dense") else case.rule(contributions)
-            expected = twin_memory.aggregated(name, combined)
-            rec.close(p.grad, expected, f"{case.label}: step {step} {name}", case.rtol, case.atol)
-            rec.check(f"{case.label}: step {step} {name} shape and dtype",
+            compare_with_rule(rec, f"{label}: step {step} {name}", p.grad, combined, twin_memory, name, route,
+                              [dtype, *dtypes], contributions, step, case)
+            rec.check(f"{label}: step {step} {name} shape and dtype",
                       p.grad.shape == p.shape and p.grad.dtype == p.dtype)
         twin.end_step()
         with opt.skip_synchronize():
             opt.step()
     stats = compression.stats
-    rec.check(f"{case.label}: stats bytes_sent equals the twin's payload bytes", stats["bytes_sent"] == expected_bytes,
+    rec.check(f"{label}: stats bytes_sent equals the twin's payload bytes", stats["bytes_sent"] == expected_bytes,
               f"{stats['bytes_sent']} != {expected_bytes}")
-    rec.check(f"{case.label}: routes used", case.routes <= routes, f"used {routes}, expected {case.routes}")
-    rec.check(f"{case.label}: the bundle's routes are the twin's", set(stats["tensors_by_route"]) == routes,
+    required = case.routes if dtype == torch.float32 or case.half_routes is None else case.half_routes
+    rec.check(f"{label}: routes used", required <= routes, f"used {routes}, expected {required}")
+    rec.check(f"{label}: the bundle's routes are the twin's", set(stats["tensors_by_route"]) == routes,
               f"bundle {stats['tensors_by_route']}, twin {routes}")
     if case.check is not None:
-        rec.guard(f"{case.label}: final check", case.check, compression, observations)
+        rec.guard(f"{label}: final check", case.check, compression, observations)
 
 
 def main() -> None:
-    args = parse_args([(("--cases",), {"nargs": "*", "default": None})])
+    args = parse_args([(("--cases",), {"nargs": "*", "default": None}),
+                       (("--dtypes",), {"nargs": "+", "choices": sorted(DTYPES), "default": ["float32"]})])
     hvd.init()
     torch.set_num_threads(1)
     rec = Recorder(args.out)
@@ -103,9 +183,11 @@ def main() -> None:
     for family in args.cases or FAMILIES:
         for case in cases(family):
             labels.append(case.label)
-            rec.guard(case.label, run_case, rec, case)
+            for dtype in args.dtypes:
+                rec.guard(f"{case.label} in {dtype}", run_case, rec, case, DTYPES[dtype])
     rec.extra["cases"] = labels
     rec.extra["device_path"] = paths.FORCE_DEVICE_PATH  # GRACE_LEGACY_DEVICE_PATH, as this process read it
+    rec.extra["dtypes"] = args.dtypes
     rec.write()
 
 

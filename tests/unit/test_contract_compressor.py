@@ -99,17 +99,17 @@ def test_payload_spec_describes_the_payload(entry, shape, dtype):
 
 
 @parametrize_entries
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_additive_payloads_may_be_summed_and_means_aggregate_to_the_mean(entry, dtype):
     parts = [compressed(entry, (40, 30), dtype, rank) for rank in range(2)]
     (_, concrete, payload0, ctx0), (_, other, payload1, ctx1) = parts
     if concrete is None or concrete.rounds > 1:
         return  # sent dense, or multi-round (PowerSGD's rounds have their own tests)
     decoded = [concrete.decompress(payload0, ctx0), other.decompress(payload1, ctx1)]
-    # Summing in the payload's own dtype rounds at its precision (FP16 sends float16).
-    narrowest = min((p.dtype for p in payload0 if p.is_floating_point()), key=lambda d: torch.finfo(d).bits,
-                    default=dtype)
-    tolerance = {"rtol": max(1e-5, 2 * torch.finfo(narrowest).eps), "atol": 1e-6}
+    # Summing in the payload's own dtype, or the gradient's, rounds at its precision (FP16 sends
+    # float16; a bfloat16 gradient's decoded values are summed in bfloat16).
+    coarsest = max(torch.finfo(d).eps for d in [dtype, *(p.dtype for p in payload0 if p.is_floating_point())])
+    tolerance = {"rtol": max(1e-5, 2 * coarsest), "atol": 1e-6}
     if concrete.additive:
         summed = [p + q for p, q in zip(payload0, payload1, strict=True)]
         torch.testing.assert_close(concrete.decompress(summed, ctx0), decoded[0] + decoded[1], **tolerance)

@@ -3,12 +3,16 @@ LEGACY reference flags) into a ``Grace`` bundle, and refuses unknown names and c
 would corrupt the gradient with errors that say what to use."""
 
 import pytest
+import torch
 
 import grace_legacy
 from grace_legacy import (
+    BF16,
     DGC,
     FP16,
+    INCEPTIONN,
     QSGD,
+    AdaQ,
     Allreduce,
     Broadcast,
     DGCMemory,
@@ -23,8 +27,10 @@ from grace_legacy import (
     RandomK,
     Residual,
     Signum,
+    Sketch,
     Threshold,
     TopK,
+    U8bit,
     grace_from_params,
 )
 from grace_legacy.helper import COMMUNICATORS, COMPRESSORS, MEMORIES
@@ -48,6 +54,13 @@ def test_defaults_are_gracess_no_compression_no_memory_allreduce():
     ({"compressor": "topk", "communicator": "allgather", "compress_ratio": 0.01}, TopK, 0.01),
     ({"compressor": "qsgd", "communicator": "allgather", "quantum_num": 64}, QSGD, 64),
     ({"compressor": "powersgd", "compress_rank": 4}, PowerSGD, 4),
+    # GRACE's TensorFlow side: its keys and defaults.
+    ({"compressor": "adaq", "communicator": "allgather"}, AdaQ, 0.3),
+    ({"compressor": "adaq", "communicator": "allgather", "compress_ratio": 0.05}, AdaQ, 0.05),
+    ({"compressor": "inceptionn", "communicator": "allgather"}, INCEPTIONN, 2e-10),
+    ({"compressor": "inceptionn", "communicator": "allgather", "error_bound": 2**-10}, INCEPTIONN, 2**-10),
+    ({"compressor": "sketch", "communicator": "allgather"}, Sketch, 64),
+    ({"compressor": "sketch", "communicator": "allgather", "quantiles": 256}, Sketch, 256),
 ])
 def test_each_knob_takes_gracess_key_and_default(params, kind, parameter):
     grc = grace_from_params(params)
@@ -57,16 +70,19 @@ def test_each_knob_takes_gracess_key_and_default(params, kind, parameter):
 
 def test_every_name_gracess_helper_knows_builds_a_bundle():
     assert set(COMPRESSORS) == {"none", "fp16", "topk", "randomk", "dgc", "threshold", "qsgd", "terngrad",
-                                "natural", "signsgd", "signum", "efsignsgd", "onebit", "powersgd"}
+                                "natural", "signsgd", "signum", "efsignsgd", "onebit", "powersgd",
+                                "adaq", "inceptionn", "sketch", "u8bit", "bf16"}
     assert set(MEMORIES) == {"none", "residual", "dgc", "efsignsgd", "powersgd"}
     assert set(COMMUNICATORS) == {"allreduce", "allgather", "broadcast", "scattergather", "auto"}
     for name in COMPRESSORS:
         memory = "efsignsgd" if name == "efsignsgd" else "none"
-        communicator = "allreduce" if name in ("none", "fp16", "powersgd") else "allgather"
+        communicator = "allreduce" if name in ("none", "fp16", "bf16", "powersgd") else "allgather"
         grc = grace_from_params({"compressor": name, "memory": memory, "communicator": communicator,
                                  "world_size": 4})
         assert isinstance(grc, Grace)
     assert isinstance(grace_from_params({"compressor": "fp16"}).compressor, FP16)
+    assert isinstance(grace_from_params({"compressor": "bf16"}).compressor, BF16)
+    assert isinstance(grace_from_params({"compressor": "u8bit", "communicator": "allgather"}).compressor, U8bit)
     assert isinstance(grace_from_params({"compressor": "topk", "communicator": "broadcast"}).communicator,
                       Broadcast)
 
@@ -121,6 +137,18 @@ def test_legacy_keys_build_the_reference_schedule():
     qsgd = grace_from_params({"compressor": "qsgd", "communicator": "allgather", "legacy_by": "epoch",
                               "group_compressions": "4,16", "epochs": 10}).compressor
     assert qsgd.table == [[4], [16]]
+
+
+def test_legacy_keys_schedule_adaqs_share_and_sketchs_buckets():
+    adaq = grace_from_params({"compressor": "adaq", "communicator": "auto", "legacy_by": "layer",
+                              "group_compressions": "100,30,5", "group_splits": "1000,100000"}).compressor
+    assert isinstance(adaq, Legacy) and isinstance(adaq.base, AdaQ)
+    assert adaq.table == [[1.0, 0.3, 0.05]] and adaq.splits == [1000, 100000]
+    sketch = grace_from_params({"compressor": "sketch", "communicator": "auto", "legacy_by": "epoch",
+                                "group_compressions": "256,64,16", "epochs": 9}).compressor
+    assert isinstance(sketch, Legacy) and isinstance(sketch.base, Sketch)
+    assert sketch.table == [[256], [64], [16]]
+    assert sketch.value_for(torch.zeros(10), "w") == 256
 
 
 @pytest.mark.parametrize(("params", "message"), [

@@ -2,7 +2,7 @@
 (``tests/two_phase.py``), bit for bit, with in-process ranks: every compressor whose payload is not
 additive (and FP16 forced onto it), fused buckets and single tensors, 1 to 5 ranks (uneven shards,
 tensors smaller than the number of ranks, owners with nothing), over steps that carry the workers'
-and the owners' error feedback; and its link bytes."""
+and the owners' error feedback; a skipped step undone; and its link bytes."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from grace_legacy import Grace, NoMemory, ScatterGather, TopK
 from grace_legacy.communicators.scatter_gather import segments_of, shard_bounds
 from tests.helpers import bits, run_ranks
 from tests.two_phase import SETUPS, SIZES, STEPS, TwoPhase, gradients, pieces, reference, shards
+from tests.unit.test_contract_undo import tensors_of
 
 
 def library(label: str, world: int, fused: bool, dtype: torch.dtype) -> list[list[torch.Tensor]]:
@@ -53,7 +54,7 @@ def test_matches_the_reference_bit_for_bit_fused(label, world):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
-@pytest.mark.parametrize("label", ["topk+residual", "qsgd", "signsgd", "fp16"])
+@pytest.mark.parametrize("label", sorted(SETUPS))
 def test_matches_the_reference_in_other_dtypes(label, dtype):
     got, expected = library(label, 3, True, dtype), reference(label, 3, dtype)
     for step in range(STEPS):
@@ -128,3 +129,46 @@ def test_wire_bytes_are_what_each_phase_puts_on_the_link():
         assert stats["wire_bytes"] == 3 * 200 + 3 * 200
         assert stats["wire_dense"] == 2 * 3 / 4 * 1600
         assert stats["volume"] == pytest.approx(1200 / 2400)
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "per tensor"])
+@pytest.mark.parametrize("label", ["signum", "topk+residual", "adaq+residual"])
+def test_an_undone_step_leaves_every_segments_state_as_it_was(label, fused):
+    """A skipped step (an inf on one rank) undone by name: the compressor's state kept under the
+    tensor's segment names (Signum's momentum), the worker's and the owner's feedback all return to
+    what they were, and hold nothing non-finite."""
+    world = 3
+    make, memory = SETUPS[label]
+    bundles = [Grace(make(), memory=memory(), communicator=ScatterGather(), dense_fallback=False,
+                     bucket_bytes=1 << 20 if fused else 0) for _ in range(world)]
+    for bundle in bundles:
+        bundle.plan_buckets([(name, 4) for name in SIZES])
+
+    def state(bundle) -> dict[str, torch.Tensor]:
+        parts = {"compressor": bundle.compressor, "memory": bundle.memory, "owner": bundle.owner_memory}
+        return {f"{k}.{key}": t for k, obj in parts.items() if obj is not None
+                for key, t in tensors_of(obj.state_dict()).items()}
+
+    def body(backend):
+        bundle, rank = bundles[backend.rank()], backend.rank()
+        for step in range(2):
+            mine = gradients(world, step)[rank]
+            pending = [bundle.start(g, name, backend, average=True) for name, g in zip(SIZES, mine, strict=True)]
+            [finish() for finish in pending]
+            bundle.end_step()
+        before = {key: t.clone() for key, t in state(bundle).items()}
+        poisoned = gradients(world, 2)[rank]
+        if rank == 1:
+            poisoned[0][3] = float("inf")
+        pending = [bundle.start(g, name, backend, average=True) for name, g in zip(SIZES, poisoned, strict=True)]
+        [finish() for finish in pending]
+        for name in SIZES:
+            bundle.undo(name)
+        return before, state(bundle)
+
+    for before, after in run_ranks(world, body):
+        assert before, "the set-up keeps state"
+        assert after.keys() == before.keys()
+        for key in before:
+            assert torch.equal(bits(after[key]), bits(before[key])), key
+            assert bool(torch.isfinite(after[key]).all()), key
