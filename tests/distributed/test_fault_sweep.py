@@ -4,9 +4,15 @@ decompress and memory update), for every route and compressor family, on Horovod
 engine's own error, and recovery (``TorchState.restore()``, or a checkpoint loaded into fresh
 objects) continues bit for bit as if nothing had failed (``workers/fault_sweep_worker.py``)."""
 
+import importlib
+import sys
+
 import pytest
-from fault_sweep_worker import CONFIGS
-from launcher import run_checks, run_torchrun_checks
+from launcher import WORKERS, run_checks, run_torchrun_checks
+
+if str(WORKERS) not in sys.path:
+    sys.path.insert(0, str(WORKERS))  # the worker imports its neighbours as it does when launched
+CONFIGS = importlib.import_module("fault_sweep_worker").CONFIGS
 
 pytestmark = pytest.mark.distributed
 
