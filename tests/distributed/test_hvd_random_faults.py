@@ -5,8 +5,7 @@ listing two hosts (``localhost`` and ``127.0.0.1``, one with two slots): one pro
 the step, the point of that step and the way it fails (SIGKILL or an exception) from a seed
 (``workers/elastic_faults_main.py``), fails; the job must recover, finish every step, end with
 every final rank's parameters bit-identical, and compress throughout (volume < 1, some tensors on a
-compressed route). The seed is drawn at random and printed; ``GRACE_FAULT_SEED=<seed>`` replays a
-run, ``GRACE_FAULT_RUNS=<n>`` runs ``n`` seeds in a row (seed, seed + 1, ...).
+compressed route).
 
 ``torchrun --max-restarts 1`` with a worker SIGKILLed mid-run (``workers/restart_worker.py``):
 training resumes from the last checkpoint (model, optimizer, and each rank's
@@ -15,6 +14,9 @@ run again the steps since the checkpoint from the same parameters, optimizer sta
 state (residuals, step counters, byte counts) and data, over the same world size, so every
 collective sees the same inputs in the same order. A control resumed without the compression state
 must end elsewhere, which shows the comparison would notice a state that was not restored.
+
+Both draw from a seed, drawn at random and printed: ``GRACE_FAULT_SEED=<seed>`` replays a run,
+``GRACE_FAULT_RUNS=<n>`` runs ``n`` seeds in a row (seed, seed + 1, ...) of each.
 """
 
 from __future__ import annotations
@@ -72,6 +74,14 @@ def test_elastic_horovodrun_recovers_from_a_random_fault(run, tmp_path):
     assert fault["start_rank"] == drawn["victim"], log
     enters = [r for r in records if r["event"] == "enter"]
     assert len({(r["size"], r["step"]) for r in enters}) >= 2, f"no reset: {enters}\n{log}"
+    # The world after the fault starts from a commit: the last one before the faulty step, or the
+    # one right after it (the others finished the step and saved before their commit's broadcast
+    # failed); for a fault inside a commit, the first commit after the faulty step.
+    step = drawn["step"]
+    after = sorted((r for r in enters if r["time"] > fault["time"]), key=lambda r: r["time"])
+    latest = -(-(step + 1) // COMMIT_EVERY) * COMMIT_EVERY if drawn["point"] == "commit" else step + 1
+    assert after and step // COMMIT_EVERY * COMMIT_EVERY <= after[0]["step"] <= latest, f"{after}\n{log}"
+    assert all(r["step"] % COMMIT_EVERY == 0 for r in enters), f"{enters}\n{log}"
     done = [r for r in records if r["event"] == "done"]
     assert all(r["pid"] != fault["pid"] for r in done), f"the failed process went on: {done}\n{log}"
     assert done and len(done) == done[0]["size"], f"{done}\n{log}"
@@ -99,8 +109,10 @@ def torchrun_restarting(tmp_path: Path, *args: str, restarts: int) -> list[dict]
     return records_of(tmp_path)
 
 
-def test_torchrun_restart_resumes_from_the_checkpoint_bit_identical(tmp_path):
-    rng = random.Random(SEED)
+@pytest.mark.parametrize("run", range(RUNS))
+def test_torchrun_restart_resumes_from_the_checkpoint_bit_identical(run, tmp_path):
+    seed = SEED + run
+    rng = random.Random(seed)
     steps, every = 12, 3
     point = rng.choice(["backward", "step", "checkpoint"])
     # A step after the first checkpoint; for "checkpoint", a step that ends with one.
@@ -109,7 +121,7 @@ def test_torchrun_restart_resumes_from_the_checkpoint_bit_identical(tmp_path):
     kill = ["--kill-step", str(kill_step), "--kill-rank", str(rng.randrange(2)), "--kill-point", point,
             "--kill-index", str(rng.randrange(6))]
     common = ["--steps", str(steps), "--every", str(every)]
-    print(f"seed {SEED}: {' '.join(kill)}")
+    print(f"seed {seed}: {' '.join(kill)}")
     uninterrupted = torchrun_restarting(tmp_path / "uninterrupted", *common, "--control-from", str(resume_step),
                                         restarts=0)
     restarted = torchrun_restarting(tmp_path / "restarted", *common, *kill, restarts=1)
