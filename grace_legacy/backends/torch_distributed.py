@@ -4,11 +4,17 @@ Every rank must call the ``*_async`` methods and :meth:`TorchDistributedBackend.
 order (collectives match by issue order; names only label errors). An allgather takes rows of
 different counts from different ranks, as Horovod's does (``variable_gather``:
 docs/DESIGN.md#variable-gather).
+
+No collective leaves a Python object for one of Gloo's C++ worker threads to release: each is
+issued on aliases of its tensors that this module holds until no work does, and without the
+backward pass's ``contextvars.Context`` in thread-local state, so a job that finished exits 0
+(docs/DESIGN.md#clean-exit).
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -25,6 +31,36 @@ PADDING_LIMIT = 1.5
 #: Gathers equal sizes into one tensor (renamed in recent releases; the old name warns there).
 _gather_into_tensor = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
+#: The key under which ``torch.autograd.backward`` keeps a ``contextvars.Context`` in thread-local
+#: state during a backward pass (recent releases; older ones keep nothing there).
+_BACKWARD_CONTEXT = "context"
+_TLS = torch._C if hasattr(torch._C, "_is_key_in_tls") else None
+
+#: Aliases of the tensors lent to collectives, one tuple per collective, oldest first: each is
+#: held until no work holds its tensors any more (their use count is back to this module's one
+#: reference), so that no worker thread's release is ever the last of a Python object.
+_LENT: deque[tuple[torch.Tensor, ...]] = deque()
+_COUNTED = hasattr(torch.Tensor, "_use_count")
+
+
+def _issue(collective: Callable[..., Any], tensors: Sequence[torch.Tensor], **kwargs: Any) -> Any:
+    """``collective(*tensors, **kwargs)``, the tensors lent as aliases kept in :data:`_LENT`, with no
+    backward-pass context in thread-local state (see the module docstring)."""
+    while _LENT and all(alias._use_count() == 1 for alias in _LENT[0]):
+        _LENT.popleft()
+    if _COUNTED:
+        tensors = tuple(tensor.detach() for tensor in tensors)
+        _LENT.append(tensors)
+    context = _TLS is not None and _TLS._is_key_in_tls(_BACKWARD_CONTEXT)
+    if context:
+        stashed = _TLS._get_obj_in_tls(_BACKWARD_CONTEXT)
+        _TLS._remove_obj_from_tls(_BACKWARD_CONTEXT)
+    try:
+        return collective(*tensors, **kwargs)
+    finally:
+        if context:
+            _TLS._stash_obj_in_tls(_BACKWARD_CONTEXT, stashed)
+
 
 class _Launched:
     """An in-place collective on a staged copy; ``divisor`` averages a sum on arrival."""
@@ -35,7 +71,9 @@ class _Launched:
         self.work, self.staged, self.divisor, self.device = work, staged, divisor, device
 
     def result(self) -> torch.Tensor:
-        self.work.wait()
+        if self.work is not None:
+            self.work.wait()
+            self.work = None  # its tensors' aliases can go back (see _issue)
         if self.divisor is not None:
             self.staged.div_(self.divisor)
         return self.staged.to(self.device)
@@ -51,7 +89,8 @@ class _Gather:
         shape = torch.tensor([local.shape[0], local[0].numel() if local.shape[0] else -1], dtype=torch.int64,
                              device=local.device)
         self.shapes = torch.empty(backend.size() * 2, dtype=torch.int64, device=local.device)
-        self.shapes_work = _gather_into_tensor(self.shapes, shape, group=backend.group, async_op=True)
+        self.shapes_work: Any = _issue(_gather_into_tensor, (self.shapes, shape), group=backend.group,
+                                       async_op=True)
         self.counts: list[int] | None = None
         self.mode = backend.variable_gather
         self.launched: list[tuple[Any, torch.Tensor]] = []
@@ -61,6 +100,7 @@ class _Gather:
         if self.counts is not None:
             return
         self.shapes_work.wait()
+        self.shapes_work = None
         pairs = self.shapes.view(-1, 2).tolist()
         self.counts = [rows for rows, _ in pairs]
         widths = {width for rows, width in pairs if rows}
@@ -79,20 +119,23 @@ class _Gather:
                 padded = local.new_zeros((longest, *local.shape[1:]))
                 padded[:local.shape[0]] = local
             out = local.new_empty((self.backend.size() * longest, *local.shape[1:]))
-            self.launched.append((_gather_into_tensor(out, padded, group=group, async_op=True), out))
+            self.launched.append((_issue(_gather_into_tensor, (out, padded), group=group, async_op=True), out))
             return
         for root, rows in enumerate(self.counts):
             if rows == 0:
                 continue
             buffer = local if root == self.backend.rank() else local.new_empty((rows, *local.shape[1:]))
-            work = dist.broadcast(buffer, src=dist.get_global_rank(group, root), group=group, async_op=True)
+            work = _issue(dist.broadcast, (buffer,), src=dist.get_global_rank(group, root), group=group,
+                          async_op=True)
             self.launched.append((work, buffer))
 
     def result(self) -> torch.Tensor:
         self.launch()
         assert self.counts is not None
         for work, _ in self.launched:
-            work.wait()
+            if work is not None:
+                work.wait()
+        self.launched = [(None, buffer) for _, buffer in self.launched]
         if not self.launched:
             return self.local.new_empty((0, *self.local.shape[1:])).to(self.device)
         if self.mode == "exact":
@@ -149,7 +192,7 @@ class TorchDistributedBackend:
         if average and not tensor.is_floating_point():
             raise TypeError(f"allreduce {name!r}: an average needs a floating-point tensor, got {tensor.dtype}")
         staged = self._staged(tensor, copy=True)
-        work = dist.all_reduce(staged, op=dist.ReduceOp.SUM, group=self.group, async_op=True)
+        work = _issue(dist.all_reduce, (staged,), op=dist.ReduceOp.SUM, group=self.group, async_op=True)
         return _Launched(work, staged, self._size if average else None, tensor.device)
 
     def allgather_async(self, tensor: torch.Tensor, name: str) -> _Gather:
@@ -167,8 +210,8 @@ class TorchDistributedBackend:
         staged = self._staged(tensor, copy=False)
         if self._rank != root_rank:  # overwritten: its contents do not matter, the input's must not change
             staged = torch.empty_like(staged, memory_format=torch.contiguous_format)
-        work = dist.broadcast(staged, src=dist.get_global_rank(self.group, root_rank), group=self.group,
-                              async_op=True)
+        work = _issue(dist.broadcast, (staged,), src=dist.get_global_rank(self.group, root_rank), group=self.group,
+                      async_op=True)
         return _Launched(work, staged, None, tensor.device)
 
     def wait(self, handle: _Launched | _Gather) -> torch.Tensor:
