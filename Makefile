@@ -10,7 +10,7 @@ NP ?= 4
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml scripts/setup.sh scripts/build_horovod.sh scripts/torchvision_on_cpu_torch.py
+$(STAMP): pyproject.toml scripts/setup.sh scripts/constraints.txt scripts/build_horovod.sh scripts/torchvision_on_cpu_torch.py
 	scripts/setup.sh
 	touch $@
 
@@ -22,7 +22,7 @@ test: setup
 	$(PY) -m pytest
 
 unit: setup
-	$(PY) -m pytest tests/unit
+	$(PY) -m pytest tests/unit tests/benchmarks -m "not distributed"
 
 lint: setup
 	$(PY) -m ruff check .

@@ -61,15 +61,19 @@ def _refuse_options(ddp_model: DistributedDataParallel) -> None:
 class GraceState:
     """The state of :func:`grace_hook` for one DDP model: the ``Grace`` bundle, the backend on the
     model's process group, each parameter's name. Building it is a collective: the ranks compare
-    their set-ups here and at the first backward pass. ``set_epoch``, ``stats``, ``state_dict`` and
-    ``load_state_dict`` are the bundle's (each rank saves and loads its own)."""
+    their set-ups here and at the first backward pass. ``set_epoch``, ``stats``, ``scalars``,
+    ``state_dict`` and ``load_state_dict`` are the bundle's (each rank saves and loads its own)."""
 
     def __init__(self, ddp_model: DistributedDataParallel, compression: Compressor | Grace) -> None:
+        # The compression first: checking it needs no process group, so a wrong one is reported
+        # with or without a DistributedDataParallel model.
+        self.grace: Grace = as_bundle(compression, "grace_legacy.ddp")
         if not isinstance(ddp_model, DistributedDataParallel):
             raise TypeError(f"grace_legacy.ddp: ddp_model must be a torch.nn.parallel.DistributedDataParallel, "
-                            f"got {type(ddp_model).__name__}")
+                            f"got {type(ddp_model).__name__}: register the wrapped model (with Accelerate the one "
+                            f"accelerator.prepare returns, which is wrapped only when more than one process runs; "
+                            f"with Lightning use grace_legacy.lightning's strategies)")
         _refuse_options(ddp_model)
-        self.grace: Grace = as_bundle(compression, "grace_legacy.ddp")
         self.backend = TorchDistributedBackend(ddp_model.process_group)
         ignored = getattr(ddp_model, "parameters_to_ignore", set())
         # The module's own names, as Horovod users name parameters: seeds and LEGACY's rules use them.
@@ -80,11 +84,11 @@ class GraceState:
         # Reverse registration order: buckets fill while backward goes on; results are collected
         # in this order on every rank.
         self._order = [name for name, _ in reversed(named)]
-        self.grace.plan_buckets([(name, self._parameters[name].numel() * self._parameters[name].element_size())
-                                 for name in self._order])
+
         self._options = {option: str(getattr(ddp_model, option, None)) for option in
                          ("find_unused_parameters", "static_graph", "gradient_as_bucket_view")}
         self._step: _Step | None = None
+        self._abandoned = False
         self._verified = False
         self.steps = 0
         self._verify("registration")
@@ -107,6 +111,10 @@ class GraceState:
             if self._step is not None:
                 raise RuntimeError("grace_legacy.ddp: a backward pass started before the previous one's buckets "
                                    "were all exchanged")
+            if self._abandoned:
+                # The last backward pass failed half-way: its state is undone before this one starts.
+                self.grace.undo_step()
+                self._abandoned = False
             if not self._verified:
                 # Again here: set_epoch or a loaded state may have moved one rank's schedule.
                 self._verify("first-step")
@@ -127,10 +135,14 @@ class GraceState:
                 if name is None:
                     raise RuntimeError("grace_legacy.ddp: DDP handed over a parameter that was not in the model "
                                        "when the hook was registered")
-                step.pending[name] = self.grace.start(gradient, name, self.backend, average=True)
+                # Fused as DDP fused them: each bucket launches as it arrives, overlapping the rest
+                # of the backward pass as DDP's own allreduce does.
+                step.pending[name] = self.grace.start(gradient, name, self.backend, average=True, hold=True)
                 names.append(name)
+            self.grace.launch_held(f"ddp{index}", self.backend, average=True)
         except BaseException:
             self._step = None  # the backward pass fails with the error; the next one starts afresh
+            self._abandoned = True
             raise
         future: torch.futures.Future = torch.futures.Future(
             devices=[buffer.device] if buffer.device.type == "cuda" else None)
@@ -159,6 +171,7 @@ class GraceState:
             for _, _, future in step.buckets:
                 future.set_exception(error)
             self._step = None
+            self._abandoned = True
             raise
         for buffer, names, future in step.buckets:
             # Into the bucket itself, as PyTorch's hooks do: no bucket-sized tensor per step.
@@ -180,6 +193,10 @@ class GraceState:
     def stats(self) -> dict[str, Any]:
         return self.grace.stats
 
+    def scalars(self, prefix: str = "grace") -> dict[str, float]:
+        """:attr:`stats` as flat numbers for TensorBoard or W&B (:meth:`grace_legacy.Grace.scalars`)."""
+        return self.grace.scalars(prefix)
+
     def reset_stats(self) -> None:
         self.grace.reset_stats()
 
@@ -188,6 +205,9 @@ class GraceState:
         return self.grace.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self._abandoned:  # a failed backward pass's state goes before the checkpoint's comes
+            self.grace.undo_step()
+            self._abandoned = False
         self.grace.load_state_dict(state)
         self._verified = False
 

@@ -2,34 +2,34 @@
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from grace_legacy.communicators import Allgather, Allreduce
-from grace_legacy.communicators.buckets import BucketFiller, BucketPlan, default_bucket_bytes
+from grace_legacy.communicators import Allgather, Allreduce, ScatterGather
+from grace_legacy.communicators.buckets import BucketFiller, BucketPlan, default_bucket_bytes, launch_bucket
 from grace_legacy.communicators.exchange import Parcel
 from grace_legacy.compressors import NoCompression
 from grace_legacy.core.backend import Backend, Pending
 from grace_legacy.core.communicator import Communicator
 from grace_legacy.core.compressor import Compressor, Payload
-from grace_legacy.core.memory import Memory
+from grace_legacy.core.memory import Memory, NoMemory
 from grace_legacy.core.seeds import derived_seed
 from grace_legacy.core.state import refuse_other_configuration, saved_configuration
-from grace_legacy.runtime import wire
-from grace_legacy.runtime.cost import gather_costs_more
+from grace_legacy.memories import Residual
+from grace_legacy.runtime.buffers import BufferPool
+from grace_legacy.runtime.cost import choose_route, ring_allreduce_bytes
 from grace_legacy.runtime.stall import RanksStalled, resolve_stall_timeout
 from grace_legacy.runtime.traffic import TrafficStats
+from grace_legacy.runtime.validation import ArgumentTypeError, check_flag, is_int
 from grace_legacy.schedules.base import Schedule
 
 _DENSE = NoCompression()
-
-
 _ALLREDUCE = Allreduce()
-
-
-_ALLGATHER = Allgather()
+#: The communicator of each route the bundle chooses by itself.
+_COMMUNICATORS = {"allreduce": _ALLREDUCE, "allgather": Allgather(), "scattergather": ScatterGather()}
 
 
 class Grace:
@@ -66,14 +66,21 @@ class Grace:
                 f"Grace: {communicator!r} sums payloads, but {compressor!r} sends a non-additive payload "
                 f"(indices, signs or per-rank scales) that would be corrupted by summing; use Allgather() "
                 f"or leave communicator=None")
-        if bucket_bytes is not None and (isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int)
-                                         or bucket_bytes < 0):
-            raise ValueError(f"Grace: bucket_bytes must be None or an integer >= 0, got {bucket_bytes!r}")
-        self.dense_fallback = bool(dense_fallback)
+        if bucket_bytes is not None:
+            if not isinstance(bucket_bytes, numbers.Real) or isinstance(bucket_bytes, (bool, torch.Tensor)):
+                raise ArgumentTypeError(f"Grace: bucket_bytes must be None or an integer >= 0, got {bucket_bytes!r} "
+                                        f"of type {type(bucket_bytes).__name__}")
+            if not is_int(bucket_bytes) or bucket_bytes < 0:
+                raise ValueError(f"Grace: bucket_bytes must be None or an integer >= 0, got {bucket_bytes!r}")
+            bucket_bytes = int(bucket_bytes)
+        self.dense_fallback = check_flag(dense_fallback, "dense_fallback", "Grace")
         self.stall_timeout = resolve_stall_timeout(stall_timeout)
         self.bucket_bytes = default_bucket_bytes() if bucket_bytes is None else bucket_bytes
         self._filler: BucketFiller | None = None
-        self._gather_cost: dict[tuple, bool] = {}
+        self._routes: dict[tuple, str] = {}
+        # Parcels started with hold=True, launched together by launch_held, and their buffers.
+        self._held: list[Parcel] = []
+        self._held_pool = BufferPool()
         self.compressor = compressor
         self._schedule = compressor if isinstance(compressor, Schedule) else None
         #: the bytes this rank sent, by route (and by a schedule's groups and phases): :attr:`stats`
@@ -83,6 +90,13 @@ class Grace:
         compressor.check_memory(self.memory)
         self.memory.check_compressor(compressor)
         self.communicator = communicator
+        if communicator is not None and communicator.compresses and compressor.rounds != 1:
+            raise ValueError(f"Grace: {communicator!r} cannot run {compressor!r}, which needs {compressor.rounds} "
+                             f"allreduce rounds; leave communicator=None")
+        #: the error feedback a scatter-gather's owners apply before re-compressing what they summed,
+        #: for a compressor that is paired with error feedback of its own (a biased one)
+        self.owner_memory: Memory | None = (None if isinstance(compressor.recommended_memory(), NoMemory)
+                                            else Residual())
         # Whether every rank's results show any rank's inf or NaN, so no flags need exchanging
         # (docs/DESIGN.md#skipped-steps).
         self._flags_from_results = (compressor.delivers_nonfinite and self.memory.keeps_nonfinite
@@ -100,24 +114,23 @@ class Grace:
         """Fuse the tensors named in ``sizes`` ((name, dense bytes), in expected arrival order)
         into buckets of up to :attr:`bucket_bytes`. Every rank must give the same list."""
         fusable = self.communicator is None or self.communicator.fusable
-        self._filler = BucketFiller(BucketPlan(sizes, self.bucket_bytes)) if fusable and self.bucket_bytes else None
+        self._filler = BucketFiller(BucketPlan(sizes, self.bucket_bytes), self.owner_memory) \
+            if fusable and self.bucket_bytes else None
 
-    def _gathers_more_than_dense(self, concrete: Compressor, tensor: torch.Tensor, world_size: int) -> bool:
-        key = (id(concrete), tensor.shape, tensor.dtype, world_size)
-        verdict = self._gather_cost.get(key)
-        if verdict is None:
-            try:
-                packed = wire.packed_size_of(concrete.payload_spec_for(tensor.shape, tensor.dtype),
-                                             with_header=not concrete.uniform_payload)
-            except NotImplementedError:  # a size only the data decides: ranks could disagree
-                verdict = False
-            else:
-                verdict = gather_costs_more(packed, tensor.numel() * tensor.element_size(), world_size)
-            self._gather_cost[key] = verdict
-        return verdict
+    def route_of(self, concrete: Compressor, shape: torch.Size, dtype: torch.dtype, world_size: int) -> str:
+        """The route of a tensor that ``concrete`` compresses at ``world_size`` ranks
+        (:func:`~grace_legacy.runtime.cost.choose_route` with this bundle's communicator and
+        dense fallback), the same on every rank."""
+        key = (id(concrete), shape, dtype, world_size)
+        route = self._routes.get(key)
+        if route is None:
+            forced = None if self.communicator is None else self.communicator.route
+            route = self._routes[key] = choose_route(concrete, shape, dtype, world_size, forced=forced,
+                                                     dense_fallback=self.dense_fallback)
+        return route
 
     def start(self, tensor: torch.Tensor, name: str, backend: Backend, average: bool,
-              overwrite: bool = False) -> Pending:
+              overwrite: bool = False, hold: bool = False) -> Pending:
         """Compress ``tensor`` and launch its collectives; call the result to get the gradient.
         ``overwrite``: the caller will not read ``tensor`` again, so the memory may build the
         compensated gradient in its storage (:meth:`Memory.compensate_into`)."""
@@ -131,29 +144,37 @@ class Grace:
         compensated = (self.memory.compensate_into if overwrite else self.memory.compensate)(tensor, name)
         if watch and (compensated is not tensor or self.memory.keeps_nonfinite):
             self._watch(name, compensated)
+        world_size = backend.size()
         concrete = self.compressor.compressor_for(compensated, name) if tensor.numel() else None
-        route = "dense"
-        if concrete is not None:
-            gathered = self.communicator.carries_non_additive if self.communicator else not concrete.additive
-            if (gathered and self.dense_fallback and concrete.aggregates_by_mean
-                    and self._gathers_more_than_dense(concrete, tensor, backend.size())):
-                concrete, route = None, "dense-fallback"
-        if concrete is None:
+        route = "dense" if concrete is None else self.route_of(concrete, tensor.shape, tensor.dtype, world_size)
+        if route == "dense":
             # Dense: the compensated gradient itself, so a residual left from compressed steps is
             # delivered now rather than lost.
+            if concrete is not None:
+                route = "dense-fallback"
             concrete, payload, ctx, communicator = _DENSE, [compensated], None, _ALLREDUCE
         else:
-            payload, ctx = concrete.compress(compensated, name)
-            communicator = self.communicator or (_ALLREDUCE if concrete.additive else _ALLGATHER)
-            route = communicator.route
+            communicator = self.communicator or _COMMUNICATORS[route]
+            if communicator.compresses:  # it compresses shard by shard itself
+                payload, ctx = [compensated], None
+            else:
+                payload, ctx = concrete.compress(compensated, name)
 
-        def update_memory(final_payload: Payload, final_ctx: Any) -> None:
-            self.memory.update(compensated, name, concrete, final_payload, final_ctx)
+        def update_memory(final_payload: Payload, final_ctx: Any, encoder: Any = None) -> None:
+            self.memory.update(compensated, name, encoder or concrete, final_payload, final_ctx)
 
-        if self._filler is not None and name in self._filler.plan.bucket_of:
-            parcel = Parcel(name, payload, ctx, concrete, gathered=communicator.carries_non_additive,
+        if communicator.fusable and (hold or (self._filler is not None and name in self._filler.plan.bucket_of)):
+            parcel = Parcel(name, payload, ctx, concrete, gathered=communicator.carries_non_additive
+                            and not communicator.compresses, sharded=communicator.compresses,
                             update_memory=update_memory)
-            inner = self._filler.add(parcel, backend, average)
+            if hold:
+                self._held.append(parcel)
+                inner = parcel.pending
+            else:
+                inner = self._filler.add(parcel, backend, average)
+        elif communicator.compresses:
+            inner = communicator.start(payload, ctx, name, concrete, backend, average, on_final_payload=update_memory,
+                                       owner_memory=self.owner_memory)
         else:
             inner = communicator.start(payload, ctx, name, concrete, backend, average, on_final_payload=update_memory)
 
@@ -169,17 +190,27 @@ class Grace:
             if self._schedule is not None:
                 self._schedule.observe(name, result)
             # Recorded on arrival: a multi-round payload's later rounds are only sent in inner().
-            self.record_traffic(name, tensor, inner.bytes_sent, route)
+            self.record_traffic(name, tensor, inner.bytes_sent, route, inner.wire_bytes, world_size)
             return result
 
         self._started[name] = inner
         return Pending(finish, inner.bytes_sent)
 
-    def record_traffic(self, name: str, tensor: torch.Tensor, sent_bytes: int, route: str) -> None:
-        """Count ``sent_bytes`` handed to the collectives for ``tensor`` (under a schedule's labels)."""
+    def launch_held(self, label: str, backend: Backend, average: bool) -> None:
+        """Launch the tensors started with ``hold=True`` since the last launch as one bucket
+        (``label`` names its collectives): a caller with buckets of its own (DDP's) fuses by them."""
+        held, self._held = self._held, []
+        launch_bucket(label, held, backend, average, self._held_pool, self.owner_memory)
+
+    def record_traffic(self, name: str, tensor: torch.Tensor, sent_bytes: int, route: str,
+                       wire_bytes: float = 0.0, world_size: int = 1) -> None:
+        """Count ``sent_bytes`` handed to the collectives for ``tensor`` and ``wire_bytes`` put on
+        the link, against a dense ring allreduce among ``world_size`` ranks (under a schedule's
+        labels)."""
         labels = self._schedule.traffic_labels(name, tensor) if self._schedule is not None else None
-        self.traffic.record(dense_bytes=tensor.numel() * tensor.element_size(), sent_bytes=sent_bytes,
-                            route=route, labels=labels)
+        dense = tensor.numel() * tensor.element_size()
+        self.traffic.record(dense_bytes=dense, sent_bytes=sent_bytes, route=route, wire_bytes=wire_bytes,
+                            wire_dense=ring_allreduce_bytes(dense, world_size), labels=labels)
 
     def _watch(self, name: str, tensor: torch.Tensor) -> None:
         """Remember ``tensor``'s extremes (NaN or infinite exactly when an entry is) for
@@ -218,6 +249,8 @@ class Grace:
         self.undo_step()
         if not self.memory.survives_world_change:
             self.memory.reset()
+        if self.owner_memory is not None:  # the shards, and so the owners, change with the world
+            self.owner_memory.reset()
 
     def shared_state(self) -> dict[str, Any]:
         """What :meth:`rejoin` takes from the rank every rank follows: the configuration and the
@@ -260,6 +293,11 @@ class Grace:
         """Undo this step's changes to ``name``'s memory and compressor state (skipped step)."""
         self.memory.undo(name)
         self.compressor.undo(name)
+        if self.owner_memory is not None and self.owner_memory.undo_log is not None:
+            # The owner's feedback on the segments of ``name`` (ScatterGather's segment names).
+            for segment in self.owner_memory.undo_log.names():
+                if segment.startswith(f"{name}["):
+                    self.owner_memory.undo(segment)
 
     def describe(self) -> dict[str, str]:
         """What every rank must agree on, as text (see :mod:`grace_legacy.consistency`)."""
@@ -278,7 +316,8 @@ class Grace:
     def unlaunched(self) -> set[str]:
         """The tensors started this step whose collectives this rank has not launched (their
         fused bucket still waits for other members): waiting for those would never end."""
-        return self._filler.unlaunched() if self._filler is not None else set()
+        held = {parcel.name for parcel in self._held}
+        return held | self._filler.unlaunched() if self._filler is not None else held
 
     def undo_step(self) -> None:
         """Forget the step under way (``load_state_dict`` in mid-step, an elastic restore): buckets
@@ -296,6 +335,7 @@ class Grace:
                     break
         if self._filler is not None:
             self._filler.abandon()
+        self._held.clear()
         for name in self._started:
             self.undo(name)
         self._started.clear()
@@ -305,11 +345,17 @@ class Grace:
         """Count one synchronized optimizer step (the distributed optimizer calls this)."""
         self._started.clear()
         self.memory.end_step()
+        if self.owner_memory is not None:
+            self.owner_memory.end_step()
         self.compressor.end_step(backend)
 
     @property
     def stats(self) -> dict[str, Any]:
         return self.compressor.stats
+
+    def scalars(self, prefix: str = "grace") -> dict[str, float]:
+        """:attr:`stats` as flat numbers for TensorBoard or W&B (:meth:`Compressor.scalars`)."""
+        return self.compressor.scalars(prefix)
 
     def reset_stats(self) -> None:
         self.traffic.reset()
@@ -333,6 +379,7 @@ class Grace:
         placement = self._placement or self._expected_placement
         return {"config": self.configuration(), "placement": None if placement is None else list(placement),
                 "compressor": self.compressor.state_dict(), "memory": self.memory.state_dict(),
+                "owner_memory": None if self.owner_memory is None else self.owner_memory.state_dict(),
                 "traffic": self.traffic.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -346,6 +393,8 @@ class Grace:
         self._placement = None
         self.compressor.load_state_dict(state["compressor"])
         self.memory.load_state_dict(state["memory"])
+        if self.owner_memory is not None:
+            self.owner_memory.load_state_dict(state["owner_memory"])
         self.traffic.load_state_dict(state["traffic"])
 
     def __repr__(self) -> str:

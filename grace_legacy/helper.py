@@ -5,15 +5,18 @@ The keys and defaults are GRACE's:
 
 * ``compressor`` (``"none"``): one of :data:`COMPRESSORS`;
 * ``memory`` (``"none"``): one of :data:`MEMORIES`;
-* ``communicator`` (``"allreduce"``): one of :data:`COMMUNICATORS`;
+* ``communicator`` (``"allreduce"``): one of :data:`COMMUNICATORS` (``"scattergather"``, the
+  two-phase compressed allreduce, is ours; ``"auto"`` lets the bundle take the route of fewest link
+  bytes per tensor, as ``Grace(communicator=None)`` does);
 * ``compress_ratio`` (``0.3``): the density of topk, randomk and dgc;
 * ``quantum_num`` (``127``): qsgd's levels;
 * ``threshold`` (``0.01``): threshold's magnitude;
 * ``momentum`` (``0.9``): signum's momentum, and the dgc memory's;
 * ``lr`` (``0.1``): efsignsgd's learning rate (compressor and memory);
 * ``compress_rank`` (``1``): powersgd's rank;
-* ``gradient_clipping`` (``False``): the dgc memory's clipping norm (``False``: none);
-* ``world_size``: ignored (GRACE needed it; the backend knows the number of ranks).
+* ``gradient_clipping`` (``False``): the dgc memory's clipping norm (``False`` or ``None``: none);
+* ``world_size``: ignored (GRACE needed it; the backend knows the number of ranks), but checked:
+  ``None`` or a positive integer.
 
 Four more keys, those of the LEGACY reference implementation, turn on a LEGACY schedule of the
 compressor's parameter (:meth:`Legacy.from_flags`): ``legacy_by`` (``"uniform"``, ``"layer"``,
@@ -27,10 +30,13 @@ GRACE accepted combinations that silently corrupt the gradient, such as a sparse
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from grace_legacy.communicators import Allgather, Allreduce, Broadcast
+import torch
+
+from grace_legacy.communicators import Allgather, Allreduce, Broadcast, ScatterGather
 from grace_legacy.compressors import (
     DGC,
     FP16,
@@ -52,6 +58,7 @@ from grace_legacy.core.compressor import Compressor
 from grace_legacy.core.memory import Memory, NoMemory
 from grace_legacy.grace import Grace
 from grace_legacy.memories import DGCMemory, EFSignSGDMemory, PowerSGDMemory, Residual
+from grace_legacy.runtime.validation import ArgumentTypeError, check_positive_int, is_int
 from grace_legacy.schedules.legacy import Legacy
 
 #: GRACE's keys with GRACE's defaults.
@@ -88,18 +95,40 @@ PARAMETER_KEYS = {"topk": "compress_ratio", "randomk": "compress_ratio", "dgc": 
 MEMORIES: dict[str, Callable[[Mapping[str, Any]], Memory]] = {
     "none": lambda p: NoMemory(),
     "residual": lambda p: Residual(),
-    "dgc": lambda p: DGCMemory(p["momentum"], clip=p["gradient_clipping"] or None),
+    # GRACE's gradient_clipping=False (or None) is no clipping; any other value is the norm, which
+    # DGCMemory checks (a 0 or a string is refused, not read as False).
+    "dgc": lambda p: DGCMemory(p["momentum"], clip=None if p["gradient_clipping"] is False
+                               else p["gradient_clipping"]),
     "efsignsgd": lambda p: EFSignSGDMemory(p["lr"]),
     "powersgd": lambda p: PowerSGDMemory(),
 }
-COMMUNICATORS: dict[str, Callable[[], Communicator]] = {
-    "allreduce": Allreduce, "allgather": Allgather, "broadcast": Broadcast,
+COMMUNICATORS: dict[str, Callable[[], Communicator | None]] = {
+    "allreduce": Allreduce, "allgather": Allgather, "broadcast": Broadcast, "scattergather": ScatterGather,
+    "auto": lambda: None,
 }
+#: The keys each compressor and memory reads besides its name: an error of theirs names them.
+_KEYS_READ = {
+    "compressor": {**{name: (key,) for name, key in PARAMETER_KEYS.items()}, "signum": ("momentum",),
+                   "efsignsgd": ("lr",)},
+    "memory": {"dgc": ("momentum", "gradient_clipping"), "efsignsgd": ("lr",)},
+}
+
+
+def _built(params: Mapping[str, Any], kind: str, build: Callable[[], Any]) -> Any:
+    """``build()``, whose argument errors name the keys of ``params`` they came from."""
+    try:
+        return build()
+    except (TypeError, ValueError) as err:
+        keys = _KEYS_READ[kind].get(params[kind], ())
+        given = ", ".join(f"{key}={params[key]!r}" for key in keys)
+        where = f"grace_from_params: {kind}={params[kind]!r}" + (f" with {given}" if given else "")
+        error = ArgumentTypeError if isinstance(err, TypeError) else ValueError
+        raise error(f"{where}: {err}") from None
 
 
 def _choice(params: Mapping[str, Any], key: str, table: Mapping[str, Any]) -> Any:
     name = params[key]
-    if name not in table:
+    if not isinstance(name, str) or name not in table:
         raise ValueError(f"grace_from_params: {key}={name!r} is not known; accepted: {', '.join(map(repr, table))}")
     return table[name]
 
@@ -107,7 +136,7 @@ def _choice(params: Mapping[str, Any], key: str, table: Mapping[str, Any]) -> An
 def compressor_from_name(name: str, value: Any = None, *, with_value: bool = True) -> Compressor:
     """The compressor GRACE calls ``name``, at parameter ``value`` (GRACE's default when ``None``), or
     without its parameter (``with_value=False``) for a schedule to set."""
-    if name not in COMPRESSORS:
+    if not isinstance(name, str) or name not in COMPRESSORS:
         raise ValueError(f"compressor {name!r} is not known; accepted: {', '.join(map(repr, COMPRESSORS))}")
     params = dict(DEFAULTS)
     if value is not None:
@@ -133,20 +162,31 @@ def _legacy(base: Compressor, params: Mapping[str, Any]) -> Legacy:
         raise ValueError(f"grace_from_params: compressor={params['compressor']!r} has no parameter for LEGACY "
                          f"to schedule; use one of "
                          f"{', '.join(repr(n) for n, make in COMPRESSORS.items() if make(DEFAULTS, False).parameter)}")
+    compressions = given["group_compressions"]
+    if not isinstance(compressions, (str, numbers.Real)) or isinstance(compressions, (bool, torch.Tensor)):
+        raise ArgumentTypeError(f"grace_from_params: group_compressions must be a string (comma-separated values, "
+                                f"';' between phases) or a number, got {compressions!r} of type "
+                                f"{type(compressions).__name__}")
     splits = given.get("group_splits", "")
-    if isinstance(splits, (list, tuple)):
-        splits = ",".join(str(s) for s in splits)
-    epochs = given.get("epochs")
-    return Legacy.from_flags(base, by, group_compressions=str(given["group_compressions"]),
-                               group_splits=str(splits), epochs=None if epochs is None else int(epochs))
+    if isinstance(splits, (list, tuple)) and all(is_int(s) for s in splits):
+        splits = ",".join(str(int(s)) for s in splits)
+    if not isinstance(splits, str):
+        raise ArgumentTypeError(f"grace_from_params: group_splits must be a comma-separated string or a list of "
+                                f"integers, got {splits!r} of type {type(splits).__name__}")
+    # epochs goes to Legacy as given, which refuses what is not a positive integer (int() would
+    # have made 1.5 or True an epoch count of 1).
+    return Legacy.from_flags(base, by, group_compressions=str(compressions), group_splits=splits,
+                               epochs=given.get("epochs"))
 
 
 def grace_from_params(params: Mapping[str, Any]) -> Grace:
     """A :class:`~grace_legacy.Grace` bundle from GRACE's parameter dictionary (keys, defaults
     and LEGACY's extra keys in the module docstring).
 
-    Raises ``ValueError`` for an unknown key or name (listing the accepted ones) and for a
-    combination that would compute a wrong gradient (naming what to use instead).
+    Raises ``ValueError`` for an unknown key or name (listing the accepted ones), for a value
+    out of range (naming the key) and for a combination that would compute a wrong gradient
+    (naming what to use instead); ``TypeError`` (also a ``ValueError``) for a value of the wrong
+    type.
     """
     if not isinstance(params, Mapping):
         raise TypeError(f"grace_from_params: params must be a dict, got {type(params).__name__}")
@@ -155,18 +195,24 @@ def grace_from_params(params: Mapping[str, Any]) -> Grace:
         raise ValueError(f"grace_from_params: unknown key(s) {', '.join(map(repr, unknown))}; accepted: "
                          f"{', '.join(map(repr, [*DEFAULTS, *LEGACY_KEYS]))}")
     full = {**DEFAULTS, **params}
+    if full["world_size"] is not None:  # unused, but a wrong one is still a mistake worth naming
+        check_positive_int(full["world_size"], "world_size", "grace_from_params")
     scheduled = any(key in params for key in LEGACY_KEYS)
     build = _choice(full, "compressor", COMPRESSORS)
     make_memory = _choice(full, "memory", MEMORIES)
     make_communicator = _choice(full, "communicator", COMMUNICATORS)
-    compressor = build(full, not scheduled)
+    compressor = _built(full, "compressor", lambda: build(full, not scheduled))
     if scheduled:
         compressor = _legacy(compressor, params)
+    else:  # a parameter of None: the error names the key to set
+        _built(full, "compressor", compressor.check_ready)
+    memory = _built(full, "memory", lambda: make_memory(full))
     communicator = make_communicator()
     try:
-        return Grace(compressor, make_memory(full), communicator)
+        return Grace(compressor, memory, communicator)
     except ValueError as err:
-        if communicator.carries_non_additive or compressor.additive:
+        if communicator is None or communicator.carries_non_additive or compressor.additive:
             raise ValueError(f"grace_from_params: {err}") from None
         raise ValueError(f"grace_from_params: {err}; in params, set "
-                         f"'communicator': 'allgather' (or 'broadcast')") from None
+                         f"'communicator': 'auto' (the route of fewest link bytes per tensor), 'allgather' or "
+                         f"'scattergather'") from None

@@ -1,70 +1,223 @@
-"""What a compression set-up will send, before training: per phase and size group, the tensors, their
-elements, the parameter value and the bytes per step against dense, and the volume over the run. The
-bytes are :func:`grace_legacy.runtime.cost.bytes_sent`'s, exact, so the planned volume is what
-``compression.stats["volume"]`` reports after the run (every tensor sent once per step)."""
+"""What a compression set-up will put on the links, before training: per phase and size group, the
+tensors, their elements, the parameter value, the routes a :class:`~grace_legacy.Grace` bundle takes
+at a number of workers, the link bytes per step against a dense ring allreduce's, and the wire
+volume over the run; the same over 4 to 1024 workers; an alpha-beta estimate of the link time.
+
+**Link bytes** are :mod:`grace_legacy.runtime.traffic`'s: what the collectives put on one rank's
+link with bandwidth-optimal algorithms. For ``P`` workers and one tensor of ``D`` dense bytes:
+
+* ``dense`` (and ``dense-fallback``): a ring allreduce, ``2 (P - 1) / P * D``;
+* ``allreduce`` (an additive payload): ``2 (P - 1) / P`` times each round's raw bytes;
+* ``allgather``: the other ranks' packed payloads, ``(P - 1) * b``;
+* ``scattergather``: the tensor's segments (its parts in the shards of its fused bucket,
+  :func:`~grace_legacy.communicators.scatter_gather.segments_of`, here in the closed form of
+  :func:`segment_runs`) each leave for their owner and the owner's re-encoded payload comes back:
+  rank ``r`` carries both payloads of every segment it does not own, the mean over the ranks
+  ``(P - 1) / P`` of the segments' payloads.
+
+The route of each tensor is :func:`~grace_legacy.runtime.cost.choose_route`'s, the function the
+bundle calls; the fused buckets are the bundle's :class:`~grace_legacy.communicators.buckets.BucketPlan`
+over the tensors in reverse registration order (the order the optimizer and the DDP hook plan them),
+``default_bucket_bytes()`` unless told. So the planned link bytes of rank ``r`` per step,
+:meth:`Plan.rank_link_bytes`, are what that rank's ``compression.stats["wire_bytes"]`` records for
+the step, bit for bit when the tensors finish in arrival order, and :attr:`Plan.volume` is
+``stats["volume"]`` over the run (with one worker nothing crosses a link and, as in the stats, the
+volume is the ratio of the bytes handed to the collectives to the dense bytes).
+
+**Link time** (:func:`link_time`), the alpha-beta model of the same algorithms: a collective of
+``s`` sequential steps costs ``alpha * s`` and each rank's link carries its link bytes at
+``bandwidth``: ``T = alpha * sum(steps) + link bytes / bandwidth``. The steps are those of the
+algorithms whose link bytes are counted, so that both terms describe one algorithm: a ring
+allreduce ``2 (P - 1)`` (reduce-scatter then allgather, ``P - 1`` each), a ring allgather
+``P - 1``, a pairwise all-to-all ``P - 1``. A flight (a fused bucket, or a tensor alone) runs one
+allgather for its gathered payloads, one allreduce per dtype and round for its summed ones, and an
+all-to-all then an allgather for its scatter-gathered ones; collectives run one after another, and
+nothing overlaps the backward pass. At large ``P`` the ring's latency term is pessimistic: libraries
+switch to trees or recursive doubling (``log2 P`` steps, more bytes), which this model leaves out.
+"""
 
 from __future__ import annotations
 
 import importlib
+import math
+from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
 import torch
 from torch import nn
 
+from grace_legacy.communicators.buckets import BucketPlan, default_bucket_bytes
 from grace_legacy.core.compressor import Compressor
-from grace_legacy.runtime.cost import bytes_sent
+from grace_legacy.runtime import wire
+from grace_legacy.runtime.cost import choose_route, ring_allreduce_bytes, segment_bytes
+from grace_legacy.runtime.validation import (
+    MAX_NUMEL,
+    ArgumentTypeError,
+    check_flag,
+    check_gradient_dtype,
+    check_positive_int,
+    checked_shapes,
+    is_int,
+)
 from grace_legacy.schedules.legacy import Legacy
+
+#: The number of workers a plan is made for when none is given.
+DEFAULT_WORKERS = 4
+#: The worker counts of the scaling table.
+WORKER_COUNTS = (4, 8, 16, 64, 256, 1024)
+#: What ``route=`` may force: every tensor dense, or the route of a communicator
+#: (``Grace(communicator=Allreduce() / Allgather() / ScatterGather())``).
+FORCED_ROUTES = ("dense", "allreduce", "allgather", "scattergather")
+
+
+@dataclass(frozen=True)
+class TensorPlan:
+    """One tensor in one phase: the route the bundle takes (as ``stats["tensors_by_route"]`` names
+    it) and what it hands to the collectives and puts on the links per step."""
+
+    #: the tensor's position among the shapes given
+    index: int
+    phase: int
+    group: int
+    numel: int
+    route: str
+    #: bytes handed to the collectives and link bytes per rank, the means over the ranks
+    bytes_sent: float
+    link_bytes: float
+    bytes_dense: int
+    link_dense: float
+    #: scatter-gather only: its segments as runs ``(first owner, last owner + 1, payload bytes,
+    #: owner's payload bytes)`` of consecutive owners holding segments of one size
+    segments: tuple[tuple[int, int, int, int], ...] = ()
+
+    @property
+    def segment_count(self) -> int:
+        return sum(stop - start for start, stop, _, _ in self.segments)
+
+    def _owned(self, rank: int) -> tuple[int, int]:
+        """The two payloads' bytes of this tensor's segment owned by ``rank`` (0 if none)."""
+        for start, stop, first, second in self.segments:
+            if start <= rank < stop:
+                return first, second
+        return 0, 0
+
+    def link_bytes_of(self, rank: int) -> float:
+        """Link bytes of rank ``rank``: the same on every rank, except for a scatter-gather (no
+        byte of the segment it owns crosses its link)."""
+        if self.route != "scattergather":
+            return self.link_bytes
+        total = sum((stop - start) * (first + second) for start, stop, first, second in self.segments)
+        return float(total - sum(self._owned(rank)))
+
+    def bytes_sent_of(self, rank: int) -> float:
+        """Bytes rank ``rank`` hands to the collectives (a scatter-gather: every segment's payload,
+        and the owner's payload of the segment it owns)."""
+        if self.route != "scattergather":
+            return self.bytes_sent
+        return float(sum((stop - start) * first for start, stop, first, _ in self.segments) + self._owned(rank)[1])
 
 
 @dataclass(frozen=True)
 class Cell:
-    """One phase x size group: what its tensors send per step."""
+    """One phase x size group: its tensors' routes and what they put on the links per step."""
 
     phase: int
     group: int
     tensors: int
     elements: int
     parameter: Any
-    bytes_sent: int
+    #: (route, tensors) pairs, the bundle's routes
+    routes: tuple[tuple[str, int], ...]
+    link_bytes: float
+    link_dense: float
+    bytes_sent: float
     bytes_dense: int
-    #: Tensors the dense fallback sends dense although the parameter compresses them.
-    fallback: int = 0
+
+    @property
+    def fallback(self) -> int:
+        """Tensors the dense fallback sends dense although the parameter compresses them."""
+        return dict(self.routes).get("dense-fallback", 0)
 
     @property
     def volume(self) -> float:
+        if self.link_dense:
+            return self.link_bytes / self.link_dense
         return self.bytes_sent / self.bytes_dense if self.bytes_dense else 0.0
 
 
 @dataclass(frozen=True)
 class Plan:
-    """Every cell of a set-up, the phases' shares of the run, and the run's expected volume."""
+    """Every cell of a set-up at :attr:`world_size` workers, every tensor's route per phase, the
+    phases' shares of the run, and the run's expected wire volume."""
 
     cells: list[Cell]
     phase_weights: list[float]
     group_labels: list[str]
     phase_labels: list[str]
     knob_name: str
+    world_size: int
+    bucket_bytes: int
+    #: per phase, the tensors in arrival order (reverse registration order)
+    tensors: list[list[TensorPlan]] = field(repr=False)
+    #: per phase, how many collectives of each kind a step runs
+    collectives: list[dict[str, int]] = field(repr=False)
 
-    def phase_totals(self, phase: int) -> tuple[int, int]:
-        """(bytes sent, dense bytes) per step in ``phase``."""
-        cells = [c for c in self.cells if c.phase == phase]
-        return sum(c.bytes_sent for c in cells), sum(c.bytes_dense for c in cells)
+    def phase_totals(self, phase: int) -> tuple[float, float]:
+        """(link bytes, a dense ring allreduce's link bytes) per step and rank in ``phase``; with one
+        worker (nothing on a link) the bytes handed to the collectives and the dense bytes."""
+        tensors = self.tensors[phase]
+        if self.world_size == 1:
+            return sum(t.bytes_sent for t in tensors), sum(t.bytes_dense for t in tensors)
+        return sum(t.link_bytes for t in tensors), sum(t.link_dense for t in tensors)
 
     @property
     def volume(self) -> float:
-        """Bytes over the run against dense: each phase's bytes per step weighted by its share."""
+        """Link bytes over the run against a dense ring allreduce's: each phase's bytes per step
+        weighted by its share of the run."""
         sent = sum(w * self.phase_totals(p)[0] for p, w in enumerate(self.phase_weights))
         dense = self.phase_totals(0)[1]
         return sent / dense if dense else 0.0
+
+    def rank_link_bytes(self, rank: int, phase: int = 0) -> float:
+        """Rank ``rank``'s link bytes in one step of ``phase``, summed in arrival order as the
+        bundle's ``stats["wire_bytes"]`` sums them when the tensors finish in that order."""
+        total = 0.0
+        for tensor in self.tensors[phase]:
+            total += tensor.link_bytes_of(rank)
+        return total
+
+    def rank_link_dense(self, phase: int = 0) -> float:
+        """A dense ring allreduce's link bytes in one step, summed as ``stats["wire_dense"]``."""
+        total = 0.0
+        for tensor in self.tensors[phase]:
+            total += tensor.link_dense
+        return total
+
+    def rank_bytes_sent(self, rank: int, phase: int = 0) -> int:
+        """The bytes rank ``rank`` hands to the collectives in one step (``stats["bytes_sent"]``)."""
+        return round(sum(tensor.bytes_sent_of(rank) for tensor in self.tensors[phase]))
+
+    def routes(self, phase: int = 0) -> dict[str, int]:
+        """Tensors per route in ``phase`` (``stats["tensors_by_route"]`` after one step)."""
+        return dict(Counter(t.route for t in self.tensors[phase]))
+
+    def route_mix(self) -> str:
+        """The routes as text, e.g. ``dense 53, scattergather 108``; phases apart by `` | ``."""
+        mixes = [", ".join(f"{route} {count}" for route, count in sorted(self.routes(p).items()))
+                 for p in range(len(self.tensors))]
+        return mixes[0] if len(set(mixes)) == 1 else " | ".join(mixes)
 
 
 def model_shapes(spec: str) -> list[tuple[str, torch.Size]]:
     """The trainable parameters' names and shapes of the model ``spec`` names:
     ``torchvision:resnet50`` (a constructor of ``torchvision.models``) or ``package.module:function``
     (any function of no arguments that returns an ``nn.Module``)."""
+    if not isinstance(spec, str):
+        raise ArgumentTypeError(f"model must be a string 'torchvision:NAME' or 'package.module:function', got "
+                                f"{spec!r} of type {type(spec).__name__}")
     module_name, _, function_name = spec.partition(":")
     if not module_name or not function_name:
         raise ValueError(f"model must be 'torchvision:NAME' or 'package.module:function', got {spec!r}")
@@ -98,49 +251,299 @@ def _phase_labels(schedule: Legacy | None) -> list[str]:
         edges = [Fraction(schedule.epochs * p, schedule.phases) for p in range(schedule.phases + 1)]
 
     def show(e: Any) -> str:
-        return "end" if e is None else f"{float(e):g}"
+        if e is None:
+            return "end"
+        try:
+            return f"{float(e):g}"
+        except OverflowError:  # an epoch count beyond a float's range: its leading digits
+            digits = str(round(e))
+            return f"{digits[0]}.{digits[1:4]}e+{len(digits) - 1}"
     return [f"epochs {show(a)} - {show(b)}" for a, b in zip(edges, edges[1:], strict=False)]
 
 
+# -- one phase ---------------------------------------------------------------------------------
+
+def _nbytes(spec: Sequence[tuple[int, torch.dtype]]) -> int:
+    return sum(n * torch.empty((), dtype=d).element_size() for n, d in spec)
+
+
+def _rounds_of(concrete: Compressor, spec: list[tuple[int, torch.dtype]]) -> list[list[tuple[int, torch.dtype]]]:
+    """The payload parts of each allreduce round: ``payload_spec`` lists every round's parts in
+    turn (docs/IMPLEMENTING.md), the same number per round."""
+    rounds = concrete.rounds
+    if rounds == 1:
+        return [spec]
+    if len(spec) % rounds:
+        raise NotImplementedError(f"{concrete!r}: {len(spec)} payload parts do not divide into {rounds} rounds")
+    per = len(spec) // rounds
+    return [spec[i * per:(i + 1) * per] for i in range(rounds)]
+
+
+def segment_runs(sizes: Sequence[int], world_size: int) -> list[list[tuple[int, int, int]]]:
+    """:func:`~grace_legacy.communicators.scatter_gather.segments_of` in closed form, so that any
+    number of workers costs the same: per tensor of ``sizes``, runs ``(first owner, last owner + 1,
+    segment elements)`` of consecutive owners each holding one segment of it, in the order of its
+    segments. Shard ``j`` starts at ``j * base + min(j, extra)`` and holds ``base + 1`` elements if
+    ``j < extra``, else ``base`` (``base, extra = divmod(total, P)``)."""
+    base, extra = divmod(sum(sizes), world_size)
+    wide = extra * (base + 1)  # elements in the shards of base + 1
+
+    def start(j: int) -> int:
+        return j * base + min(j, extra)
+
+    def owner(x: int) -> int:
+        return x // (base + 1) if x < wide else extra + (x - wide) // base
+
+    out, offset = [], 0
+    for size in sizes:
+        runs: list[tuple[int, int, int]] = []
+        if size:
+            first, last = owner(offset), owner(offset + size - 1)
+            if first == last:
+                runs.append((first, first + 1, size))
+            else:
+                runs.append((first, first + 1, start(first + 1) - offset))
+                if first + 1 < min(last, extra):
+                    runs.append((first + 1, min(last, extra), base + 1))
+                if max(first + 1, extra) < last:
+                    runs.append((max(first + 1, extra), last, base))
+                runs.append((last, last + 1, offset + size - start(last)))
+        out.append(runs)
+        offset += size
+    return out
+
+
+@dataclass
+class _Member:
+    """A tensor of the phase being planned: what the bundle decides for it."""
+
+    index: int
+    shape: torch.Size
+    group: int
+    concrete: Compressor | None
+    route: str                       # choose_route's (or "dense"), before the bundle's labels
+    segments: list[tuple[int, int, int, int]] = field(default_factory=list)
+
+
+def _plan_phase(members: list[_Member], world_size: int, dtype: torch.dtype, element: int, fused: bool,
+                bucket_bytes: int, phase: int) -> tuple[list[TensorPlan], dict[str, int]]:
+    """Every member's bytes (``members`` in arrival order) and the step's collectives."""
+    if fused:
+        buckets = BucketPlan([(str(m.index), m.shape.numel() * element) for m in members], bucket_bytes).buckets
+        by_index = {m.index: m for m in members}
+        flights = [[by_index[int(name)] for name in bucket] for bucket in buckets]
+    else:
+        flights = [[m] for m in members]
+    collectives: Counter[str] = Counter()
+    sizes: dict[tuple[int, int], tuple[int, int]] = {}  # (member, segment numel) -> its two payloads' bytes
+    for flight in flights:
+        sharded = [m for m in flight if m.route == "scattergather"]
+        for member, runs in zip(sharded, segment_runs([m.shape.numel() for m in sharded], world_size), strict=True):
+            for start, stop, numel in runs:
+                key = (id(member.concrete), numel)
+                if key not in sizes:
+                    sizes[key] = segment_bytes(member.concrete, numel, dtype)
+                member.segments.append((start, stop, *sizes[key]))
+        if sharded:
+            collectives["alltoall"] += 1
+            collectives["allgather"] += 1
+        if any(m.route == "allgather" for m in flight):
+            collectives["allgather"] += 1
+        # One allreduce per dtype and round of the summed parcels (a dense one sends its gradient).
+        reduced: set[tuple[int, torch.dtype]] = set()
+        for m in flight:
+            if m.route == "dense":
+                reduced.add((0, dtype))
+            elif m.route == "allreduce":
+                spec = m.concrete.payload_spec_for(m.shape, dtype)
+                reduced.update((r, d) for r, parts in enumerate(_rounds_of(m.concrete, spec)) for _, d in parts)
+        collectives["allreduce"] += len(reduced)
+    out = []
+    for m in members:
+        dense = m.shape.numel() * element
+        link_dense = ring_allreduce_bytes(dense, world_size)
+        segments: tuple[tuple[int, int, int], ...] = ()
+        if m.route == "dense":
+            sent, link = float(dense), link_dense
+        elif m.route == "allreduce":
+            rounds = [_nbytes(parts) for parts in _rounds_of(m.concrete, m.concrete.payload_spec_for(m.shape, dtype))]
+            sent, link = float(sum(rounds)), 0.0
+            for raw in rounds:  # summed round by round, as the exchange counts them
+                link += ring_allreduce_bytes(raw, world_size)
+        elif m.route == "allgather":
+            packed = wire.packed_size_of(m.concrete.payload_spec_for(m.shape, dtype),
+                                         with_header=not m.concrete.uniform_payload)
+            sent, link = float(packed), float((world_size - 1) * packed)
+        else:
+            segments = tuple(m.segments)
+            firsts = sum((stop - start) * first for start, stop, first, _ in segments)
+            seconds = sum((stop - start) * second for start, stop, _, second in segments)
+            sent = firsts + seconds / world_size
+            link = (world_size - 1) * (firsts + seconds) / world_size
+        label = "dense-fallback" if m.route == "dense" and m.concrete is not None else m.route
+        out.append(TensorPlan(m.index, phase, m.group, m.shape.numel(), label, sent, link, dense, link_dense,
+                              segments))
+    return out, dict(collectives)
+
+
 def plan(compression: Compressor, shapes: Iterable[Any], *, world_size: int | None = None,
-         dtype: torch.dtype = torch.float32) -> Plan:
+         dtype: torch.dtype = torch.float32, bucket_bytes: int | None = None, route: str | None = None,
+         dense_fallback: bool = True) -> Plan:
     """The plan of ``compression`` (a compressor with its parameter, or a :class:`Legacy` schedule)
-    over tensors ``shapes`` (element counts, shapes, or (name, shape) pairs). ``world_size``
-    counts what the dense fallback would send dense as dense (leave ``None`` to ignore it)."""
-    sizes = [torch.Size(s[1]) if isinstance(s, tuple) and len(s) == 2 and isinstance(s[0], str)
-             else (torch.Size([s]) if isinstance(s, int) else torch.Size(s)) for s in shapes]
-    sizes = [s for s in sizes if s.numel()]  # empty tensors send nothing, dense or not
-    if not sizes:
+    over tensors ``shapes`` in registration order (element counts, shapes, or (name, shape or
+    tensor) pairs such as ``model.named_parameters()``), run by ``Grace(compression)`` at
+    ``world_size`` workers (an integer in ``[1, 2**63 - 1]``; ``None``: :data:`DEFAULT_WORKERS`).
+
+    ``bucket_bytes``: the bundle's fused buckets (``None``: ``default_bucket_bytes()``, as
+    ``Grace``; ``0``: every tensor alone). ``route``: one of :data:`FORCED_ROUTES` for every
+    tensor the compressor compresses, as ``Grace(communicator=...)`` forces it (``"dense"``:
+    everything dense), ``None``: the route of fewest link bytes per tensor; ``dense_fallback`` as
+    ``Grace``'s. A payload whose size only the data decides (Threshold) cannot be planned
+    (``NotImplementedError``)."""
+    if not isinstance(compression, Compressor):
+        raise ArgumentTypeError(f"plan: compression must be a grace_legacy compressor or Legacy schedule, got "
+                                f"{type(compression).__name__}")
+    # Bounded as --workers is: link bytes of (P - 1) gathered payloads must fit a float.
+    world_size = DEFAULT_WORKERS if world_size is None else check_positive_int(world_size, "world_size", "plan",
+                                                                               high=MAX_NUMEL)
+    dtype = check_gradient_dtype(dtype, "dtype", "plan")
+    if bucket_bytes is None:
+        bucket_bytes = default_bucket_bytes()
+    elif not is_int(bucket_bytes) or bucket_bytes < 0:
+        raise (ValueError if is_int(bucket_bytes) else ArgumentTypeError)(
+            f"plan: bucket_bytes must be None or an integer >= 0, got {bucket_bytes!r}")
+    if route is not None and route not in FORCED_ROUTES:
+        raise ValueError(f"plan: route must be None or one of {', '.join(FORCED_ROUTES)}, got {route!r}")
+    dense_fallback = check_flag(dense_fallback, "dense_fallback", "plan")
+    shapes = checked_shapes(shapes, "shapes", "plan")
+    if not any(s.numel() for s in shapes):  # empty tensors send nothing
         raise ValueError("plan: no tensor with elements to plan for")
     schedule = compression if isinstance(compression, Legacy) else None
     if schedule is None:
         compression.check_ready()
-    parameter = compression.parameter if schedule is None else schedule.base.parameter
+    if route == "allreduce" and not compression.additive:
+        raise ValueError(f"plan: route 'allreduce' sums payloads, but {compression!r} sends a non-additive payload")
+    if route in ("allgather", "scattergather") and compression.rounds != 1:
+        raise ValueError(f"plan: route {route!r} cannot carry {compression!r}, which needs {compression.rounds} "
+                         f"allreduce rounds")
+    parameter = compression.parameter
     element = torch.empty((), dtype=dtype).element_size()
     groups = len(schedule.splits) + 1 if schedule else 1
     phases = schedule.phases if schedule else 1
-    cells = []
+    # Arrival order: the optimizer and the DDP hook plan the buckets over the reversed parameters.
+    arrival = [i for i in reversed(range(len(shapes))) if shapes[i].numel()]
+    fused = bucket_bytes > 0
+    tensors, collectives, cells = [], [], []
     for phase in range(phases):
+        members = []
+        for i in arrival:
+            shape = shapes[i]
+            group = schedule.group_of(shape.numel()) if schedule else 0
+            configured = schedule.configured_at(phase, group) if schedule else compression
+            # compressor_for sees the shape only (PowerSGD sends a 1-D tensor dense): a meta tensor
+            # without storage stands for the gradient.
+            like = torch.empty_strided(shape, (0,) * len(shape), dtype=dtype, device="meta")
+            concrete = None if configured is None else configured.compressor_for(like, str(i))
+            if concrete is None or route == "dense":
+                chosen = "dense"
+            else:
+                chosen = choose_route(concrete, shape, dtype, world_size, forced=route, dense_fallback=dense_fallback)
+            members.append(_Member(i, shape, group, concrete, chosen))
+        planned, counts = _plan_phase(members, world_size, dtype, element, fused, bucket_bytes, phase)
+        tensors.append(planned)
+        collectives.append(counts)
         for group in range(groups):
-            members = [s for s in sizes if (schedule.group_of(s.numel()) if schedule else 0) == group]
+            inside = [t for t in planned if t.group == group]
             if schedule is not None:
                 value = schedule.table[phase][group]
-                concrete = schedule.configured(value)
             else:
                 value = compression.value if parameter else None
-                concrete = None if parameter is not None and parameter.is_dense(value) else compression
-            sent = [bytes_sent(concrete, s, dtype, world_size) for s in members]
-            fallback = 0 if concrete is None or world_size is None else sum(
-                b != bytes_sent(concrete, s, dtype) for b, s in zip(sent, members, strict=True))
-            cells.append(Cell(phase, group, len(members), sum(s.numel() for s in members), value, sum(sent),
-                              sum(s.numel() * element for s in members), fallback))
+            cells.append(Cell(phase, group, len(inside), sum(t.numel for t in inside), value,
+                              tuple(sorted(Counter(t.route for t in inside).items())),
+                              sum(t.link_bytes for t in inside), sum(t.link_dense for t in inside),
+                              sum(t.bytes_sent for t in inside), sum(t.bytes_dense for t in inside)))
     return Plan(cells, schedule.phase_weights() if schedule else [1.0],
                 _group_labels(schedule.splits if schedule else []), _phase_labels(schedule),
-                parameter.name if parameter else "-")
+                parameter.name if parameter else "-", world_size, bucket_bytes, tensors, collectives)
 
+
+# -- over worker counts, and the link time --------------------------------------------------------
+
+def routes_for(compression: Compressor) -> list[str]:
+    """The routes :func:`plan` can force for ``compression`` (besides ``"dense"``): an allreduce
+    for an additive payload, a gather and a scatter-gather for a single-round one."""
+    out = ["allreduce"] if compression.additive else []
+    return out + (["allgather", "scattergather"] if compression.rounds == 1 else [])
+
+
+@dataclass(frozen=True)
+class Scaling:
+    """One worker count: the bundle's plan, and the volume with every compressed tensor on each
+    route alone (no dense fallback), per :func:`routes_for` route."""
+
+    world_size: int
+    chosen: Plan
+    forced: dict[str, Plan]
+
+
+def scaling(compression: Compressor, shapes: Iterable[Any], worker_counts: Iterable[int] = WORKER_COUNTS,
+            **options: Any) -> list[Scaling]:
+    """:func:`plan` at each of ``worker_counts``, the bundle's choice and each route alone
+    (``options``: ``dtype``, ``bucket_bytes``)."""
+    shapes = list(shapes)
+    out = []
+    for world_size in worker_counts:
+        chosen = plan(compression, shapes, world_size=world_size, **options)
+        forced = {route: plan(compression, shapes, world_size=world_size, route=route, dense_fallback=False,
+                              **options) for route in routes_for(compression)}
+        out.append(Scaling(world_size, chosen, forced))
+    return out
+
+
+def collective_steps(kind: str, world_size: int) -> int:
+    """Sequential steps of one collective among ``world_size`` ranks: a ring allreduce
+    ``2 (P - 1)``, a ring allgather and a pairwise all-to-all ``P - 1``."""
+    if world_size < 2:
+        return 0
+    return (2 if kind == "allreduce" else 1) * (world_size - 1)
+
+
+@dataclass(frozen=True)
+class LinkTime:
+    """The alpha-beta estimate of one step's communication (means over the run's phases)."""
+
+    collectives: float
+    steps: float
+    latency_s: float
+    transfer_s: float
+
+    @property
+    def total_s(self) -> float:
+        return self.latency_s + self.transfer_s
+
+
+def link_time(result: Plan, bandwidth: float, latency: float) -> LinkTime:
+    """``latency * steps + link bytes / bandwidth`` per step (``bandwidth`` in bytes per second of
+    each rank's link, ``latency`` in seconds per step of a collective), weighted over the phases."""
+    if not (isinstance(bandwidth, (int, float)) and math.isfinite(bandwidth) and bandwidth > 0):
+        raise ValueError(f"link_time: bandwidth must be a finite number of bytes per second > 0, got {bandwidth!r}")
+    if not (isinstance(latency, (int, float)) and math.isfinite(latency) and latency >= 0):
+        raise ValueError(f"link_time: latency must be a finite number of seconds >= 0, got {latency!r}")
+    collectives = steps = transfer = 0.0
+    for phase, weight in enumerate(result.phase_weights):
+        counts = result.collectives[phase]
+        collectives += weight * sum(counts.values())
+        steps += weight * sum(n * collective_steps(kind, result.world_size) for kind, n in counts.items())
+        transfer += weight * sum(t.link_bytes for t in result.tensors[phase]) / bandwidth
+    return LinkTime(collectives, steps, latency * steps, transfer)
+
+
+# -- text and pictures ---------------------------------------------------------------------------
 
 def _show_knob(cell: Cell, knob_name: str) -> str:
     value = cell.parameter
+    if knob_name == "-":  # a compressor without a parameter
+        return "-"
     if value is None:
         return "dense"
     text = f"{value:.4g} ({value * 100:.4g}%)" if knob_name == "ratio" else f"{value:g}"
@@ -151,54 +554,99 @@ def _bytes(n: float) -> str:
     return f"{round(n):,}"
 
 
+def _mix(routes: Iterable[tuple[str, int]]) -> str:
+    return ", ".join(f"{route} {count}" for route, count in routes)
+
+
 def format_plan(result: Plan) -> str:
-    """The table, one row per phase and size group, a total per phase, and the last line
-    ``expected volume X%``."""
+    """The table, one row per phase and size group with the routes its tensors take, a total per
+    phase, and the last line ``expected volume X%`` (the wire volume at ``result.world_size``)."""
     header = (f"{'phase':<18} {'size group':<22} {'tensors':>7} {'elements':>12} {result.knob_name:>20} "
-              f"{'bytes/step':>14} {'dense bytes':>14} {'volume':>8}")
+              f"{'link bytes/step':>16} {'dense link':>16} {'volume':>8}  routes")
     lines = [header, "-" * len(header)]
     for phase, label in enumerate(result.phase_labels):
-        for cell in (c for c in result.cells if c.phase == phase):
+        cells = [c for c in result.cells if c.phase == phase]
+        for cell in cells:
             lines.append(f"{label:<18} {result.group_labels[cell.group]:<22} {cell.tensors:>7} "
                          f"{cell.elements:>12,} {_show_knob(cell, result.knob_name):>20} "
-                         f"{_bytes(cell.bytes_sent):>14} {_bytes(cell.bytes_dense):>14} {cell.volume:>8.2%}")
-        sent, dense = result.phase_totals(phase)
+                         f"{_bytes(cell.link_bytes):>16} {_bytes(cell.link_dense):>16} {cell.volume:>8.2%}  "
+                         f"{_mix(cell.routes)}")
+        link, dense = result.phase_totals(phase)
         share = result.phase_weights[phase]
+        routes = Counter()
+        for cell in cells:
+            routes.update(dict(cell.routes))
         lines.append(f"{label:<18} {'all (' + format(share, '.0%') + ' of run)':<22} "
-                     f"{sum(c.tensors for c in result.cells if c.phase == phase):>7} "
-                     f"{sum(c.elements for c in result.cells if c.phase == phase):>12,} {'':>20} "
-                     f"{_bytes(sent):>14} {_bytes(dense):>14} {sent / dense if dense else 0:>8.2%}")
+                     f"{sum(c.tensors for c in cells):>7} {sum(c.elements for c in cells):>12,} {'':>20} "
+                     f"{_bytes(link):>16} {_bytes(dense):>16} {link / dense if dense else 0:>8.2%}  "
+                     f"{_mix(sorted(routes.items()))}")
     if any(c.fallback for c in result.cells):
-        lines.append("* sent dense by the dense fallback: gathering such a payload from every rank would move more "
-                     "bytes than a ring allreduce of the dense tensor")
+        lines.append("* dense-fallback: sent dense, as no compressed route would move fewer link bytes")
+    if result.world_size == 1:
+        lines.append("one worker: nothing crosses a link; bytes handed to the collectives against the dense bytes")
     lines.append(f"expected volume {result.volume:.2%}")
     return "\n".join(lines)
 
 
-def plot_plan(result: Plan, path: str) -> None:
-    """Bytes per step of each size group, one bar per phase, beside the dense bytes; saved as PNG."""
+def format_scaling(rows: Sequence[Scaling]) -> str:
+    """One line per worker count: the wire volume of each route alone and of the bundle's choice,
+    and the routes it chooses."""
+    routes = list(rows[0].forced)
+    header = f"{'workers':>7} " + " ".join(f"{r:>13}" for r in routes) + f" {'chosen':>9}  chosen routes"
+    lines = [header, "-" * len(header)]
+    for row in rows:
+        lines.append(f"{row.world_size:>7} " + " ".join(f"{row.forced[r].volume:>13.2%}" for r in routes)
+                     + f" {row.chosen.volume:>9.2%}  {row.chosen.route_mix()}")
+    return "\n".join(lines)
+
+
+def format_link_times(routes: dict[str, Plan], bandwidth: float, latency: float) -> str:
+    """The alpha-beta estimate of each route's communication time per step (see the module
+    docstring): ``routes`` maps a label (``dense``, ``allgather``, ``chosen``...) to its plan."""
+    world_size = next(iter(routes.values())).world_size
+    lines = [f"link time per step at {world_size} workers, {bandwidth:.6g} bytes/s per link, "
+             f"{latency:.6g} s per collective step (ring allreduce 2(P-1) steps, allgather and all-to-all P-1):"]
+    header = (f"{'route':<14} {'collectives':>11} {'steps':>9} {'link bytes':>16} {'latency s':>11} "
+              f"{'transfer s':>11} {'total s':>11}")
+    lines += [header, "-" * len(header)]
+    for label, result in routes.items():
+        time = link_time(result, bandwidth, latency)
+        link = sum(w * result.phase_totals(p)[0] for p, w in enumerate(result.phase_weights))
+        lines.append(f"{label:<14} {time.collectives:>11.4g} {time.steps:>9.6g} {_bytes(link):>16} "
+                     f"{time.latency_s:>11.4g} {time.transfer_s:>11.4g} {time.total_s:>11.4g}")
+    return "\n".join(lines)
+
+
+def plot_scaling(rows: Sequence[Scaling], path: str, title: str = "", mark: int | None = None) -> None:
+    """Wire volume against the number of workers (log x), per route alone and for the bundle's
+    choice, beside dense (1), with a line at ``mark`` workers; saved as PNG."""
     import matplotlib  # an optional dependency (the `examples` extra), needed only for --plot
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import PercentFormatter
 
-    groups = len(result.group_labels)
-    phases = len(result.phase_labels)
-    width = 0.8 / (phases + 1)
-    fig, ax = plt.subplots(figsize=(max(6, 1.8 * groups + 2), 4))
-    dense = [next(c.bytes_dense for c in result.cells if c.group == g) / 1e6 for g in range(groups)]
-    ax.bar([g - 0.4 + width / 2 for g in range(groups)], dense, width, label="dense", color="lightgray")
-    for phase, label in enumerate(result.phase_labels):
-        sent = [c.bytes_sent / 1e6 for c in result.cells if c.phase == phase]
-        ax.bar([g - 0.4 + width * (phase + 1.5) for g in range(groups)], sent, width,
-               label=label if phases > 1 else "compressed")
-    ax.set_xticks(range(groups), [f"{label}\n({sum(c.tensors for c in result.cells if c.group == g and c.phase == 0)}"
-                                  f" tensors)" for g, label in enumerate(result.group_labels)])
-    ax.set_xlabel("size group (elements)")
-    ax.set_ylabel("MB per step per rank")
+    workers = [row.world_size for row in rows]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    # The bundle's choice first, wide and pale, so that the route it follows shows through.
+    ax.plot(workers, [row.chosen.volume for row in rows], color="black", linewidth=6, alpha=0.25,
+            label="bundle's choice")
+    ax.plot(workers, [1.0] * len(workers), color="gray", linestyle="--", label="dense allreduce")
+    for route in rows[0].forced:
+        ax.plot(workers, [row.forced[route].volume for row in rows], marker="o", markersize=4,
+                label=f"{route} alone")
+    if mark is not None:
+        ax.axvline(mark, color="gray", linewidth=0.8, linestyle=":")
+    ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    ax.set_title(f"expected volume {result.volume:.2%}")
-    ax.legend()
+    ax.yaxis.set_major_formatter(PercentFormatter(1.0, decimals=None))
+    ax.set_xticks(workers, [str(w) for w in workers])
+    ax.set_xlabel("workers")
+    ax.set_ylabel("wire volume (link bytes / dense ring allreduce)")
+    if title:
+        ax.set_title(title, fontsize=9)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

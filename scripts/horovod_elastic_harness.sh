@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs Horovod's own elastic harness (test/integration/elastic_common.py of a Horovod checkout at
 # tag v0.28.1, every scenario of BaseElasticTests, without the skips of test_elastic_torch.py) on
-# tests/distributed/workers/elastic_faults_main.py (LEGACY Top-k + error feedback in TorchState),
+# tests/distributed/elastic_faults_worker.py (LEGACY Top-k + error feedback in TorchState),
 # RUNS times in a row; with SCRIPT=horovod, on Horovod's own test/integration/data/elastic_torch_main.py
 # instead (the control). Horovod's files are copied from the checkout into a temporary folder, never
 # into this repository; the standard library's unittest.mock stands in for the `mock` backport.
@@ -33,7 +33,7 @@ printf 'from unittest.mock import *  # noqa: F403\nfrom unittest.mock import pat
 if [ "$SCRIPT" = horovod ]; then
     TRAINING="$WORK/test/integration/data/elastic_torch_main.py"
 else
-    TRAINING="$ROOT/tests/distributed/workers/elastic_faults_main.py"
+    TRAINING="$ROOT/tests/distributed/elastic_faults_worker.py"
 fi
 cat > "$WORK/test/integration/test_elastic_harness.py" <<EOF
 import unittest

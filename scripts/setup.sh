@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One-time set-up of everything grace-legacy needs, in a virtualenv inside the repository:
-# Debian's Open MPI and cmake, PyTorch 2.13 (CPU), Horovod 0.28.1 built from source, the package.
+# Debian's Open MPI and cmake, PyTorch 2.13 (CPU), Horovod 0.28.1 built from source, the package
+# with its optional extras.
 # Safe to run again: every step checks first and skips what is already there.
 set -euo pipefail
 
@@ -34,7 +35,10 @@ PY="$VENV/bin/python"
 
 "$ROOT/scripts/build_horovod.sh" "$PY"
 
-"$PY" -m pip install --quiet -e ".[horovod,examples,test]"
+# The optional integrations too (Lightning, Accelerate, TensorBoard), for their tests; the pin keeps
+# pip from pulling a CUDA torch for them.
+"$PY" -m pip install --quiet --constraint "$ROOT/scripts/constraints.txt" \
+    -e ".[horovod,examples,test,lightning,accelerate,tensorboard]"
 # PyPI's torchvision is built for PyPI's CUDA torch; next to the CPU torch its compiled ops cannot
 # load and its import fails unless two of its registrations are guarded (see the script).
 "$PY" "$ROOT/scripts/torchvision_on_cpu_torch.py"

@@ -61,6 +61,9 @@ class World:
             if len({(tuple(t.shape), t.dtype) for t in tensors}) != 1:
                 return RuntimeError(f"broadcast {key}: mismatched shapes {[tuple(t.shape) for t in tensors]}")
             return tensors[root]
+        if kind == "alltoall":
+            blocks = [torch.split(tensors[r], entries[r][1]) for r in range(self.size)]
+            return [torch.cat([blocks[r][j] for r in range(self.size)]) for j in range(self.size)]
         if kind == "allreduce":
             total = tensors[0].clone()
             for t in tensors[1:]:
@@ -70,7 +73,7 @@ class World:
             return total
         raise AssertionError(kind)
 
-    def wait(self, key: tuple) -> torch.Tensor:
+    def wait(self, key: tuple, rank: int = 0) -> torch.Tensor:
         with self._cond:
             if not self._cond.wait_for(lambda: key in self._results, timeout=TIMEOUT_S):
                 raise TimeoutError(f"collective {key} never completed: only ranks "
@@ -84,6 +87,8 @@ class World:
                 self._fetched[key] = fetched
         if isinstance(result, Exception):
             raise result
+        if isinstance(result, list):  # an all-to-all: each rank receives its own
+            result = result[rank]
         return result.clone()
 
 
@@ -122,8 +127,12 @@ class ThreadBackend:
         self.calls.append(("broadcast", sent))
         return self.world.submit(self._key("broadcast", root_rank, name), self._rank, tensor, None)
 
+    def alltoall_async(self, tensor: torch.Tensor, splits: list[int], name: str) -> Any:
+        self.calls.append(("alltoall", tensor.numel() * tensor.element_size()))
+        return self.world.submit(self._key("alltoall", name), self._rank, tensor, list(splits))
+
     def wait(self, handle: Any) -> torch.Tensor:
-        return self.world.wait(handle)
+        return self.world.wait(handle, self._rank)
 
 
 def run_ranks(size: int, body: Callable[[ThreadBackend], Any]) -> list[Any]:

@@ -1,10 +1,10 @@
 """How a reference case is written: a compression set-up, an identical *twin* driven by hand, and
 the rule, written independently of grace_legacy, that combines every rank's decompressed payload.
 
-A distributed worker trains the case's set-up through the optimizer (``tests/distributed/
-workers/zoo_worker.py`` under horovodrun), runs the twin on the same local gradient, rank and
-seed, exchanges the twin's decompressed payloads with a plain allgather and combines them by the
-rule; the optimizer's synchronized gradient must equal the result. The cases themselves are
+A distributed worker trains the case's set-up through the optimizer
+(``tests/distributed/zoo_worker.py`` under horovodrun), runs the twin on the same local gradient,
+rank and seed, exchanges the twin's decompressed payloads with a plain allgather and combines them
+by the rule; the optimizer's synchronized gradient must equal the result. The cases themselves are
 registered in :mod:`tests.registry`.
 """
 

@@ -3,20 +3,27 @@ need: how to build a typical one, the arguments the fuzzer draws, and the refere
 over horovodrun.
 
 Adding a compressor: one :class:`Entry` in :data:`ENTRIES` (see docs/IMPLEMENTING.md). From it,
-``tests/unit/test_compressor_contract.py`` checks the contract the library relies on,
-``tests/unit/test_fuzz.py`` fuzzes it alone and (with a parameter) inside ``Legacy``,
-``tests/distributed/test_hvd_zoo.py`` compares its synchronized gradients with its cases'
-independent rules, and ``tests/distributed/test_hvd_state.py`` pairs it with every memory it
-accepts. ``tests/unit/test_registry.py`` fails, naming it, when a public compressor, memory or
-schedule of ``grace_legacy`` is missing here.
+the contract tests of ``tests/unit`` cover it with no other file touched:
+``test_contract_compressor.py`` checks the contract the library relies on,
+``test_contract_fuzz.py`` fuzzes it alone and (with a parameter) inside ``Legacy``, and
+``test_contract_undo.py`` and ``test_contract_in_place.py`` pair it with every memory it accepts
+(a skipped step undone without a trace; the compensated gradient built in the gradient's own
+storage). Over real launches, ``tests/distributed/test_zoo.py`` compares its synchronized
+gradients with its cases' independent rules, and ``tests/distributed/test_every_pair.py`` pairs it
+with every memory it accepts. ``tests/unit/test_contract_registry.py`` fails, naming it, when a
+public compressor, memory or schedule of ``grace_legacy`` is missing here.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+import torch
+from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
 from grace_legacy import (
@@ -72,6 +79,33 @@ LR = 0.05
 seeds = st.integers(-(2**70), 2**70)
 
 
+def fuzz_settings(examples: int) -> settings:
+    """``examples`` drawn the same way on every run (derandomized, no example database), so a
+    failure reproduces and the suite's time does not drift."""
+    return settings(max_examples=examples, deadline=None, derandomize=True, database=None,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+# Numbers of every kind: floats with NaN and infinities, ints far beyond a float's range,
+# fractions, numpy scalars. Valid or not, decided by the oracle.
+numbers_of_any_kind = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.integers(-(10**400), 10**400),
+    st.sampled_from([0, -1, 1, 2, 0.0, -0.0, 1.0, 1.5, 2**31 - 1, 2**31, 2**63, 10**400, -(10**400), 1e308,
+                     5e-324, math.nan, math.inf, -math.inf]),
+    st.fractions(),
+    st.integers(-(2**63), 2**63 - 1).map(np.int64),
+    st.floats(allow_nan=True, allow_infinity=True).map(np.float64),
+)
+
+# Not numbers at all: the wrong type for any numeric argument.
+wrong_types = st.one_of(
+    st.text(max_size=5), st.booleans(), st.just(np.bool_(True)), st.complex_numbers(max_magnitude=10),
+    st.decimals(allow_nan=False, allow_infinity=False, places=3), st.lists(st.floats(0.1, 0.5), max_size=2),
+    st.floats(0.1, 0.5).map(torch.tensor), st.just(object()),
+)
+
+
 def parameter_values(parameter: ScheduledParameter) -> st.SearchStrategy[Any]:
     """Valid values of ``parameter``, extremes included (the bounds, subnormals)."""
     if parameter.integer:
@@ -123,7 +157,7 @@ class Entry:
     typical: Callable[[], Compressor]
     #: the constructor's arguments as the fuzzer draws them (``compressor(**drawn)``)
     fuzz: dict[str, st.SearchStrategy[Any]]
-    #: which launch of ``test_hvd_zoo.py`` runs ``cases`` (one horovodrun job per family)
+    #: which launch of ``tests/distributed/test_zoo.py`` runs ``cases`` (one horovodrun job per family)
     family: str
     #: reference cases: the synchronized gradient equals an independent rule's
     cases: tuple[Case, ...]
@@ -152,7 +186,7 @@ ENTRIES: list[Entry] = [
         Case("DGC(0.1)+DGCMemory(0.5, clip=0.1)",
              pair(lambda: DGC(0.1, seed=5, min_samples=16), lambda: DGCMemory(momentum=0.5, clip=0.1)),
              routes={"allgather"}),)),
-    # At step 0 (see workers/harness.Net): |grad| peaks near 0.03 for scale, ~1e-9 for shift (the
+    # At step 0 (see tests/distributed/harness.Net): |grad| peaks near 0.03 for scale, ~1e-9 for shift (the
     # softmax sums to 1, so shifting every logit has no gradient), 0.04-0.11 for fc1.weight by rank,
     # 0.13-0.34 for fc2.bias. A threshold of 0.1 therefore leaves shift empty everywhere and
     # fc1.weight empty on some ranks only; some_payloads_empty checks that this really happened.
@@ -182,7 +216,7 @@ ENTRIES: list[Entry] = [
              routes={"allgather"}),)),
     Entry(OneBit, "OneBit", OneBit, {}, "sign", (
         Case("OneBit+Residual", pair(OneBit, Residual), routes={"allgather"}),)),
-    # PowerSGD's two rounds are checked by their own worker (test_hvd_powersgd.py) against a
+    # PowerSGD's two rounds are checked by their own worker (tests/distributed/test_powersgd.py) against a
     # reference of the two allreduces; the state tests pair it with every memory.
     Entry(PowerSGD, "PowerSGD(2)", lambda: PowerSGD(2, seed=6),
           {"rank": st.integers(1, 64) | st.integers(1, 10**30), "seed": seeds}, "core", ()),

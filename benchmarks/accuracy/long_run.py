@@ -26,9 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.report import machine, parse_study_arguments, run_workers
-
-from .tasks import Task
+from benchmarks.common.report import machine, parse_study_arguments, run_workers
+from benchmarks.common.tasks import Task
 
 QUICK_SEEDS, SEEDS = 2, 5
 PARTIAL = "long_run.partial.json"   # where rank 0 saves the runs so far, under --results
@@ -41,10 +40,9 @@ TASK = Task("digits-60", "accuracy", epochs=60, batch_size=64, lr=0.02, optimize
 
 
 def arms() -> list:
+    from benchmarks.common.arms import DENSITY, Arm, legacy_topk
+    from benchmarks.common.paper_arms import DENSE
     from grace_legacy import Grace, NoMemory, Residual, TopK
-
-    from .arms import DENSITY, Arm, legacy_topk
-    from .paper_arms import DENSE
 
     shapes = [("LEGACY epoch thirds", "epoch", {}), ("LEGACY epoch early", "epoch",
                                                      {"phase_factors": EARLY_FACTORS, "first_phase": EARLY_SHARE}),
@@ -64,9 +62,8 @@ def worker(args: argparse.Namespace) -> None:
     import torch
 
     import grace_legacy  # noqa: F401  (hvd.DistributedOptimizer accepts grace_legacy compression)
-
-    from .tasks import load
-    from .training import run_arms
+    from benchmarks.common.tasks import load
+    from benchmarks.common.training import run_arms
 
     hvd.init()
     torch.set_num_threads(1)
@@ -91,7 +88,7 @@ def _checkpoints(epochs: int) -> list[int]:
 
 
 def report_lines(runs: list[dict[str, Any]], epochs: int) -> list[str]:
-    from .analysis import paired, summarize
+    from benchmarks.common.analysis import paired, summarize
 
     summary = {arm: s for (_, arm), s in summarize(runs).items()}
     checkpoints = _checkpoints(epochs)
@@ -141,7 +138,7 @@ def _plot(runs: list[dict[str, Any]], epochs: int, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from .analysis import summarize
+    from benchmarks.common.analysis import summarize
 
     summary = {arm: s for (_, arm), s in summarize(runs).items()}
     figure, axes = plt.subplots(2, 2, figsize=(13, 8), sharex=True)

@@ -4,12 +4,12 @@
     python -m benchmarks.accuracy.paper_tables --quick    # a smoke run
 
 Each table is one ``horovodrun -np 4`` launch whose workers train every arm for every seed (see
-:mod:`.paper_arms` for the arms, :mod:`.resnets` for the networks). For every arm the report gives
-the measured volume, the accuracy over seeds, its difference to the rebuttal's uniform setting and
-to the uniform setting matched to its bytes (paired by seed, 95% t interval), and the rebuttal's
-figure beside ours with a verdict: same direction, opposite, or within noise. Results go to
-``benchmarks/results/paper_tables.md`` and ``paper_tables.png``, the raw runs to
-``paper_tables.json``.
+:mod:`benchmarks.common.paper_arms` for the arms, :mod:`benchmarks.common.resnets` for the
+networks). For every arm the report gives the measured volume, the accuracy over seeds, its
+difference to the rebuttal's uniform setting and to the uniform setting matched to its bytes
+(paired by seed, 95% t interval), and the rebuttal's figure beside ours with a verdict: same
+direction, opposite, or within noise. Results go to ``benchmarks/results/paper_tables.md`` and
+``paper_tables.png``, the raw runs to ``paper_tables.json``.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.report import machine, parse_study_arguments, run_workers
+from benchmarks.common.report import machine, parse_study_arguments, run_workers
 
 QUICK_SEEDS, SEEDS = 2, 5
 PARTIAL = "paper_tables.partial"   # where workers save the runs so far, under --results
@@ -34,10 +34,9 @@ def worker(args: argparse.Namespace) -> None:
     import torch
 
     import grace_legacy  # noqa: F401  (hvd.DistributedOptimizer accepts grace_legacy compression)
-
-    from .paper_arms import TABLES, group_table, matched_uniforms, table_arms
-    from .tasks import load
-    from .training import run_arms
+    from benchmarks.common.paper_arms import TABLES, group_table, matched_uniforms, table_arms
+    from benchmarks.common.tasks import load
+    from benchmarks.common.training import run_arms
 
     hvd.init()
     torch.set_num_threads(1)
@@ -63,7 +62,7 @@ def worker(args: argparse.Namespace) -> None:
 
 def _rows(table, result: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per arm: measured figures, paired differences, the rebuttal's figure, verdicts."""
-    from .analysis import paired, summarize
+    from benchmarks.common.analysis import paired, summarize
 
     runs = result["runs"]
     summary = {arm: s for (_, arm), s in summarize(runs).items()}
@@ -92,7 +91,7 @@ def _rows(table, result: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _section(table, result: dict[str, Any], seeds: int) -> list[str]:
-    from .paper_arms import describe_splits
+    from benchmarks.common.paper_arms import describe_splits
 
     runs, task = result["runs"], table.task
     rows = _rows(table, result)
@@ -189,7 +188,7 @@ def _plot(tables, results: dict[str, dict], path: Path) -> None:
 
 def write_report(results: dict[str, dict], args: argparse.Namespace, timing: str, partial: bool = False) -> None:
     """The report of the tables in ``results`` (all of them, or those finished so far)."""
-    from .paper_arms import TABLES
+    from benchmarks.common.paper_arms import TABLES
 
     command = "python -m benchmarks.accuracy.paper_tables " + " ".join(sys.argv[1:])
     seeds = {key: len({run["seed"] for run in result["runs"]}) for key, result in results.items()}

@@ -27,10 +27,9 @@ def worker(args: argparse.Namespace) -> None:
     import torch
 
     import grace_legacy  # noqa: F401  (hvd.DistributedOptimizer accepts grace_legacy compression)
-
-    from .arms import ARMS, QUICK_ARMS
-    from .tasks import TASKS, load
-    from .training import run_arms
+    from benchmarks.common.arms import ARMS, QUICK_ARMS
+    from benchmarks.common.tasks import TASKS, load
+    from benchmarks.common.training import run_arms
 
     hvd.init()
     torch.set_num_threads(1)
@@ -43,7 +42,7 @@ def worker(args: argparse.Namespace) -> None:
 
 
 def launch(task: str, args: argparse.Namespace) -> list[dict]:
-    from benchmarks.report import run_workers
+    from benchmarks.common.report import run_workers
 
     options = ["--task", task, "--seeds", str(args.seeds)]
     if args.quick:
@@ -57,9 +56,8 @@ def report(runs: list[dict], results: Path, command: str, elapsed: float) -> Non
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from benchmarks.report import machine
-
-    from .analysis import summarize
+    from benchmarks.common.analysis import summarize
+    from benchmarks.common.report import machine
 
     summary = summarize(runs)
     tasks = sorted({task for task, _ in summary})
@@ -122,7 +120,7 @@ def main() -> None:
     if args.worker:
         worker(args)
         return
-    from .tasks import TASKS
+    from benchmarks.common.tasks import TASKS
 
     start = time.perf_counter()
     runs = []

@@ -5,11 +5,11 @@
 
 Needs root: four Horovod workers (``--workers``) run over Gloo TCP, each in its own Linux
 network namespace, joined by veth links to a bridge whose ports are rate limited with ``tc``
-token buckets in both directions (:mod:`benchmarks.performance.netns`; the namespaces are made
+token buckets in both directions (:mod:`benchmarks.common.netns`; the namespaces are made
 and removed here, and traffic never leaves them). The rate is changed between phases while the
 workers keep running.
 
-Each worker trains the same two models (:mod:`benchmarks.performance.step_models`, about 11M
+Each worker trains the same two models (:mod:`benchmarks.common.step_models`, about 11M
 parameters each, on fixed synthetic batches) four ways, side by side and interleaved step by
 step: *compute only* (forward, backward and SGD with no communication: the compute time of the
 lower bound), *dense* (Horovod's own allreduce, ``hvd.Compression.none``), *Top-k* (uniform
@@ -52,8 +52,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.performance import limited_link
-from benchmarks.performance.limited_link import (
+from benchmarks.common import limited_link
+from benchmarks.common.limited_link import (
     COMPUTE,
     interleave,
     label,
@@ -107,7 +107,7 @@ class Way:
 def build_way(name: str, model: str, quick: bool, hvd: Any) -> Way:
     import torch
 
-    from benchmarks.performance.step_models import build
+    from benchmarks.common.step_models import build
     from grace_legacy import Grace, Legacy, Residual, TopK
 
     step_model = build(model, quick, seed=0, data_seed=hvd.rank())
@@ -299,7 +299,7 @@ def worker(args: argparse.Namespace) -> None:
 # -- the driver ----------------------------------------------------------------------------------------
 
 def launch(args: argparse.Namespace) -> dict:
-    from benchmarks.performance.netns import HorovodJob
+    from benchmarks.common.netns import HorovodJob
 
     # A 44 MB allreduce at 10 Mbit/s takes a minute: longer than Gloo's and Horovod's patience.
     env = {"HOROVOD_GLOO_TIMEOUT_SECONDS": "900", "HOROVOD_STALL_CHECK_DISABLE": "1"}
@@ -361,7 +361,7 @@ def cpu_sentence(way: dict, compute: dict, workers: int, cores: int | None) -> s
 
 
 def write(result: dict, results_dir: Path, command: str) -> None:
-    from benchmarks.report import update_section
+    from benchmarks.common.report import update_section
 
     table = summarise(result, extra=("backward_s", "link_bytes", "payload_bytes", "cpu_s", "main_thread_cpu_s"))
     result = {**result, "summary": table}

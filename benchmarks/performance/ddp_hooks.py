@@ -5,10 +5,10 @@
 
 Needs root: four plain ``torch.distributed`` workers (Gloo over TCP, ``env://`` rendezvous, as
 ``torchrun`` starts one process per host) run each in its own Linux network namespace, on links
-rate limited in both directions (:mod:`benchmarks.performance.netns`); the rate changes between
-phases while they keep running (:mod:`benchmarks.performance.limited_link`).
+rate limited in both directions (:mod:`benchmarks.common.netns`); the rate changes between
+phases while they keep running (:mod:`benchmarks.common.limited_link`).
 
-Every worker trains the same models (:mod:`benchmarks.performance.step_models`) wrapped in
+Every worker trains the same models (:mod:`benchmarks.common.step_models`) wrapped in
 ``DistributedDataParallel``, one DDP instance per way (its own buckets and hook state), all from
 the same seed, interleaved step by step:
 
@@ -51,8 +51,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from benchmarks.performance import limited_link
-from benchmarks.performance.ddp_hooks_report import (
+from benchmarks.common import limited_link
+from benchmarks.common.ddp_hooks_report import (
     ALLREDUCE,
     GRACE_FP16,
     GRACE_POWERSGD,
@@ -63,7 +63,7 @@ from benchmarks.performance.ddp_hooks_report import (
     summary,
     write,
 )
-from benchmarks.performance.limited_link import (
+from benchmarks.common.limited_link import (
     COMPUTE,
     interleave,
     label,
@@ -183,7 +183,7 @@ def build_way(name: str, model: str, quick: bool, group: Any, rank: int) -> Way:
     from torch.nn.parallel import DistributedDataParallel
 
     import grace_legacy.ddp
-    from benchmarks.performance.step_models import build
+    from benchmarks.common.step_models import build
     from grace_legacy import FP16, Grace, PowerSGD, Residual, TopK
 
     step_model = build(model, quick, seed=0, data_seed=rank)
@@ -306,7 +306,7 @@ def worker(args: argparse.Namespace) -> None:
 # -- the driver -------------------------------------------------------------------------------------------
 
 def launch(args: argparse.Namespace) -> dict:
-    from benchmarks.performance.netns import TorchJob
+    from benchmarks.common.netns import TorchJob
 
     return limited_link.launch_workers("benchmarks.performance.ddp_hooks", args, TorchJob, WORKERS, {},
                                        ["--local-steps", str(args.local_steps)])

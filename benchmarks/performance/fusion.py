@@ -232,7 +232,7 @@ def bucket_layouts(quick: bool, density: float, world: int = 4, repetitions: int
 
 
 def launch(args: argparse.Namespace) -> dict:
-    from benchmarks.report import load_average, machine, run_workers
+    from benchmarks.common.report import load_average, machine, run_workers
 
     before, this_machine = load_average(), machine()  # before bucket_layouts sets torch's threads
     options = ["--density", str(args.density), "--iterations", str(args.iterations), "--warmup", str(args.warmup)]
@@ -250,7 +250,7 @@ def write(result: dict, results_dir: Path, command: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from benchmarks.report import load_note, median_interval, update_section
+    from benchmarks.common.report import load_note, median_interval, update_section
 
     runs = result["runs"]
     first = runs["on"]
@@ -321,7 +321,7 @@ collectives (`HOROVOD_FUSION_THRESHOLD` default vs `0`).
 
 
 def main() -> None:
-    from benchmarks.report import Repeats, benchmark_main
+    from benchmarks.common.report import Repeats, benchmark_main
 
     benchmark_main("benchmarks.performance.fusion", __doc__,
                    Repeats("--iterations", full=30, quick=3, warmup=3, quick_warmup=None),

@@ -133,7 +133,7 @@ def worker(args: argparse.Namespace) -> None:
 
 
 def summarize(run: dict) -> dict:
-    from benchmarks.report import median_interval
+    from benchmarks.common.report import median_interval
 
     def quartiles(samples: list[float]) -> dict[str, float]:
         q1, median, q3 = statistics.quantiles(samples, n=4)
@@ -151,7 +151,7 @@ def summarize(run: dict) -> dict:
 def launch(args: argparse.Namespace) -> dict:
     import torch
 
-    from benchmarks.report import load_average, machine, run_workers
+    from benchmarks.common.report import load_average, machine, run_workers
 
     before = load_average()
     torch.set_num_threads(1)  # as in the workers, so that the machine line says so
@@ -164,7 +164,7 @@ def launch(args: argparse.Namespace) -> dict:
 
 
 def write(result: dict, results_dir: Path, command: str) -> None:
-    from benchmarks.report import load_note, write_report
+    from benchmarks.common.report import load_note, write_report
 
     run, summary = result["run"], result["summary"]
     sent = run["bytes_sent"]
@@ -209,7 +209,7 @@ parameters), batch {run['batch_size']} of synthetic 32x32 images per worker, thr
 
 
 def main() -> None:
-    from benchmarks.report import Repeats, benchmark_main
+    from benchmarks.common.report import Repeats, benchmark_main
 
     benchmark_main("benchmarks.performance.legacy_overhead", __doc__,
                    Repeats("--steps", full=1000, quick=8, warmup=5, quick_warmup=2),

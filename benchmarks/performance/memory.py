@@ -118,6 +118,9 @@ class SoloBackend:
     def broadcast_async(self, tensor: torch.Tensor, root_rank: int, name: str) -> torch.Tensor:
         return tensor.clone()
 
+    def alltoall_async(self, tensor: torch.Tensor, splits: list[int], name: str) -> torch.Tensor:
+        return tensor.clone()
+
     def wait(self, handle: torch.Tensor) -> torch.Tensor:
         return handle
 
@@ -281,7 +284,7 @@ def worker(args: argparse.Namespace) -> None:
 
 
 def under_horovod(checkpoints: Iterable[int]) -> dict[str, Any]:
-    from benchmarks.report import run_workers
+    from benchmarks.common.report import run_workers
 
     return run_workers("benchmarks.performance.memory", 2, "--checkpoints", *map(str, checkpoints))
 
@@ -301,7 +304,7 @@ def write(result: dict[str, Any], results_dir: Path, command: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from benchmarks.report import update_section
+    from benchmarks.common.report import update_section
 
     table_steps = result["table_steps"]
 
@@ -399,7 +402,7 @@ def main() -> None:
     if args.worker:
         worker(args)
         return
-    from benchmarks.report import machine
+    from benchmarks.common.report import machine
 
     table_steps = QUICK_STEPS if args.quick else TABLE_STEPS
     checkpoints = sorted({*table_steps, *range(0, table_steps[-1] + 1, table_steps[-1] // 20)})

@@ -7,7 +7,7 @@ and what posting every step to the progress board would cost.
 grace_legacy's backend checks a deadline while it waits and, once a wait has lasted a second,
 posts a beat to the progress board (:mod:`grace_legacy.backends.board`); no board traffic at all
 while waits are short. This benchmark trains the bandwidth benchmark's CNN
-(:mod:`benchmarks.performance.step_models`) with ``Grace(TopK(0.001), memory=Residual())`` on 2
+(:mod:`benchmarks.common.step_models`) with ``Grace(TopK(0.001), memory=Residual())`` on 2
 loopback workers, Horovod over Gloo, three ways side by side, interleaved step by step:
 *unwatched* (the backend's wait replaced by the plain sleeping wait, no deadline, no board),
 *watched* (as shipped) and *watched + post each step* (as shipped, plus one post of the step
@@ -36,7 +36,7 @@ def worker(args: argparse.Namespace) -> None:
     import torch
 
     import grace_legacy  # noqa: F401  (lets hvd.DistributedOptimizer take grace_legacy compression)
-    from benchmarks.performance.step_models import build
+    from benchmarks.common.step_models import build
     from grace_legacy import Grace, Residual, TopK
     from grace_legacy.backends.board import ProgressBoard
     from grace_legacy.backends.horovod import synchronize
@@ -82,7 +82,7 @@ def worker(args: argparse.Namespace) -> None:
 def summarise(run: dict) -> dict:
     """Medians per way, and the median (with a 95% bootstrap interval) of the per-iteration
     ratios of each watched way to the unwatched one."""
-    from benchmarks.report import median_interval
+    from benchmarks.common.report import median_interval
 
     measured = run["measured"]
     summary = {"step_s": {way: statistics.median(times) for way, times in measured.items()}}
@@ -95,7 +95,7 @@ def summarise(run: dict) -> dict:
 def launch(args: argparse.Namespace) -> dict:
     import torch
 
-    from benchmarks.report import load_average, machine, run_workers
+    from benchmarks.common.report import load_average, machine, run_workers
 
     before = load_average()
     torch.set_num_threads(1)
@@ -107,7 +107,7 @@ def launch(args: argparse.Namespace) -> dict:
 
 
 def write(result: dict, results_dir: Path, command: str) -> None:
-    from benchmarks.report import load_note, write_report
+    from benchmarks.common.report import load_note, write_report
 
     summary = result["run"]["summary"]
     rows = [f"| {way} | **{summary['step_s'][way]:.3f}** | "
@@ -142,7 +142,7 @@ interval). The ways take turns in a rotating order.
 
 
 def main() -> None:
-    from benchmarks.report import Repeats, benchmark_main
+    from benchmarks.common.report import Repeats, benchmark_main
 
     benchmark_main("benchmarks.performance.stall", __doc__, Repeats("--steps", full=30, quick=3, warmup=2),
                    worker=worker, launch=launch, write=write, shown=lambda result: result["run"]["summary"])

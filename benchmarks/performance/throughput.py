@@ -11,7 +11,7 @@ reference take turns at going first):
   the further rounds of multi-round compressors (PowerSGD) with the payload as its own sum, and
   ``decompress``;
 * *per-tensor reference*: the straightforward GRACE-style code of
-  :mod:`benchmarks.performance.reference_compressors` (one ``torch.topk`` per tensor, ...);
+  :mod:`benchmarks.common.reference_compressors` (one ``torch.topk`` per tensor, ...);
 * *copy*: ``dst.copy_(src)`` of every gradient into a preallocated buffer, the memory-bandwidth
   floor that any pass over the gradient pays; and, for reference, *clone*: ``src.clone()``, a copy
   that allocates its output as ``decompress`` must (fresh pages cost their faults).
@@ -49,7 +49,7 @@ from statistics import NormalDist
 
 import torch
 
-from benchmarks.performance import reference_compressors as ref
+from benchmarks.common import reference_compressors as ref
 
 REPO = Path(__file__).resolve().parents[2]
 TOPK_TARGET_SPEEDUP = 3.0
@@ -220,7 +220,7 @@ def measure_model(shapes: list[tuple[str, tuple[int, ...]]], repetitions: int, q
 
 
 def run(quick: bool, repetitions: int) -> dict:
-    from benchmarks.report import load_average, machine
+    from benchmarks.common.report import load_average, machine
 
     before = load_average()
     torch.set_num_threads(1)
@@ -280,7 +280,7 @@ def write(result: dict, results_dir: Path, command: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from benchmarks.report import load_note, update_section
+    from benchmarks.common.report import load_note, update_section
 
     results_dir.mkdir(parents=True, exist_ok=True)
     (results_dir / "throughput.json").write_text(json.dumps(result, indent=1))
@@ -315,7 +315,7 @@ whole model, one tensor after another; GB/s is the
 gradient's fp32 bytes over that time. The copy is `dst.copy_(grad)` into preallocated buffers:
 the memory floor; the clone (`grad.clone()`) allocates its output, as decompress must.
 grace-legacy's NoCompression costs nothing: it sends the gradient itself, dense. The reference is
-the straightforward GRACE-style code in `benchmarks/performance/reference_compressors.py`.
+the straightforward GRACE-style code in `benchmarks/common/reference_compressors.py`.
 DGC's reference keeps about k entries (within 30%) where grace-legacy's keeps exactly k; the sign
 compressors' references send unpacked bytes where grace-legacy packs 8 signs a byte.
 The last column is the median count of minor page faults per repetition: glibc maps every buffer

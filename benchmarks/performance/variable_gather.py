@@ -28,7 +28,15 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from benchmarks.report import REPO, benchmark_parser, load_average, load_note, machine, median_interval, update_section
+from benchmarks.common.report import (
+    REPO,
+    benchmark_parser,
+    load_average,
+    load_note,
+    machine,
+    median_interval,
+    update_section,
+)
 from grace_legacy.backends.torch_distributed import VARIABLE_GATHERS, TorchDistributedBackend
 
 WORKERS = 4

@@ -5,7 +5,7 @@
 
 Horovod's ``synchronize`` waits by calling ``sched_yield`` in a loop; grace_legacy's backend polls
 between sleeps instead (:func:`grace_legacy.backends.horovod.synchronize`). This benchmark trains
-the bandwidth benchmark's CNN (:mod:`benchmarks.performance.step_models`) on loopback, Horovod over
+the bandwidth benchmark's CNN (:mod:`benchmarks.common.step_models`) on loopback, Horovod over
 Gloo, three ways side by side, interleaved step by step: *compute only* (no communication),
 *Top-k asleep* (``Grace(TopK(0.001), memory=Residual())`` as shipped) and *Top-k spinning* (the
 same, its backend's wait replaced by ``hvd.synchronize``). It runs twice: 4 workers (more workers
@@ -35,7 +35,7 @@ def worker(args: argparse.Namespace) -> None:
     import torch
 
     import grace_legacy  # noqa: F401  (lets hvd.DistributedOptimizer take grace_legacy compression)
-    from benchmarks.performance.step_models import build
+    from benchmarks.common.step_models import build
     from grace_legacy import Grace, Residual, TopK
     from grace_legacy.backends.horovod import synchronize
 
@@ -77,7 +77,7 @@ def worker(args: argparse.Namespace) -> None:
 def summarise(run: dict) -> dict:
     """Medians per way, and the median (with a 95% bootstrap interval) of the per-iteration
     ratios of the spinning step to the sleeping one."""
-    from benchmarks.report import median_interval
+    from benchmarks.common.report import median_interval
 
     measured = run["measured"]
     ratios = [spin / asleep for spin, asleep in zip(measured["Top-k spinning"]["step_s"],
@@ -91,7 +91,7 @@ def summarise(run: dict) -> dict:
 def launch(args: argparse.Namespace) -> dict:
     import torch
 
-    from benchmarks.report import load_average, machine, run_workers
+    from benchmarks.common.report import load_average, machine, run_workers
 
     before = load_average()
     torch.set_num_threads(1)  # as in the workers, so that the machine line says so
@@ -108,7 +108,7 @@ def launch(args: argparse.Namespace) -> dict:
 
 
 def write(result: dict, results_dir: Path, command: str) -> None:
-    from benchmarks.report import load_note, write_report
+    from benchmarks.common.report import load_note, write_report
 
     rows, verdicts = [], []
     for run in result["runs"]:
@@ -143,7 +143,7 @@ process CPU time per step (all threads).
 
 
 def main() -> None:
-    from benchmarks.report import Repeats, benchmark_main
+    from benchmarks.common.report import Repeats, benchmark_main
 
     benchmark_main("benchmarks.performance.waiting", __doc__, Repeats("--steps", full=30, quick=3, warmup=3),
                    worker=worker, launch=launch, write=write,

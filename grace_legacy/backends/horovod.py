@@ -39,6 +39,8 @@ class HorovodBackend:
         self.stall_timeout_s = resolve_stall_timeout(stall_timeout_s)
         self.board: ProgressBoard | None = None
         self._names: dict[Any, str] = {}
+        # Horovod's alltoall returns (received, received splits): the rows are the result.
+        self._alltoalls: set[Any] = set()
 
     def labels(self) -> list[int]:
         """Each member's global rank, by its rank in the process set."""
@@ -73,6 +75,12 @@ class HorovodBackend:
     def allgather_async(self, tensor: torch.Tensor, name: str) -> Any:
         return self._launched(hvd.allgather_async(tensor, name=f"grace.{name}", process_set=self.process_set), name)
 
+    def alltoall_async(self, tensor: torch.Tensor, splits: list[int], name: str) -> Any:
+        handle = hvd.alltoall_async(tensor, splits=torch.tensor(splits, dtype=torch.int32), name=f"grace.{name}",
+                                    process_set=self.process_set)
+        self._alltoalls.add(handle)
+        return self._launched(handle, name)
+
     def broadcast_async(self, tensor: torch.Tensor, root_rank: int, name: str) -> Any:
         """``root_rank`` is a rank *within the process set*; Horovod wants the global rank."""
         members = self.process_set.ranks
@@ -100,6 +108,9 @@ class HorovodBackend:
                 break
             time.sleep(sleep)
             sleep = min(2 * sleep, LONGEST_POLL_SLEEP_S)
+        if handle in self._alltoalls:
+            self._alltoalls.discard(handle)
+            return hvd.synchronize(handle)[0]
         return hvd.synchronize(handle)
 
     def _raise_unless_it_arrives(self, handle: Any, name: str, start: float) -> None:

@@ -148,6 +148,40 @@ class _Gather:
         return gathered.to(self.device)
 
 
+class _AllToAll:
+    """An all-to-all whose receive counts are exchanged first (a few bytes), then the rows."""
+
+    def __init__(self, backend: TorchDistributedBackend, local: torch.Tensor, splits: list[int],
+                 device: torch.device) -> None:
+        self.backend, self.local, self.splits, self.device = backend, local, list(splits), device
+        self.sent = torch.tensor(self.splits, dtype=torch.int64, device=local.device)
+        self.received = torch.empty(backend.size(), dtype=torch.int64, device=local.device)
+        self.counts_work: Any = _issue(dist.all_to_all_single, (self.received, self.sent), group=backend.group,
+                                       async_op=True)
+        self.launched: tuple[Any, torch.Tensor] | None = None
+
+    def launch(self) -> None:
+        """Wait for the counts and launch the rows (once)."""
+        if self.launched is not None:
+            return
+        self.counts_work.wait()
+        self.counts_work = None
+        counts = self.received.tolist()
+        out = self.local.new_empty((sum(counts), *self.local.shape[1:]))
+        work = _issue(dist.all_to_all_single, (out, self.local), output_split_sizes=counts,
+                      input_split_sizes=self.splits, group=self.backend.group, async_op=True)
+        self.launched = (work, out)
+
+    def result(self) -> torch.Tensor:
+        self.launch()
+        assert self.launched is not None
+        work, out = self.launched
+        if work is not None:
+            work.wait()
+            self.launched = (None, out)
+        return out.to(self.device)
+
+
 class TorchDistributedBackend:
     """Asynchronous ``torch.distributed`` collectives on one process group (default: the world).
     Inputs are never changed (the collectives run on a copy); a CPU tensor given to an NCCL-only
@@ -155,12 +189,13 @@ class TorchDistributedBackend:
     the group's size on arrival, as Horovod does it."""
 
     def __init__(self, process_group: Any = None, *, variable_gather: str = "auto") -> None:
+        # The argument first: a typo is reported as such, with or without a process group.
+        if not isinstance(variable_gather, str) or variable_gather not in VARIABLE_GATHERS:
+            raise ValueError(f"TorchDistributedBackend: variable_gather must be one of {VARIABLE_GATHERS}, "
+                             f"got {variable_gather!r}")
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("TorchDistributedBackend: torch.distributed is not initialized; call "
                                "torch.distributed.init_process_group first (torchrun sets up its environment)")
-        if variable_gather not in VARIABLE_GATHERS:
-            raise ValueError(f"TorchDistributedBackend: variable_gather must be one of {VARIABLE_GATHERS}, "
-                             f"got {variable_gather!r}")
         self.group = process_group if process_group is not None else dist.group.WORLD
         self._rank = dist.get_rank(self.group)
         if self._rank < 0:
@@ -170,7 +205,7 @@ class TorchDistributedBackend:
         # A group served by NCCL alone cannot move CPU tensors.
         self._cpu_stage = (torch.device("cuda", torch.cuda.current_device())
                            if dist.get_backend(self.group) == "nccl" else None)
-        self._unlaunched: deque[_Gather] = deque()
+        self._unlaunched: deque[_Gather | _AllToAll] = deque()
 
     def rank(self) -> int:
         return self._rank
@@ -205,6 +240,16 @@ class TorchDistributedBackend:
         self._unlaunched.append(gather)
         return gather
 
+    def alltoall_async(self, tensor: torch.Tensor, splits: list[int], name: str) -> _AllToAll:
+        """Rows of ``tensor`` to each rank by ``splits``; what every rank sent this one, in rank order."""
+        if len(splits) != self._size or sum(splits) != tensor.shape[0]:
+            raise ValueError(f"alltoall {name!r}: splits {splits} must give each of {self._size} ranks its rows "
+                             f"of the {tensor.shape[0]}")
+        self._launch_waiting_gathers()
+        exchange = _AllToAll(self, self._staged(tensor, copy=False), splits, tensor.device)
+        self._unlaunched.append(exchange)
+        return exchange
+
     def broadcast_async(self, tensor: torch.Tensor, root_rank: int, name: str) -> _Launched:
         """``root_rank`` is a rank within the group; every rank's ``tensor`` has the root's shape."""
         staged = self._staged(tensor, copy=False)
@@ -214,6 +259,6 @@ class TorchDistributedBackend:
                       async_op=True)
         return _Launched(work, staged, None, tensor.device)
 
-    def wait(self, handle: _Launched | _Gather) -> torch.Tensor:
+    def wait(self, handle: _Launched | _Gather | _AllToAll) -> torch.Tensor:
         self._launch_waiting_gathers()
         return handle.result()

@@ -3,5 +3,6 @@
 from grace_legacy.communicators.allgather import Allgather
 from grace_legacy.communicators.allreduce import Allreduce
 from grace_legacy.communicators.broadcast import Broadcast
+from grace_legacy.communicators.scatter_gather import ScatterGather
 
-__all__ = ["Allgather", "Allreduce", "Broadcast"]
+__all__ = ["Allgather", "Allreduce", "Broadcast", "ScatterGather"]

@@ -9,7 +9,9 @@ import os
 from collections.abc import Sequence
 
 from grace_legacy.communicators.exchange import BucketExchange, Parcel
+from grace_legacy.communicators.scatter_gather import ShardedExchange
 from grace_legacy.core.backend import Backend, Pending
+from grace_legacy.core.memory import Memory
 from grace_legacy.runtime.buffers import BufferPool
 
 #: Horovod's own default fusion threshold, used when the environment sets none.
@@ -58,11 +60,25 @@ class BucketPlan:
         return f"BucketPlan({len(self.buckets)} buckets of up to {self.bucket_bytes} bytes)"
 
 
+def launch_bucket(label: str, parcels: list[Parcel], backend: Backend, average: bool, pool: BufferPool,
+                  owner_memory: Memory | None) -> None:
+    """Launch one bucket's parcels: those that go to the shards' owners in one scatter-gather,
+    the rest in one exchange (one gather, one allreduce per dtype)."""
+    rest = [p for p in parcels if not p.sharded]
+    if rest:
+        BucketExchange(label, rest, backend, average, pool)
+    sharded = [p for p in parcels if p.sharded]
+    if sharded:
+        ShardedExchange(label, sharded, backend, average, owner_memory)
+
+
 class BucketFiller:
     """Collects each bucket's parcels during a step and launches the bucket once it is full."""
 
-    def __init__(self, plan: BucketPlan) -> None:
+    def __init__(self, plan: BucketPlan, owner_memory: Memory | None = None) -> None:
         self.plan = plan
+        #: the error feedback a scatter-gather's owners apply (:class:`ShardedExchange`)
+        self.owner_memory = owner_memory
         self._open: dict[int, dict[str, Parcel]] = {}
         # Each bucket's aggregate buffer, used again by its next flight once the caller has let go.
         self._recycler = BufferPool()
@@ -76,7 +92,8 @@ class BucketFiller:
         names = self.plan.buckets[index]
         if len(entries) == len(names):
             del self._open[index]
-            BucketExchange(f"bucket{index}", [entries[n] for n in names], backend, average, self._recycler)
+            launch_bucket(f"bucket{index}", [entries[n] for n in names], backend, average, self._recycler,
+                          self.owner_memory)
         return parcel.pending
 
     def unlaunched(self) -> set[str]:

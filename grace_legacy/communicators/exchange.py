@@ -18,8 +18,12 @@ from grace_legacy.core.communicator import Communicator
 from grace_legacy.core.compressor import Compressor, Payload
 from grace_legacy.runtime import wire
 from grace_legacy.runtime.buffers import BufferPool
+from grace_legacy.runtime.cost import ring_allreduce_bytes
 
-UpdateMemory = Callable[[Payload, Any], None]
+#: ``update_memory(payload, ctx, encoder=None)``: error feedback learns from the last local payload
+#: (decoded by ``encoder`` where it is not the parcel's compressor: a payload compressed segment by
+#: segment)
+UpdateMemory = Callable[..., None]
 
 
 def nbytes(parts: Payload) -> int:
@@ -35,20 +39,26 @@ class Parcel:
     ctx: Any
     compressor: Compressor
     gathered: bool
+    #: compressed by its exchange, shard by shard (``payload`` holds the uncompressed tensor until then)
+    sharded: bool = False
     #: called with the last round's local payload (error feedback learns from it)
     update_memory: UpdateMemory | None = None
     pending: Pending = field(init=False)
 
     def __post_init__(self) -> None:
-        sent = wire.packed_size(self.payload, not self.compressor.uniform_payload) if self.gathered \
-            else nbytes(self.payload)
+        if self.sharded:
+            sent = 0
+        elif self.gathered:
+            sent = wire.packed_size(self.payload, not self.compressor.uniform_payload)
+        else:
+            sent = nbytes(self.payload)
         self.pending = Pending(self._not_flown, sent)
 
     def _not_flown(self) -> torch.Tensor:
         raise RuntimeError(f"the gradient of {self.name!r} was waited for before its bucket was complete")
 
 
-def _raising(error: BaseException) -> Callable[[], torch.Tensor]:
+def raising(error: BaseException) -> Callable[[], torch.Tensor]:
     def finish() -> torch.Tensor:
         raise error
     return finish
@@ -77,7 +87,7 @@ class BucketExchange:
             # Launched whole or not at all: waiting for a parcel of a failed launch raises what the
             # launch raised (the engine's error), never something about a half-built exchange.
             for parcel in self.parcels:
-                parcel.pending._finish = _raising(error)
+                parcel.pending._finish = raising(error)
             raise
         for parcel in self.parcels:
             parcel.pending._finish = self._finisher(parcel.name)
@@ -96,6 +106,9 @@ class BucketExchange:
                 self._gather = (gathered, layouts,
                                 self.backend.allgather_async(wire.pack_many(layouts), self._name(0)))
         self._reduced = {id(m): list(m.payload) for m in self.parcels if not m.gathered}
+        for parcel in self.parcels:
+            if not parcel.gathered:
+                parcel.pending.wire_bytes = ring_allreduce_bytes(parcel.pending.bytes_sent, self.backend.size())
         self._reduce = self._launch_reduce([m for m in self.parcels if not m.gathered], round_index=0)
 
     @staticmethod
@@ -160,6 +173,7 @@ class BucketExchange:
         results: dict[str, torch.Tensor] = {}
         if self._gather is not None:
             results.update(self._aggregate_gathered(*self._gather))
+            self._count_gathered(*self._gather)
 
         self._wait_reduce(self._reduce)
         reducing = [m for m in self.parcels if not m.gathered]
@@ -169,6 +183,7 @@ class BucketExchange:
             for parcel in active:
                 local, parcel.ctx = parcel.compressor.next_round(self._reduced[id(parcel)], parcel.ctx)
                 parcel.pending.bytes_sent += nbytes(local)
+                parcel.pending.wire_bytes += ring_allreduce_bytes(nbytes(local), self.backend.size())
                 if round_index == parcel.compressor.rounds - 1 and parcel.update_memory is not None:
                     parcel.update_memory(local, parcel.ctx)
                 self._reduced[id(parcel)] = list(local)
@@ -179,6 +194,15 @@ class BucketExchange:
                 parcel.compressor.end_exchange(reduced, parcel.ctx)
             results[parcel.name] = parcel.compressor.decompress(reduced, parcel.ctx)
         return results
+
+    def _count_gathered(self, parcels: list[Parcel], layout: wire.Columns | list[tuple[Payload, bool]],
+                        handle: Any) -> None:
+        """Each gathered parcel's link bytes: the other ranks' parts of it. Without a header every
+        rank's part has this rank's size; with one, the sizes were read on arrival."""
+        others = self.backend.size() - 1
+        for parcel in parcels:
+            if parcel.compressor.uniform_payload:
+                parcel.pending.wire_bytes = float(others * parcel.pending.bytes_sent)
 
     def _aggregate_gathered(self, parcels: list[Parcel], layout: wire.Columns | list[tuple[Payload, bool]],
                             handle: Any) -> dict[str, torch.Tensor]:
@@ -201,6 +225,10 @@ class BucketExchange:
         gathered = self.backend.wait(handle)
         if any(with_header for _, with_header in layout):
             received = wire.unpack_gathered_many(gathered, layout, self.backend.size(), self.label)
+            me = self.backend.rank()
+            for parcel, payloads, (_, with_header) in zip(parcels, received, layout, strict=True):
+                parcel.pending.wire_bytes = float(sum(wire.packed_size(payload, with_header)
+                                                      for rank, payload in enumerate(payloads) if rank != me))
             return {m.name: m.compressor.aggregate(payloads, m.ctx, self.average)
                     for m, payloads in zip(parcels, received, strict=True)}
         # Every rank sent the local layout: each part is one view over all ranks, and the

@@ -16,6 +16,7 @@ class NoCompression(Compressor):
 
     additive = True
     lossless = True
+    delivers_nonfinite = True  # a sum keeps every inf and NaN
 
     def compress(self, tensor: torch.Tensor, name: str) -> tuple[Payload, Any]:
         check_gradient(tensor, "NoCompression")
@@ -34,6 +35,7 @@ class FP16(Compressor):
     (|x| > 65504) become inf, as with Horovod's ``Compression.fp16``."""
 
     additive = True
+    delivers_nonfinite = True  # half() keeps inf and NaN (and makes inf of what overflows); a sum keeps them
 
     def __init__(self) -> None:
         super().__init__()

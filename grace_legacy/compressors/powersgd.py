@@ -53,6 +53,8 @@ class PowerSGD(Compressor):
 
     parameter = RANK
     additive = True
+    # An inf or NaN in M makes P = M Q non-finite, and every rank's sum of P, so every rank's P Q^T.
+    delivers_nonfinite = True
     rounds = 2
 
     def __init__(self, rank: int | None = None, seed: int = 0) -> None:

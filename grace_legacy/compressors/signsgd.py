@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from grace_legacy.compressors.kernels import sign_passes
-from grace_legacy.compressors.kernels.bits import packed_length, unpack_bits
+from grace_legacy.compressors.kernels.bits import pack_bits, packed_length, unpack_bits
 from grace_legacy.compressors.signs import SignContext, accumulator_dtype, choose, pack_signs, sign_context
 from grace_legacy.core.compressor import Compressor, Payload
 from grace_legacy.core.parameter import ScheduledParameter
@@ -29,6 +29,27 @@ def majority_vote(payloads: Sequence[Payload], ctx: SignContext) -> torch.Tensor
     return torch.sign(positive.mul_(2).sub_(ranks)).to(ctx.dtype).view(ctx.shape)
 
 
+class VoteCode(Compressor):
+    """A majority vote's result (+1, 0 or -1 per element) as two bits each, in one ``uint8`` part:
+    the packed ``v > 0`` bits, then the packed ``v != 0`` bits. Lossless on votes, so that a
+    scatter-gather's owners pass the vote on exactly, ties included; any other tensor becomes its
+    sign (0 for zeros)."""
+
+    def compress(self, tensor: torch.Tensor, name: str) -> tuple[Payload, Any]:
+        ctx = sign_context(tensor, "VoteCode")
+        return [torch.cat([pack_bits(tensor > 0), pack_bits(tensor != 0)])], ctx
+
+    def decompress(self, payload: Payload, ctx: SignContext) -> torch.Tensor:
+        half = packed_length(ctx.numel)
+        positive = unpack_bits(payload[0][:half], ctx.numel)
+        nonzero = unpack_bits(payload[0][half:], ctx.numel)
+        signs = positive.to(ctx.dtype).mul_(2).sub_(1)
+        return signs.mul_(nonzero.to(ctx.dtype)).view(ctx.shape)
+
+    def payload_spec(self, numel: int, dtype: torch.dtype) -> list[tuple[int, torch.dtype]]:
+        return [(2 * packed_length(numel), torch.uint8)]
+
+
 class _MajorityVote(Compressor):
     """What signSGD and Signum share: a payload of packed signs only, aggregated by a vote."""
 
@@ -45,6 +66,10 @@ class _MajorityVote(Compressor):
 
     def payload_spec(self, numel: int, dtype: torch.dtype) -> list[tuple[int, torch.dtype]]:
         return [(packed_length(numel), torch.uint8)]
+
+    def for_sums(self) -> Compressor:
+        """:class:`VoteCode`: a vote's ties (0) do not fit in one bit."""
+        return VoteCode()
 
 
 class SignSGD(_MajorityVote):

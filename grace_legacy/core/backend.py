@@ -17,6 +17,10 @@ class Backend(Protocol):
     def allreduce_async(self, tensor: torch.Tensor, name: str, average: bool) -> Any: ...
     def allgather_async(self, tensor: torch.Tensor, name: str) -> Any: ...
     def broadcast_async(self, tensor: torch.Tensor, root_rank: int, name: str) -> Any: ...
+    def alltoall_async(self, tensor: torch.Tensor, splits: list[int], name: str) -> Any:
+        """Rows ``[sum(splits[:j]), sum(splits[:j+1]))`` of ``tensor`` go to rank ``j``; the result
+        is what every rank sent this one, in rank order (the counts may differ between ranks)."""
+        ...
     def wait(self, handle: Any) -> torch.Tensor: ...
 
 
@@ -25,12 +29,14 @@ class Pending:
     calls return the same tensor). ``bytes_sent``: what this rank handed to the backend; ``finite``:
     set by a communicator that has seen the result hold no inf or NaN, so nobody looks again."""
 
-    __slots__ = ("bytes_sent", "finite", "_finish", "_result")
+    __slots__ = ("bytes_sent", "wire_bytes", "finite", "_finish", "_result")
 
     def __init__(self, finish: Callable[[], torch.Tensor], bytes_sent: int) -> None:
         self._finish: Callable[[], torch.Tensor] | None = finish
         self._result: torch.Tensor | None = None
         self.bytes_sent = bytes_sent
+        #: what the collectives put on this rank's link for it (runtime/traffic.py), once it arrived
+        self.wire_bytes = 0.0
         self.finite = False
 
     def __call__(self) -> torch.Tensor:

@@ -21,10 +21,13 @@ class Communicator(ABC):
     route: ClassVar[str]
     #: Whether the bundle may send this communicator's tensors in fused buckets instead.
     fusable: ClassVar[bool] = False
+    #: Whether it compresses the tensor itself (shard by shard): the bundle then hands it the
+    #: compensated gradient as a one-part payload, with the compressor to use.
+    compresses: ClassVar[bool] = False
 
     @abstractmethod
     def start(self, payload: Payload, ctx: Any, name: str, compressor: Compressor, backend: Backend,
-              average: bool, on_final_payload: Callable[[Payload, Any], None] | None = None) -> Pending:
+              average: bool, on_final_payload: Callable[..., None] | None = None) -> Pending:
         """Launch the collectives for one tensor without waiting for them. ``on_final_payload(payload,
         ctx)`` is called with the last round's *local* payload once it exists (at once for one round)."""
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import warnings
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Protocol
 
 import torch
@@ -22,6 +22,8 @@ class Ledger(Protocol):
     """Where the bundle running a compressor records its traffic (a ``TrafficStats``)."""
 
     def as_dict(self) -> dict[str, Any]: ...
+
+    def scalars(self, stats: Mapping[str, Any], prefix: str) -> dict[str, float]: ...
 
 
 class _EarlierNames:
@@ -188,6 +190,13 @@ class Compressor(_EarlierNames, Stateful, ABC):
             return None
         return self
 
+    def for_sums(self) -> Compressor:
+        """The compressor that re-encodes an aggregate at its shard's owner (a scatter-gather's
+        second phase): this one, unless compressing keeps per-tensor state of this rank's own
+        gradients (Signum's momentum) or the aggregate takes values the payload cannot say (a
+        majority vote's ties). Its payload has this one's parts, in number and dtype."""
+        return self
+
     # -- pairing with a memory --------------------------------------------------------------
     def recommended_memory(self) -> Memory:
         """The memory GRACE pairs with this compressor when the user names none."""
@@ -229,6 +238,17 @@ class Compressor(_EarlierNames, Stateful, ABC):
         """The traffic the bundle running this compressor recorded (:attr:`grace_legacy.Grace.stats`);
         empty before it runs."""
         return self.ledger.as_dict() if self.ledger is not None else {}
+
+    def scalars(self, prefix: str = "grace") -> dict[str, float]:
+        """:attr:`stats` flattened for TensorBoard or W&B: every number under its path of keys,
+        ``{"grace/volume": ..., "grace/wire_bytes": ..., "grace/group/0/volume": ...,
+        "grace/phase/1/volume": ...}`` (``grace_legacy.runtime.traffic.flatten_scalars``); empty
+        before the bundle runs. Log it with ``writer.add_scalar(key, value, step)`` per item or
+        ``wandb.log(compression.scalars())``."""
+        if not isinstance(prefix, str):
+            raise TypeError(f"{type(self).__name__}.scalars: prefix must be a string (\"\" for none), got "
+                            f"{type(prefix).__name__}")
+        return self.ledger.scalars(self.stats, prefix) if self.ledger is not None else {}
 
     def state_dict(self) -> dict[str, Any]:
         """The :meth:`configuration` and the per-tensor step counters (with the seed and rank, the

@@ -76,6 +76,10 @@ class UndoLog:
             else:
                 store[name] = previous
 
+    def names(self) -> set[str]:
+        """The names whose state this step changed."""
+        return {name for _, name in self._before}
+
     def clear(self) -> None:
         """The step is over: nothing of it will be undone."""
         self._before.clear()

@@ -10,7 +10,11 @@ import torch
 
 from grace_legacy.core.compressor import Compressor, Payload
 from grace_legacy.core.memory import Memory
+from grace_legacy.core.parameter import ScheduledParameter
 from grace_legacy.core.state import UndoLog
+from grace_legacy.runtime.validation import ArgumentTypeError, checked_value
+
+MOMENTUM = ScheduledParameter("momentum", low=0.0, high=1.0, high_inclusive=False)
 
 
 class DGCMemory(Memory):
@@ -30,13 +34,21 @@ class DGCMemory(Memory):
     clips the whole model's with the global bound scaled by ``N ** -0.5`` for ``N`` ranks."""
 
     def __init__(self, momentum: float = 0.9, clip: float | None = None) -> None:
-        if isinstance(momentum, bool) or not isinstance(momentum, numbers.Real) or not 0 <= momentum < 1:
-            raise ValueError(f"DGCMemory: momentum must be a number in [0, 1), got {momentum!r}")
-        if clip is not None and (isinstance(clip, bool) or not isinstance(clip, numbers.Real)
-                                 or not math.isfinite(clip) or clip <= 0):
-            raise ValueError(f"DGCMemory: clip must be None or a finite number > 0, got {clip!r}")
-        self.momentum = float(momentum)
-        self.clip = None if clip is None else float(clip)
+        if momentum is None:  # ScheduledParameter.check lets None through (a parameter's "dense"); here it is a mistake
+            raise ArgumentTypeError(f"DGCMemory: momentum must be {MOMENTUM.describe_range()}, got None")
+        self.momentum = float(checked_value(MOMENTUM, momentum, "DGCMemory"))
+        if clip is not None:
+            if isinstance(clip, bool) or not isinstance(clip, numbers.Real) or isinstance(clip, torch.Tensor):
+                raise ArgumentTypeError(f"DGCMemory: clip must be None or a finite number > 0, got {clip!r} "
+                                        f"of type {type(clip).__name__}")
+            try:
+                norm = float(clip)
+            except OverflowError:  # an int beyond a float's range
+                norm = math.inf
+            if not math.isfinite(norm) or norm <= 0:
+                raise ValueError(f"DGCMemory: clip must be None or a finite number > 0, got {clip!r}")
+            clip = norm
+        self.clip = clip
         self.velocities: dict[str, torch.Tensor] = {}
         self.accumulations: dict[str, torch.Tensor] = {}
         self.undo_log = UndoLog()

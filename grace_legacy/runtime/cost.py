@@ -47,3 +47,109 @@ def bytes_sent(concrete: Compressor | None, shape: int | Sequence[int], dtype: t
     if world_size is not None and concrete.aggregates_by_mean and gather_costs_more(packed, dense, world_size):
         return dense
     return packed
+
+
+# -- the link ------------------------------------------------------------------------------------
+#: The routes a tensor can take. On equal link bytes the earlier one is taken: dense is exact, and
+#: a scatter-gather re-compresses at the owner, one more lossy step than a gather.
+ROUTES = ("dense", "allreduce", "allgather", "scattergather")
+
+
+def ring_allreduce_bytes(nbytes: float, world_size: int) -> float:
+    """Link bytes per rank of a bandwidth-optimal allreduce of ``nbytes``: ``2 (P - 1) / P * B``."""
+    return 2 * (world_size - 1) / world_size * nbytes if world_size > 1 else 0.0
+
+
+def route_link_bytes(concrete: Compressor | None, shape: int | Sequence[int], dtype: torch.dtype,
+                     world_size: int) -> dict[str, float]:
+    """Link bytes per rank for one tensor on every route it can take (``concrete`` ``None``: dense
+    only). Additive payloads are allreduced (``2 (P - 1) / P`` of their raw parts, every round);
+    a gathered payload of ``b`` packed bytes costs ``(P - 1) b`` gathered and about
+    ``2 (P - 1) / P * b`` scattered and gathered again (an all-to-all of the shards, then the
+    owners' re-compressed shards gathered); the dense route ``2 (P - 1) / P`` of the dense bytes.
+    A payload whose size the data decides (Threshold) has only its gather; a majority vote no
+    dense route (a dense mean would change its update)."""
+    shape = torch.Size([shape]) if isinstance(shape, int) else torch.Size(shape)
+    dense = shape.numel() * torch.empty((), dtype=dtype).element_size()
+    costs = {"dense": ring_allreduce_bytes(dense, world_size)}
+    if concrete is None:
+        return costs
+    if not concrete.aggregates_by_mean:
+        del costs["dense"]
+    try:
+        spec = concrete.payload_spec_for(shape, dtype)
+    except NotImplementedError:  # a size only the data decides: every rank could choose differently
+        return {"allgather": float("nan")}
+    if concrete.additive:
+        raw = sum(n * torch.empty((), dtype=d).element_size() for n, d in spec)
+        return {"allreduce": ring_allreduce_bytes(raw, world_size)}
+    packed = wire.packed_size_of(spec, with_header=not concrete.uniform_payload)
+    costs["allgather"] = float((world_size - 1) * packed)
+    if concrete.rounds == 1:
+        costs["scattergather"] = scatter_gather_bytes(concrete, shape.numel(), dtype, world_size)
+    return costs
+
+
+def segment_bytes(concrete: Compressor, numel: int, dtype: torch.dtype) -> tuple[int, int]:
+    """The packed bytes of a scatter-gather's two payloads of one ``numel``-element segment: the
+    segment compressed by ``concrete``, and its owner's re-encoding (``for_sums``), each with a
+    size header where its size is not fixed by the configuration (or the encoder differs)."""
+    shape = torch.Size([numel])
+    first = wire.packed_size_of(concrete.payload_spec_for(shape, dtype), with_header=not concrete.uniform_payload)
+    encoder = concrete.for_sums()
+    second = wire.packed_size_of(encoder.payload_spec_for(shape, dtype),
+                                 with_header=not concrete.uniform_payload or encoder is not concrete)
+    return first, second
+
+
+def scatter_gather_bytes(concrete: Compressor, numel: int, dtype: torch.dtype, world_size: int) -> float:
+    """Link bytes per rank (the mean over the ranks) of a scatter-gather of one tensor of ``numel``
+    elements cut into ``world_size`` shards: each segment's payload leaves its rank for its owner
+    and the owner's payload reaches the other ranks, so ``(P - 1) / P`` of every segment's two
+    payloads. Exact for a tensor sent alone; in a bucket a tensor is cut into no more segments."""
+    if world_size < 2:
+        return 0.0
+    base, extra = divmod(numel, world_size)
+    total = 0
+    for size, count in ((base + 1, extra), (base, world_size - extra)):
+        if size and count:
+            total += count * sum(segment_bytes(concrete, size, dtype))
+    return (world_size - 1) / world_size * total
+
+
+def cheapest_route(costs: dict[str, float]) -> str:
+    """The route of least link bytes; on a tie the earlier of :data:`ROUTES`."""
+    if len(costs) == 1:
+        return next(iter(costs))
+    return min(costs, key=lambda route: (costs[route], ROUTES.index(route)))
+
+
+def choose_route(concrete: Compressor, shape: int | Sequence[int], dtype: torch.dtype, world_size: int, *,
+                 forced: str | None = None, dense_fallback: bool = True) -> str:
+    """The route a bundle takes for a tensor that ``concrete`` compresses, at ``world_size`` ranks:
+    the fewest link bytes (:func:`route_link_bytes`; one rank decides as two) among the routes
+    ``forced`` leaves (a communicator's route: ``"allreduce"``, ``"allgather"``, ``"broadcast"``
+    or ``"scattergather"``; ``None``: any), ``"dense"`` where sending the tensor uncompressed
+    costs no more, unless ``dense_fallback`` is off. A function of the configuration, the shape
+    and the number of ranks alone, so every rank takes the same."""
+    costs = route_link_bytes(concrete, shape, dtype, max(world_size, 2))
+    if forced is not None and forced != "allreduce":
+        via = "scattergather" if forced == "scattergather" else "allgather"
+        candidates = {r: c for r, c in costs.items() if r in (via, "dense")}
+        candidates.setdefault(via, 0.0)  # a size only the data decides: no choice to make
+    else:
+        candidates = costs
+    if not dense_fallback and len(candidates) > 1:
+        candidates.pop("dense", None)
+    route = cheapest_route(candidates)
+    return forced if forced is not None and route != "dense" else route
+
+
+def link_bytes(concrete: Compressor | None, shape: int | Sequence[int], dtype: torch.dtype, world_size: int) -> float:
+    """Link bytes per rank for one tensor sent alone on the route a default bundle takes
+    (:func:`choose_route`); ``concrete`` ``None``: dense."""
+    costs = route_link_bytes(concrete, shape, dtype, world_size)
+    if concrete is None:
+        return costs["dense"]
+    route = choose_route(concrete, shape, dtype, world_size)
+    return costs[route] if world_size > 1 else float(bytes_sent(concrete, shape, dtype, world_size))

@@ -4,8 +4,13 @@ collective and, where the backend can tell, the ranks it waits for (docs/DESIGN.
 from __future__ import annotations
 
 import math
+import numbers
 import os
 from collections.abc import Sequence
+
+import torch
+
+from grace_legacy.runtime.validation import ArgumentTypeError
 
 #: The environment variable that sets the stall timeout (seconds) of every ``Grace`` bundle built
 #: without an explicit ``stall_timeout``.
@@ -28,10 +33,17 @@ def resolve_stall_timeout(value: float | None = None) -> float:
             value = float(setting)
         except ValueError:
             raise ValueError(f"{STALL_TIMEOUT_ENV} must be a number of seconds > 0, got {setting!r}") from None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{source} must be a finite number of seconds > 0 (default {DEFAULT_STALL_TIMEOUT_S:g}, "
-                         f"or set {STALL_TIMEOUT_ENV}), got {value!r}")
-    return float(value)
+    accepted = (f"{source} must be a finite number of seconds > 0 (default {DEFAULT_STALL_TIMEOUT_S:g}, "
+                f"or set {STALL_TIMEOUT_ENV}), got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or isinstance(value, torch.Tensor):
+        raise ArgumentTypeError(f"{accepted} of type {type(value).__name__}")
+    try:
+        seconds = float(value)
+    except OverflowError:  # an int beyond a float's range
+        seconds = math.inf
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ValueError(accepted)
+    return seconds
 
 
 class RanksStalled(RuntimeError):

@@ -1,28 +1,52 @@
-"""Byte accounting: ``bytes_sent`` counts the buffers this rank gave the backend (payload, alignment
-padding and size headers included); ``bytes_dense`` the gradients' ``numel * element_size``, what an
-uncompressed allreduce hands over; ``volume = bytes_sent / bytes_dense``."""
+"""Byte accounting, two ways.
+
+*Handed*: ``bytes_sent`` counts the buffers this rank gave the backend (payload, alignment padding
+and size headers included), ``bytes_dense`` the gradients' ``numel * element_size``.
+
+*On the link*: ``wire_bytes`` is what the collectives put on this rank's link with
+bandwidth-optimal algorithms (:mod:`grace_legacy.runtime.cost`: an allreduce of ``B`` bytes
+``2 (P - 1) / P * B``, an allgather the other ranks' parts, an all-to-all the parts sent to the
+others), ``wire_dense`` what a dense ring allreduce of the same gradients would put there.
+
+``volume = wire_bytes / wire_dense``: the share of the link a dense allreduce would use. With one
+rank nothing crosses a link, and ``volume`` is the handed ratio ``bytes_sent / bytes_dense``.
+
+:func:`flatten_scalars` turns a ``stats`` dictionary into the flat ``{"grace/volume": ...,
+"grace/group/0/volume": ...}`` numbers TensorBoard's ``add_scalar`` or W&B's ``log`` take.
+"""
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Hashable, Mapping
+from numbers import Real
 from typing import Any
 
 
 class _Tally:
-    __slots__ = ("sent", "dense", "tensors")
+    __slots__ = ("sent", "dense", "tensors", "wire", "wire_dense")
 
-    def __init__(self, sent: int = 0, dense: int = 0, tensors: int = 0) -> None:
-        self.sent, self.dense, self.tensors = sent, dense, tensors
+    def __init__(self, sent: int = 0, dense: int = 0, tensors: int = 0, wire: float = 0.0,
+                 wire_dense: float = 0.0) -> None:
+        self.sent, self.dense, self.tensors, self.wire, self.wire_dense = sent, dense, tensors, wire, wire_dense
 
-    def add(self, sent: int, dense: int) -> None:
+    def add(self, sent: int, dense: int, wire: float, wire_dense: float) -> None:
         self.sent += sent
         self.dense += dense
         self.tensors += 1
+        self.wire += wire
+        self.wire_dense += wire_dense
+
+    def as_tuple(self) -> tuple:
+        return (self.sent, self.dense, self.tensors, self.wire, self.wire_dense)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"bytes_sent": self.sent, "bytes_dense": self.dense, "tensors": self.tensors,
-                "volume": self.sent / self.dense if self.dense else 0.0}
+        if self.wire_dense:
+            volume = self.wire / self.wire_dense
+        else:
+            volume = self.sent / self.dense if self.dense else 0.0
+        return {"bytes_sent": self.sent, "bytes_dense": self.dense, "wire_bytes": self.wire,
+                "wire_dense": self.wire_dense, "tensors": self.tensors, "volume": volume}
 
 
 class TrafficStats:
@@ -36,12 +60,13 @@ class TrafficStats:
         self._routes: Counter[str] = Counter()
         self._breakdowns: dict[str, dict[Hashable, _Tally]] = {}
 
-    def record(self, *, dense_bytes: int, sent_bytes: int, route: str,
-               labels: Mapping[str, Hashable] | None = None) -> None:
-        self._total.add(sent_bytes, dense_bytes)
+    def record(self, *, dense_bytes: int, sent_bytes: int, route: str, wire_bytes: float = 0.0,
+               wire_dense: float = 0.0, labels: Mapping[str, Hashable] | None = None) -> None:
+        counts = (sent_bytes, dense_bytes, wire_bytes, wire_dense)
+        self._total.add(*counts)
         self._routes[route] += 1
         for dimension, key in (labels or {}).items():
-            self._breakdowns.setdefault(dimension, {}).setdefault(key, _Tally()).add(sent_bytes, dense_bytes)
+            self._breakdowns.setdefault(dimension, {}).setdefault(key, _Tally()).add(*counts)
 
     def as_dict(self) -> dict[str, Any]:
         out = self._total.as_dict()
@@ -50,11 +75,16 @@ class TrafficStats:
             out[dimension] = {key: tally.as_dict() for key, tally in sorted(tallies.items(), key=_sort_key)}
         return out
 
+    @staticmethod
+    def scalars(stats: Mapping[str, Any], prefix: str = "grace") -> dict[str, float]:
+        """:func:`flatten_scalars` (what ``Compressor.scalars`` calls through its ledger)."""
+        return flatten_scalars(stats, prefix)
+
     def state_dict(self) -> dict[str, Any]:
         return {
-            "total": (self._total.sent, self._total.dense, self._total.tensors),
+            "total": self._total.as_tuple(),
             "routes": dict(self._routes),
-            "breakdowns": {dim: {key: (t.sent, t.dense, t.tensors) for key, t in tallies.items()}
+            "breakdowns": {dim: {key: t.as_tuple() for key, t in tallies.items()}
                            for dim, tallies in self._breakdowns.items()},
         }
 
@@ -63,6 +93,30 @@ class TrafficStats:
         self._routes = Counter(state["routes"])
         self._breakdowns = {dim: {key: _Tally(*values) for key, values in tallies.items()}
                             for dim, tallies in state["breakdowns"].items()}
+
+
+def flatten_scalars(stats: Mapping[str, Any], prefix: str = "grace") -> dict[str, float]:
+    """Every number in ``stats`` under its path of keys joined by ``/`` behind ``prefix``, as a float:
+    ``{"volume": 0.1, "group": {0: {"volume": 1.0}}}`` gives ``{"grace/volume": 0.1,
+    "grace/group/0/volume": 1.0}``. Nested dictionaries are walked in their order; what is not a
+    number (lists, strings, ``None``) is left out, so the result only ever holds numbers. With
+    ``prefix=""`` the keys start at the first level (``"volume"``)."""
+    if not isinstance(prefix, str):
+        raise TypeError(f"scalars: prefix must be a string (\"\" for none), got {type(prefix).__name__}")
+    if not isinstance(stats, Mapping):
+        raise TypeError(f"scalars: stats must be a dictionary, got {type(stats).__name__}")
+    flat: dict[str, float] = {}
+
+    def walk(node: Mapping[Any, Any], path: str) -> None:
+        for key, value in node.items():
+            name = f"{path}/{key}" if path else str(key)
+            if isinstance(value, Mapping):
+                walk(value, name)
+            elif isinstance(value, Real):  # bool, int, float, Fraction, numpy's scalars
+                flat[name] = float(value)
+
+    walk(stats, prefix.rstrip("/"))
+    return flat
 
 
 def _sort_key(item: tuple[Hashable, _Tally]) -> tuple[str, Any]:

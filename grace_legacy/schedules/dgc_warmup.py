@@ -10,8 +10,12 @@ from typing import Any
 import torch
 
 from grace_legacy.core.compressor import Compressor
-from grace_legacy.runtime.validation import checked_value, is_int, positive_number
+from grace_legacy.runtime.validation import ArgumentTypeError, checked_value, is_int, positive_number
 from grace_legacy.schedules.base import Schedule
+
+#: The longest warm-up. Each warm-up epoch has its own value and configured copy of the base, all
+#: built at construction, so a count in the millions would stall there and hold as many copies.
+MAX_WARMUP_EPOCHS = 10_000
 
 
 class DGCWarmup(Schedule):
@@ -47,8 +51,11 @@ class DGCWarmup(Schedule):
         for argument, value in (("target", target), ("start", start)):
             if not value > 0:
                 raise ValueError(f"DGCWarmup: {argument} must be > 0 (the warm-up is geometric), got {value!r}")
-        if not is_int(warmup_epochs) or warmup_epochs < 0:
-            raise ValueError(f"DGCWarmup: warmup_epochs must be a non-negative integer, got {warmup_epochs!r}")
+        accepted = f"DGCWarmup: warmup_epochs must be an integer in [0, {MAX_WARMUP_EPOCHS}], got {warmup_epochs!r}"
+        if not isinstance(warmup_epochs, numbers.Real) or isinstance(warmup_epochs, (bool, torch.Tensor)):
+            raise ArgumentTypeError(f"{accepted} of type {type(warmup_epochs).__name__}")
+        if not is_int(warmup_epochs) or not 0 <= warmup_epochs <= MAX_WARMUP_EPOCHS:
+            raise ValueError(accepted)
         if coeff is not None:
             coeff = positive_number(coeff, "coeff", "DGCWarmup")
             if (target < start and not coeff < 1) or (target > start and not coeff > 1):

@@ -6,6 +6,10 @@ from fractions import Fraction
 from typing import Any
 
 from grace_legacy.core.compressor import Compressor
+from grace_legacy.runtime.validation import ArgumentTypeError
+
+#: LEGACY's modes (``Legacy.MODES``); the flags add ``"uniform"``.
+MODES = ("layer", "epoch", "both")
 
 
 def parse_flags(base: Compressor, by: str, group_compressions: str, group_splits: str = "",
@@ -15,12 +19,17 @@ def parse_flags(base: Compressor, by: str, group_compressions: str, group_splits
     (``"1,0.1"`` is 0.01 and 0.001; ``100`` is dense), other parameters in their own units, ``none``
     uncompressed; ``;`` separates the phases (rows) of ``by="both"``. ``group_splits``:
     comma-separated element counts. ``by="uniform"`` uses the first value everywhere."""
-    if not isinstance(group_compressions, str) or not group_compressions.strip():
-        raise ValueError(f"Legacy.from_flags: group_compressions must be a non-empty string, "
-                         f"got {group_compressions!r}")
+    owner = "Legacy.from_flags"
+    for argument, text in (("group_compressions", group_compressions), ("group_splits", group_splits)):
+        if not isinstance(text, str):
+            raise ArgumentTypeError(f"{owner}: {argument} must be a string, got {text!r} of type {type(text).__name__}")
+    if not group_compressions.strip():
+        raise ValueError(f"{owner}: group_compressions must be a non-empty string, got {group_compressions!r}")
+    if by not in ("uniform", *MODES):
+        raise ValueError(f"{owner}: by must be one of 'uniform', {', '.join(map(repr, MODES))}, got {by!r}")
     parameter = base.parameter
     if parameter is None:
-        raise ValueError(f"Legacy.from_flags: {type(base).__name__} has no parameter to schedule")
+        raise ValueError(f"{owner}: {type(base).__name__} has no parameter to schedule")
     percent = parameter.name == "ratio"
 
     def parse_value(token: str) -> Any:
@@ -30,28 +39,31 @@ def parse_flags(base: Compressor, by: str, group_compressions: str, group_splits
         try:
             number = Fraction(token)
         except ValueError:
-            raise ValueError(f"Legacy.from_flags: cannot read {token!r} in group_compressions="
-                             f"{group_compressions!r} as a number") from None
-        if percent:
-            return float(number / 100)
-        return int(number) if parameter.integer and number.denominator == 1 else float(number)
+            raise ValueError(f"{owner}: cannot read {token!r} in group_compressions={group_compressions!r} "
+                             f"as a number") from None
+        if parameter.integer and not percent and number.denominator == 1:
+            return int(number)  # exact, however large: the parameter's own check judges its range
+        try:
+            return float(number / 100) if percent else float(number)
+        except OverflowError:
+            raise ValueError(f"{owner}: {token!r} in group_compressions={group_compressions!r} is beyond a "
+                             f"float's range") from None
 
     rows = [[parse_value(t) for t in row.split(",")] for row in group_compressions.split(";")]
     try:
         splits = [int(t) for t in group_splits.split(",")] if group_splits.strip() else []
     except ValueError:
-        raise ValueError(f"Legacy.from_flags: group_splits must be comma-separated integers, "
-                         f"got {group_splits!r}") from None
+        raise ValueError(f"{owner}: group_splits must be comma-separated integers, got {group_splits!r}") from None
     if by == "uniform":
         return "layer", [rows[0][0]], {"splits": []}
     if by != "both" and len(rows) > 1:
-        raise ValueError(f"Legacy.from_flags: ';' in group_compressions separates phases, only with by='both'; "
+        raise ValueError(f"{owner}: ';' in group_compressions separates phases, only with by='both'; "
                          f"got group_compressions={group_compressions!r} with by={by!r}")
     if by == "layer":
         return "layer", rows[0], {"splits": splits}
     if by == "epoch":
         if splits:
-            raise ValueError("Legacy.from_flags: group_splits is not used with by='epoch'")
+            raise ValueError(f"{owner}: group_splits is not used with by='epoch'")
         return "epoch", rows[0], {"epochs": epochs}
     return by, rows, {"splits": splits, "epochs": epochs}
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections import deque
 from collections.abc import Hashable, Iterable
 from typing import Any
@@ -16,7 +17,7 @@ DEFAULT_HISTORY = 100
 def check_history(history: Any, owner: str) -> int | None:
     if history is None:
         return None
-    return check_positive_int(history, "history", owner)
+    return check_positive_int(history, "history", owner, high=sys.maxsize)  # a deque's longest bound
 
 
 def bounded_records(items: Iterable[Any], bound: int | None) -> deque:

@@ -12,21 +12,10 @@ from typing import Any
 import torch
 
 from grace_legacy.core.compressor import Compressor
-from grace_legacy.runtime.validation import check_positive_int, is_int
+from grace_legacy.runtime.validation import ArgumentTypeError, check_increasing_positive_ints, check_positive_int
 from grace_legacy.schedules.base import Schedule
 from grace_legacy.schedules.budget import budget_matched as match_budget
-from grace_legacy.schedules.flags import format_flags, parse_flags
-
-
-def _check_increasing_positive(values: Any, argument: str) -> list[int]:
-    if not isinstance(values, Sequence) or isinstance(values, str):
-        raise TypeError(f"Legacy: {argument} must be a list of integers, got {values!r}")
-    if not all(is_int(v) for v in values):
-        raise TypeError(f"Legacy: {argument} must be a list of integers, got {list(values)!r}")
-    values = [int(v) for v in values]
-    if any(v <= 0 for v in values) or any(b <= a for a, b in zip(values, values[1:], strict=False)):
-        raise ValueError(f"Legacy: {argument} must be strictly increasing positive integers, got {values}")
-    return values
+from grace_legacy.schedules.flags import MODES, format_flags, parse_flags
 
 
 class Legacy(Schedule):
@@ -45,7 +34,7 @@ class Legacy(Schedule):
     every rank shares: no communication, a table lookup per tensor.
     """
 
-    MODES = ("layer", "epoch", "both")
+    MODES = MODES
 
     def __init__(self, base: Compressor, by: str, values: Sequence[Any], *, splits: Sequence[int] | None = None,
                  epochs: int | None = None, boundaries: Sequence[int] | None = None,
@@ -56,18 +45,20 @@ class Legacy(Schedule):
         by_layer, by_phase = by in ("layer", "both"), by in ("epoch", "both")
 
         if by_layer:
-            self.splits = _check_increasing_positive([] if splits is None else splits, "splits")
+            self.splits = check_increasing_positive_ints([] if splits is None else splits, "splits", "Legacy")
         elif splits is not None:
             raise ValueError(f"Legacy: splits is only used with by='layer' or by='both', not by={by!r}")
         else:
             self.splits = []
 
-        if not isinstance(values, Sequence) or isinstance(values, str) or not values:
+        if not isinstance(values, Sequence) or isinstance(values, str):
+            raise ArgumentTypeError(f"Legacy: values must be a non-empty list, got {values!r}")
+        if not values:
             raise ValueError(f"Legacy: values must be a non-empty list, got {values!r}")
         if by == "both":
             rows = list(values)
             if not all(isinstance(r, Sequence) and not isinstance(r, str) for r in rows):
-                raise ValueError("Legacy: by='both' needs values as a list of rows (one per phase), "
+                raise ArgumentTypeError("Legacy: by='both' needs values as a list of rows (one per phase), "
                                  "each a list of one value per size group")
         elif by == "layer":
             rows = [list(values)]
@@ -92,7 +83,7 @@ class Legacy(Schedule):
                                  f"or boundaries (the epochs at which each phase after the first starts)")
             self.epochs = None if epochs is None else check_positive_int(epochs, "epochs", "Legacy")
             if boundaries is not None:
-                self.boundaries = _check_increasing_positive(boundaries, "boundaries")
+                self.boundaries = check_increasing_positive_ints(boundaries, "boundaries", "Legacy")
                 if len(self.boundaries) != self.phases - 1:
                     raise ValueError(f"Legacy: boundaries needs one entry per phase after the first: "
                                      f"{self.phases - 1} for {self.phases} phases, got {len(self.boundaries)}")

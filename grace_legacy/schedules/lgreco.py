@@ -28,6 +28,10 @@ from grace_legacy.schedules.history import (
     shown_value,
 )
 
+#: The most error buckets: the program keeps a choice per bucket and tensor (``resolution + 1``
+#: int32 each), so a count far beyond this would exhaust memory at the first solve, not fail here.
+MAX_RESOLUTION = 10**6
+
 
 def choose_layerwise(errors: Sequence[Sequence[float]], sizes: Sequence[Sequence[int]], budget: float,
                      resolution: int = 1000) -> list[int] | None:
@@ -146,7 +150,7 @@ class LGreCo(Schedule):
         self.reference_index = matches[0]
         self.interval = check_positive_int(interval, "interval", "LGreCo")
         self.budget = positive_number(budget, "budget", "LGreCo")
-        self.resolution = check_positive_int(resolution, "resolution", "LGreCo")
+        self.resolution = check_positive_int(resolution, "resolution", "LGreCo", high=MAX_RESOLUTION)
         self.history = check_history(history, "LGreCo")
         self._configure(checked)
         for c in checked:

@@ -1,4 +1,9 @@
-"""Runs a worker script under a real ``horovodrun`` or ``torchrun`` and collects what each rank reported."""
+"""Runs a worker script under a real ``horovodrun`` or ``torchrun`` and collects what each rank reported.
+
+A test ``test_<subject>.py`` launches ``<subject>_worker.py`` beside it, as a script, with the
+repository root as ``PYTHONPATH``: a worker imports what the workers share as
+``tests.distributed.<module>`` (``checks``, ``harness``, ``zoo``), the library and the test
+registry as any test does."""
 
 from __future__ import annotations
 
@@ -12,7 +17,8 @@ from pathlib import Path
 from tests.helpers import free_port
 
 REPO = Path(__file__).resolve().parents[2]
-WORKERS = Path(__file__).resolve().parent / "workers"
+#: Where the worker scripts are: beside their tests.
+WORKERS = Path(__file__).resolve().parent
 HOROVODRUN = Path(sys.executable).with_name("horovodrun")
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 CONTROLLERS = ("gloo", "mpi")
@@ -24,7 +30,7 @@ class WorkerFailure(AssertionError):
 
 def horovodrun(script: str, np: int, controller: str, out_dir: Path, *args: str,
                timeout: float = 300, extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """Launch ``workers/<script>`` on ``np`` local processes; kill the whole job after ``timeout``."""
+    """Launch the worker ``<script>`` on ``np`` local processes; kill the whole job after ``timeout``."""
     return run_script(WORKERS / script, np, controller, "--out", str(out_dir), *args, timeout=timeout,
                       extra_env=extra_env)
 
@@ -50,7 +56,7 @@ def run_script(script: Path, np: int, controller: str, *args: str, timeout: floa
 
 def torchrun(script: str, np: int, out_dir: Path, *args: str, timeout: float = 300,
              extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """Launch ``workers/<script>`` on ``np`` local processes under ``torchrun`` (a free port each
+    """Launch the worker ``<script>`` on ``np`` local processes under ``torchrun`` (a free port each
     time, no restarts); kill the whole job after ``timeout``."""
     cmd = [str(TORCHRUN), "--nproc-per-node", str(np), "--master-addr", "127.0.0.1", "--master-port",
            str(free_port()), "--max-restarts", "0", str(WORKERS / script), "--out", str(out_dir), *args]
@@ -59,14 +65,14 @@ def torchrun(script: str, np: int, out_dir: Path, *args: str, timeout: float = 3
 
 def run_command(cmd: list[str], timeout: float, extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """Run any launcher command line (stdout and stderr merged into ``stdout``), the repo and the
-    workers importable; kill its whole session after ``timeout``."""
+    repository importable; kill its whole session after ``timeout``."""
     return _finish(_spawn(cmd, extra_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT), timeout)
 
 
 def _spawn(cmd: list[str], extra_env: dict[str, str] | None, **popen: object) -> subprocess.Popen:
-    """``cmd`` in a session of its own (so the whole job can be killed), the repo and the workers
-    importable."""
-    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{WORKERS}", "OMP_NUM_THREADS": "1",
+    """``cmd`` in a session of its own (so the whole job can be killed), the repository importable
+    (``grace_legacy``, ``tests.*``)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1",
            "PYTHONUNBUFFERED": "1", **(extra_env or {})}
     return subprocess.Popen(cmd, text=True, env=env, start_new_session=True, cwd=REPO, **popen)
 

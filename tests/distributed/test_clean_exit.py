@@ -1,5 +1,5 @@
 """A finished job exits 0 (issue #37): short jobs as a new user writes them
-(``workers/exit_worker.py``: 20 steps, 2 ranks, Gloo, LEGACY over Top-k), each launched by a real
+(``clean_exit_worker.py``: 20 steps, 2 ranks, Gloo, LEGACY over Top-k), each launched by a real
 ``torchrun`` (the DDP hook) or ``horovodrun --gloo`` (the Horovod optimizer) while a busy process
 started here keeps a core loaded, must every one exit 0 with nothing like "terminate called" in
 their output.
@@ -15,7 +15,8 @@ import subprocess
 import sys
 
 import pytest
-from launcher import horovodrun, torchrun
+
+from tests.distributed.launcher import horovodrun, torchrun
 
 pytestmark = pytest.mark.distributed
 
@@ -43,9 +44,9 @@ def assert_clean(result: subprocess.CompletedProcess, job: int) -> None:
 
 def test_short_ddp_jobs_exit_cleanly_under_load(busy_core, tmp_path):
     for job in range(TORCHRUN_JOBS):
-        assert_clean(torchrun("exit_worker.py", 2, tmp_path, "--launcher", "torchrun", timeout=180), job)
+        assert_clean(torchrun("clean_exit_worker.py", 2, tmp_path, "--launcher", "torchrun", timeout=180), job)
 
 
 def test_short_horovod_jobs_exit_cleanly_under_load(busy_core, tmp_path):
     for job in range(HOROVODRUN_JOBS):
-        assert_clean(horovodrun("exit_worker.py", 2, "gloo", tmp_path, "--launcher", "horovodrun", timeout=180), job)
+        assert_clean(horovodrun("clean_exit_worker.py", 2, "gloo", tmp_path, "--launcher", "horovodrun", timeout=180), job)

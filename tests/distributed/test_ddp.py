@@ -3,19 +3,19 @@ ranks: every zoo case equals its independent aggregation, bit-identical on every
 of DDP's options; ranks that disagree raise the same ``RanksDisagree``; non-finite gradients are
 seen everywhere and leave no trace in the state; memory stays flat; a run resumed from
 ``state_dict()`` in fresh processes ends bit-identical; a killed rank ends the job within 60 s.
-One launch per rank count carries most checks (see ``workers/ddp_worker.py``)."""
+One launch per rank count carries most checks (see ``ddp_worker.py``)."""
 
-import importlib
 import json
 import os
 import re
 import subprocess
-import sys
 import time
 
 import pytest
 import torch
-from launcher import REPO, TORCHRUN, WORKERS, free_port, run_torchrun_checks, torchrun
+
+from tests.distributed import zoo
+from tests.distributed.launcher import REPO, TORCHRUN, free_port, run_torchrun_checks, torchrun
 
 pytestmark = pytest.mark.distributed
 
@@ -25,9 +25,7 @@ DEATH_BOUND_S = 60
 
 def zoo_labels() -> list[str]:
     """The labels of every zoo case, to check that a worker ran each of them."""
-    if str(WORKERS) not in sys.path:
-        sys.path.insert(0, str(WORKERS))  # the case modules import each other as the workers do
-    return [case.label for case in importlib.import_module("zoo").cases()]
+    return [case.label for case in zoo.cases()]
 
 
 @pytest.mark.parametrize("np", [2, 4])

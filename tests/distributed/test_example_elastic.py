@@ -7,7 +7,8 @@ import re
 import sys
 
 import pytest
-from launcher import HOROVODRUN, run_command
+
+from tests.distributed.launcher import HOROVODRUN, run_command
 
 pytestmark = pytest.mark.distributed
 

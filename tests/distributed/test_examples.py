@@ -6,10 +6,10 @@ its uniform budget)."""
 import re
 
 import pytest
-from launcher import REPO, run_script
 
 from grace_legacy import Legacy, TopK
 from grace_legacy.planner import model_shapes, plan
+from tests.distributed.launcher import REPO, run_script
 
 pytestmark = pytest.mark.distributed
 

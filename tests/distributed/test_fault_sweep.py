@@ -2,17 +2,12 @@
 decompress and memory update), for every route and compressor family, on Horovod's optimizer
 (``horovodrun``, Gloo and MPI) and on the DDP hook (``torchrun``): the training loop sees only the
 engine's own error, and recovery (``TorchState.restore()``, or a checkpoint loaded into fresh
-objects) continues bit for bit as if nothing had failed (``workers/fault_sweep_worker.py``)."""
-
-import importlib
-import sys
+objects) continues bit for bit as if nothing had failed (``fault_sweep_worker.py``)."""
 
 import pytest
-from launcher import WORKERS, run_checks, run_torchrun_checks
 
-if str(WORKERS) not in sys.path:
-    sys.path.insert(0, str(WORKERS))  # the worker imports its neighbours as it does when launched
-CONFIGS = importlib.import_module("fault_sweep_worker").CONFIGS
+from tests.distributed.fault_sweep_worker import CONFIGS
+from tests.distributed.launcher import run_checks, run_torchrun_checks
 
 pytestmark = pytest.mark.distributed
 

@@ -1,5 +1,5 @@
 """The consistency check's description, digest and diff logic, and its exchange between threads
-standing in for ranks (the real ``horovodrun`` runs are in tests/distributed/test_hvd_faults.py)."""
+standing in for ranks (the real ``horovodrun`` runs are in tests/distributed/test_faults.py)."""
 
 import pytest
 

@@ -3,7 +3,6 @@ LEGACY reference flags) into a ``Grace`` bundle, and refuses unknown names and c
 would corrupt the gradient with errors that say what to use."""
 
 import pytest
-import torch
 
 import grace_legacy
 from grace_legacy import (
@@ -60,7 +59,7 @@ def test_every_name_gracess_helper_knows_builds_a_bundle():
     assert set(COMPRESSORS) == {"none", "fp16", "topk", "randomk", "dgc", "threshold", "qsgd", "terngrad",
                                 "natural", "signsgd", "signum", "efsignsgd", "onebit", "powersgd"}
     assert set(MEMORIES) == {"none", "residual", "dgc", "efsignsgd", "powersgd"}
-    assert set(COMMUNICATORS) == {"allreduce", "allgather", "broadcast"}
+    assert set(COMMUNICATORS) == {"allreduce", "allgather", "broadcast", "scattergather", "auto"}
     for name in COMPRESSORS:
         memory = "efsignsgd" if name == "efsignsgd" else "none"
         communicator = "allreduce" if name in ("none", "fp16", "powersgd") else "allgather"
@@ -104,7 +103,7 @@ def test_unknown_names_and_keys_list_what_is_accepted(params, named):
 @pytest.mark.parametrize("compressor", ["topk", "dgc", "threshold", "qsgd", "terngrad", "natural",
                                         "signsgd", "signum", "onebit"])
 def test_gathered_payload_through_allreduce_is_refused_naming_allgather(compressor):
-    with pytest.raises(ValueError, match="'communicator': 'allgather'") as err:
+    with pytest.raises(ValueError, match="'communicator': 'auto'") as err:
         grace_from_params({"compressor": compressor})
     assert "sums payloads" in str(err.value)  # Grace's own explanation comes first
 
@@ -142,20 +141,6 @@ def test_design_card_names():
     assert grace_legacy.LegacyCompressor is Legacy
     assert grace_legacy.grace_from_params is grace_from_params
     assert {"LegacyCompressor", "grace_from_params"} <= set(grace_legacy.__all__)
-
-
-def test_distributed_optimizer_takes_grace_as_compression_and_refuses_both():
-    hvd = pytest.importorskip("horovod.torch")
-    assert grace_legacy.DistributedOptimizer is hvd.DistributedOptimizer
-    model = torch.nn.Linear(3, 2)
-    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
-    grc = grace_from_params({"compressor": "topk", "communicator": "allgather"})
-    for compression in (hvd.Compression.none, hvd.Compression.fp16, TopK(0.1)):
-        with pytest.raises(ValueError, match="both grace=.* and compression="):
-            hvd.DistributedOptimizer(sgd, grace=grc, compression=compression,
-                                     named_parameters=model.named_parameters())
-    with pytest.raises(TypeError, match="grace must be a grace_legacy Grace bundle or Compressor"):
-        hvd.DistributedOptimizer(sgd, grace={"compressor": "topk"}, named_parameters=model.named_parameters())
 
 
 def test_compressor_from_name_sets_the_knob_or_leaves_it_to_a_schedule():

@@ -26,11 +26,12 @@ ALLOWED = {
     "backends": {"core", "runtime"},
     "consistency": {"core", "runtime"},
     "grace": {"core", "runtime", "memories", "compressors", "schedules", "communicators"},
-    "planner": {"core", "runtime", "schedules"},
+    "planner": {"core", "runtime", "schedules", "communicators"},
     "helper": {"core", "runtime", "memories", "compressors", "schedules", "communicators", "grace"},
     "optimizer": {"core", "runtime", "backends", "consistency", "grace"},
     "elastic": {"core", "runtime", "grace", "optimizer"},
     "ddp": {"core", "runtime", "backends", "consistency", "grace"},
+    "lightning": {"core", "runtime", "grace", "ddp"},
     "__main__": {"core", "runtime", "schedules", "helper", "planner"},
 }
 

@@ -1,3 +1,10 @@
+"""LEGACY (``schedules/legacy.py``): the layer rule at every split, equal phases at every edge (the
+reference rule exactly), explicit boundaries, counted steps and fractional progress, the
+``by="both"`` table, dense values on the dense route, any parameter with its memory, argument
+checks, state and stats by group and phase, the phase cache following every change of progress,
+and a choice that depends on size and phase only. The reference flags are in ``test_flags.py``,
+budget matching in ``test_budget.py``."""
+
 from fractions import Fraction
 
 import pytest
@@ -6,7 +13,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from grace_legacy import FP16, Grace, Legacy, NoMemory, RandomK, Residual, TopK
-from grace_legacy.runtime.cost import bytes_sent
 
 SPLITS = [10_000, 1_000_000]
 
@@ -129,31 +135,6 @@ def test_invalid_base_and_types():
         layer_schedule().set_epoch(-1)
 
 
-@pytest.mark.parametrize("by,text,splits,epochs,expected", [
-    ("layer", "100,1,0.1", "10000,1000000", None, [1.0, 0.01, 0.001]),
-    ("epoch", "1,0.5,0.1", "", 90, [0.01, 0.005, 0.001]),
-    ("both", "100,1;100,0.1", "10000", 90, [[1.0, 0.01], [1.0, 0.001]]),
-    ("layer", "none,0.1", "600", None, [None, 0.001]),
-])
-def test_from_strings_reads_the_reference_format_and_round_trips(by, text, splits, epochs, expected):
-    schedule = Legacy.from_flags(TopK(), by, group_compressions=text, group_splits=splits, epochs=epochs)
-    table = schedule.table if by == "both" else ([r[0] for r in schedule.table] if by == "epoch" else schedule.table[0])
-    assert table == expected
-    again = Legacy.from_flags(TopK(), **schedule.to_flags())
-    assert again.table == schedule.table and again.splits == schedule.splits and again.epochs == schedule.epochs
-
-
-def test_from_strings_uniform_uses_the_first_value():
-    schedule = Legacy.from_flags(TopK(), "uniform", group_compressions="0.1,5", group_splits="100")
-    assert schedule.value_at(10) == schedule.value_at(10**7) == 0.001
-
-
-@pytest.mark.parametrize("text", ["1,abc", "", "1;2"])
-def test_from_strings_rejects_bad_text(text):
-    with pytest.raises(ValueError, match="group_compressions"):
-        Legacy.from_flags(TopK(), "layer", group_compressions=text, group_splits="")
-
-
 def test_state_dict_restores_progress_and_stats():
     schedule = Legacy(TopK(), by="epoch", values=[0.1, 0.01], epochs=4, steps_per_epoch=3)
     bundle = Grace(schedule)
@@ -178,39 +159,6 @@ def test_stats_break_down_by_group_and_phase():
     assert stats["phase"][0]["bytes_sent"] == 840 and stats["phase"][1]["bytes_sent"] == 120
 
 
-MODEL_SIZES = [64, 576, 64, 36_864, 64, 73_728, 128, 147_456, 128, 8_192, 128, 2_359_296, 512, 5_130, 10]
-
-
-@pytest.mark.parametrize("by,kwargs", [
-    ("layer", dict(splits=[10_000], layer_factors=[10, 1])),
-    ("epoch", dict(phase_factors=[2, 1, 0.5], epochs=90)),
-    ("both", dict(splits=[10_000, 1_000_000], layer_factors=[10, 3, 1], phase_factors=[2, 1, 0.5], epochs=90)),
-    ("epoch", dict(phase_factors=[4, 1], boundaries=[10], epochs=90)),
-])
-@pytest.mark.parametrize("target", [0.001, 0.01])
-def test_budget_matched_schedule_spends_the_uniform_budget(by, kwargs, target):
-    schedule = Legacy.budget_matched(TopK(), target, by=by, sizes=MODEL_SIZES, **kwargs)
-    uniform = sum(bytes_sent(TopK(target), n, torch.float32) for n in MODEL_SIZES)
-    spent = sum(w * bytes_sent(schedule.configured_at(p, schedule.group_of(n)), n, torch.float32)
-                for p, w in enumerate(schedule.phase_weights()) for n in MODEL_SIZES)
-    assert abs(spent - uniform) / uniform < 0.01
-    # The shape is kept: where nothing is clipped, ratios between groups are the factors.
-    if by == "layer":
-        assert schedule.table[0][0] == pytest.approx(10 * schedule.table[0][1])
-
-
-def test_budget_matched_accepts_named_parameters():
-    model = torch.nn.Sequential(torch.nn.Linear(100, 200), torch.nn.Linear(200, 10))
-    schedule = Legacy.budget_matched(TopK(), 0.01, by="layer", sizes=model.named_parameters(), splits=[1000],
-                                     layer_factors=[5, 1])
-    assert schedule.by == "layer" and schedule.table[0][0] > schedule.table[0][1]
-
-
-def test_budget_matched_refuses_an_impossible_shape():
-    with pytest.raises(ValueError, match="no scale"):
-        Legacy.budget_matched(TopK(), 0.9, by="layer", sizes=[10, 10**6], splits=[100], layer_factors=[1, 1000])
-
-
 @given(numel=st.integers(1, 10**8), epoch=st.integers(0, 1000))
 @settings(max_examples=200, deadline=None)
 def test_choice_is_a_function_of_size_and_phase_only(numel, epoch):
@@ -219,3 +167,26 @@ def test_choice_is_a_function_of_size_and_phase_only(numel, epoch):
     a.set_epoch(epoch)
     b.set_epoch(epoch)
     assert a.value_at(numel) == b.value_at(numel)
+
+
+@given(steps_per_epoch=st.integers(1, 7), epochs=st.integers(2, 6), phases=st.integers(2, 4),
+       moves=st.lists(st.one_of(st.just("step"), st.integers(0, 8)), max_size=40))
+@settings(max_examples=100, deadline=None)
+def test_legacy_phase_cache_follows_every_change_of_progress(steps_per_epoch, epochs, phases, moves):
+    values = [[0.5 / (p + 1), 0.1 / (p + 1)] for p in range(phases)]
+    schedule = Legacy(TopK(), by="both", values=values, splits=[100], epochs=epochs, steps_per_epoch=steps_per_epoch)
+    small, large = torch.zeros(10), torch.zeros(1000)
+    for move in moves:
+        if move == "step":
+            schedule.end_step()
+        else:
+            schedule.set_epoch(move)
+        phase = schedule.phase_of(schedule.progress)
+        assert schedule.value_for(small, "s") == values[phase][0]
+        assert schedule.value_for(large, "l") == values[phase][1]
+        assert schedule.traffic_labels("l", large) == {"group": 1, "phase": phase}
+    state = schedule.state_dict()
+    fresh = Legacy(TopK(), by="both", values=values, splits=[100], epochs=epochs, steps_per_epoch=steps_per_epoch)
+    fresh.value_for(small, "s")  # fill the cache at progress 0 before loading
+    fresh.load_state_dict(state)
+    assert fresh.current_phase() == schedule.phase_of(schedule.progress)

@@ -1,6 +1,8 @@
 """``python -m grace_legacy plan``: a table per phase and size group and a last line ``expected
-volume X%`` computed with the library's byte formula; budgets, the dense fallback, models named
-as ``package.module:function``, the plot, and precise errors for flags that do not fit."""
+volume X%`` computed with the library's byte formula and route choice; budgets, the dense fallback,
+models named as ``package.module:function``, the plot, and precise errors for flags that do not fit.
+(Link bytes against a real bundle's, the scaling table and the link times: test_planner_wire.py,
+test_planner_scaling.py.)"""
 
 import re
 import sys
@@ -13,7 +15,7 @@ from torch import nn
 from grace_legacy import Legacy, TopK
 from grace_legacy.__main__ import main
 from grace_legacy.planner import model_shapes, plan
-from grace_legacy.runtime.cost import bytes_sent
+from grace_legacy.runtime.cost import choose_route, route_link_bytes
 
 
 def run(capsys, *argv):
@@ -29,8 +31,9 @@ def volume_of(lines):
 
 def test_layer_schedule_table_and_volume(capsys):
     lines = run(capsys, "--sizes", "600,20,100,5", "--by", "layer", "--group-compressions", "100,10",
-                "--group-splits", "50")
-    # Dense: 20 + 5 elements (100 bytes); Top-k 10%: 60 and 10 entries of 8 bytes (560 of 2800).
+                "--group-splits", "50", "--workers", "2")
+    # At 2 workers a ring allreduce puts the dense bytes on the link, a gather the other rank's
+    # payload. Dense: 20 + 5 elements (100 bytes); Top-k 10%: 60 and 10 entries of 8 bytes (560 of 2800).
     assert volume_of(lines) == pytest.approx((100 + 560) / 2900, abs=5e-5)
     rows = [line for line in lines if line.startswith("all ")]
     assert re.search(r"< 50\s+2\s+25\s+1 \(100%\)\s+100\s+100\s+100\.00%", rows[0]), rows
@@ -44,24 +47,35 @@ def test_phases_are_weighted_by_their_share_of_the_run(capsys):
 
 
 def test_plan_is_the_library_byte_formula():
+    """Tensors alone (no fused buckets): each takes the route of fewest link bytes of the cost
+    model, and costs what the model says."""
     schedule = Legacy(TopK(), by="both", values=[[1.0, 0.1], [0.5, 0.01]], splits=[1000], epochs=4)
     shapes = [torch.Size([64, 3, 3, 3]), torch.Size([64]), torch.Size([1000, 512]), torch.Size([1000])]
-    result = plan(schedule, shapes, world_size=8)
+    result = plan(schedule, shapes, world_size=8, bucket_bytes=0)
     for phase in range(2):
-        expected = sum(bytes_sent(schedule.configured(schedule.table[phase][schedule.group_of(s.numel())]), s,
-                                  torch.float32, 8) for s in shapes)
-        assert result.phase_totals(phase)[0] == expected
-    dense = sum(s.numel() * 4 for s in shapes)
+        expected = 0.0
+        for s in shapes:
+            concrete = schedule.configured(schedule.table[phase][schedule.group_of(s.numel())])
+            if concrete is None:
+                expected += 2 * 7 / 8 * s.numel() * 4
+                continue
+            route = choose_route(concrete, s, torch.float32, 8)
+            expected += route_link_bytes(concrete, s, torch.float32, 8)[route]
+        assert result.phase_totals(phase)[0] == pytest.approx(expected, rel=1e-12)
+    dense = 2 * 7 / 8 * sum(s.numel() * 4 for s in shapes)
     assert result.volume == pytest.approx((result.phase_totals(0)[0] + result.phase_totals(1)[0]) / 2 / dense)
 
 
-def test_dense_fallback_is_counted_with_workers_and_marked(capsys):
-    # Top-k 40% of 1,000 elements: 3,200 bytes gathered from each of 4 ranks > 2 x 4,000 / 4.
-    with_workers = run(capsys, "--sizes", "1000", "--by", "uniform", "--group-compressions", "40", "--workers", "4")
-    assert volume_of(with_workers) == 1.0
-    assert any(line.startswith("* sent dense by the dense fallback") for line in with_workers)
-    without = run(capsys, "--sizes", "1000", "--by", "uniform", "--group-compressions", "40")
-    assert volume_of(without) == pytest.approx(0.8)
+def test_dense_fallback_is_counted_and_marked(capsys):
+    # Top-k 70% of 1,000 elements at 4 workers: gathered, 3 x 5,600 bytes; scatter-gathered, 3/4 of
+    # 4 shards' two payloads of 175 entries (8 bytes each), 8,400; a ring allreduce 1.5 x 4,000.
+    fallback = run(capsys, "--sizes", "1000", "--by", "uniform", "--group-compressions", "70", "--workers", "4")
+    assert volume_of(fallback) == 1.0
+    assert any(line.startswith("* dense-fallback: sent dense") for line in fallback)
+    # Top-k 40%: scatter-gathered, 3/4 x 4 x 2 x 800 = 4,800 of 6,000.
+    compressed = run(capsys, "--sizes", "1000", "--by", "uniform", "--group-compressions", "40")
+    assert volume_of(compressed) == pytest.approx(0.8)
+    assert not any(line.startswith("*") for line in compressed)
 
 
 def test_budget_matches_the_uniform_volume(capsys):
@@ -75,7 +89,7 @@ def test_budget_matches_the_uniform_volume(capsys):
 
 def test_no_schedule_uses_gracess_default_knob(capsys):
     lines = run(capsys, "--sizes", "1000", "--compressor", "qsgd")
-    assert lines[0] == "QSGD(levels=127, seed=0)"
+    assert lines[0].startswith("QSGD(levels=127, seed=0) on 4 workers (the default")
     lines = run(capsys, "--sizes", "1000", "--compressor", "topk")
     assert volume_of(lines) == pytest.approx(0.6)  # GRACE's compress_ratio 0.3, 8 bytes per entry
 
@@ -87,7 +101,7 @@ def test_model_given_as_module_function(capsys, monkeypatch):
     assert [shape for _, shape in model_shapes("planner_test_models:small")] == [
         torch.Size([50, 100]), torch.Size([50]), torch.Size([2, 50]), torch.Size([2])]
     lines = run(capsys, "--model", "planner_test_models:small", "--by", "layer", "--group-compressions", "100,1",
-                "--group-splits", "1000")
+                "--group-splits", "1000", "--workers", "2")
     assert volume_of(lines) == pytest.approx((152 * 4 + 50 * 8) / (5152 * 4), abs=5e-5)
 
 
@@ -113,12 +127,13 @@ def test_plot_is_written(capsys, tmp_path):
     (["--sizes", "10", "--compressor", "signsgd", "--by", "layer", "--group-compressions", "1"],
      "no parameter to schedule"),
     (["--sizes", "10", "--compressor", "threshold"], "cannot be planned"),
-    (["--sizes", "10,x"], "--sizes must be comma-separated numbers"),
+    (["--sizes", "10,x"], "argument --sizes: must be comma-separated tensor sizes"),
     (["--model", "resnet50"], "'torchvision:NAME' or 'package.module:function'"),
     (["--model", "torch.nn:NoSuchModel"], "has no function 'NoSuchModel'"),
     (["--sizes", "10", "--budget", "1", "--by", "uniform"], "--budget needs --by layer, epoch or both"),
-    (["--sizes", "10", "--workers", "0"], "--workers must be >= 1"),
-    (["--sizes", "10", "--by", "layer", "--group-compressions", "1,1"], "values needs len(splits) + 1"),
+    (["--sizes", "10", "--workers", "0"], "argument --workers: must be an integer in [1, 2**63 - 1]"),
+    (["--sizes", "10", "--by", "layer", "--group-compressions", "1,1"],
+     "--group-compressions '1,1': each phase needs 1 value(s), one per size group"),
 ])
 def test_flags_that_do_not_fit_are_named(capsys, argv, message):
     with pytest.raises(SystemExit) as exit_info:

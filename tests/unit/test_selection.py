@@ -1,5 +1,7 @@
-"""Fast Top-k selection: the same entries as ``torch.topk(x.abs(), k)`` (ties aside), whatever the
-data, the dtype or the threshold estimate."""
+"""Fast selection (``compressors/kernels/selection.py``): the same Top-k entries as
+``torch.topk(x.abs(), k)`` (ties aside), whatever the data, the dtype or the threshold estimate,
+non-finite entries first, deterministically and without the global generators; and Threshold's
+entries at or above a bound, exactly those ``torch.nonzero(|x| >= t)`` finds, on both routes."""
 
 import pytest
 import torch
@@ -10,11 +12,15 @@ from grace_legacy import DGC, TopK
 from grace_legacy.compressors.entries import kept_count
 from grace_legacy.compressors.kernels import selection
 from grace_legacy.compressors.kernels.selection import (
+    SMALL,
     _select_torch,
     _top_k_indices_torch,
+    entries_at_or_above,
+    magnitude_bound,
     top_k_at_or_above,
     top_k_indices,
 )
+from tests.helpers import bits
 
 FLOATS = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 # Around the size where the fast path starts, and well above it.
@@ -121,3 +127,45 @@ def test_bad_arguments_are_named():
         top_k_at_or_above(torch.randn(5), 0, 1.0)
     with pytest.raises(TypeError, match="needs a floating tensor"):
         top_k_indices(torch.arange(100_000), 10)
+
+
+# -- Threshold's entries at or above a bound --------------------------------------------------------
+
+DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
+SPECIALS = [float("nan"), float("inf"), float("-inf")]
+
+
+@given(n=st.one_of(st.integers(1, 1000), st.integers(SMALL, SMALL + 100_000)), dtype=st.sampled_from(DTYPES),
+       threshold=st.floats(0.0, 5.0),
+       specials=st.lists(st.tuples(st.integers(0, 10**6), st.sampled_from(SPECIALS + [0.0, -0.0])), max_size=6),
+       seed=st.integers(0, 2**16), index_dtype=st.sampled_from([torch.int32, torch.int64]))
+@settings(max_examples=150, deadline=None)
+def test_threshold_entries_equal_torch_nonzero_and_a_gather(n, dtype, threshold, specials, seed, index_dtype):
+    """Both routes (torch below SMALL entries, the compiled range pass above) keep exactly the
+    entries ``torch.nonzero(|x| >= bound)`` finds, at every fraction kept, with their values bit for
+    bit (signed zeros) and positions in the wire's index dtype."""
+    flat = torch.randn(n, generator=torch.Generator().manual_seed(seed)).to(dtype)
+    for position, value in specials:
+        flat[position % n] = value
+    bound = magnitude_bound(threshold, dtype)[0]
+    expected = torch.nonzero(flat.abs() >= bound).reshape(-1)
+    values, indices = entries_at_or_above(flat, threshold, index_dtype)
+    assert indices.dtype == index_dtype and values.dtype == dtype
+    assert torch.equal(indices.long(), expected)
+    assert torch.equal(bits(values), bits(flat[expected]))
+
+
+@pytest.mark.parametrize("numel", [5, SMALL])
+def test_threshold_entries_with_an_infinite_bound_are_the_infinities(numel):
+    flat = torch.zeros(numel)
+    flat[:5] = torch.tensor([1.0, float("inf"), float("nan"), -float("inf"), 3e38])
+    values, indices = entries_at_or_above(flat, float("inf"), torch.int32)
+    assert indices.tolist() == [1, 3] and values.tolist() == [float("inf"), -float("inf")]
+
+
+def test_threshold_entries_when_none_or_all_pass():
+    flat = torch.randn(SMALL, generator=torch.Generator().manual_seed(3))
+    values, indices = entries_at_or_above(flat, 100.0, torch.int32)
+    assert values.numel() == 0 and indices.numel() == 0 and indices.dtype == torch.int32
+    values, indices = entries_at_or_above(flat, 0.0, torch.int32)
+    assert torch.equal(indices, torch.arange(SMALL, dtype=torch.int32)) and torch.equal(values, flat)

@@ -1,3 +1,9 @@
+"""The wire layout of gathered payloads (``runtime/wire.py``): packed buffers round-trip with and
+without size headers, scalar parts keep their zero dims, Top-k's fp32 payload needs no padding,
+ranks that disagree on sizes and truncated buffers are reported; a bucket packed in one buffer is
+the concatenation of its members' packings, a header-less bucket's stacked views are every rank's
+parts, and the by-part layout round-trips every column over all ranks."""
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -135,3 +141,59 @@ def test_by_part_layout_needs_parts_that_line_up_and_ranks_that_agree():
     assert layout.offsets == (0, 16) and layout.counts == ((3, 1), (3, 1)) and layout.nbytes == 32
     with pytest.raises(RuntimeError, match="ranks disagree on the payload size of 'b'"):
         wire.unpack_columns(torch.zeros(40, dtype=torch.uint8), layout, 1, "b")
+
+
+@given(members=st.lists(st.tuples(st.lists(st.tuples(st.integers(0, 9), st.sampled_from(
+    [torch.float32, torch.int32, torch.float16, torch.uint8, torch.int64])), min_size=1, max_size=3), st.booleans()),
+    min_size=1, max_size=6), world=st.integers(1, 4))
+@settings(max_examples=100, deadline=None)
+def test_pack_many_is_the_concatenation_of_packs_and_unpacks_back(members, world):
+    def payload(parts, rank):
+        return [torch.arange(rank * 100, rank * 100 + rows * 2).to(dtype).view(rows, 2) for rows, dtype in parts]
+
+    local = [(payload(parts, 0), with_header) for parts, with_header in members]
+    assert torch.equal(wire.pack_many(local), torch.cat([wire.pack(p, h) for p, h in local]))
+    # Every rank sends the same shapes (a header-less member must); the contents differ.
+    gathered = torch.cat([wire.pack_many([(payload(parts, r), h) for parts, h in members]) for r in range(world)])
+    back = wire.unpack_gathered_many(gathered, local, world, "bucket")
+    for index, (parts, _) in enumerate(members):
+        for rank in range(world):
+            for got, want in zip(back[index][rank], payload(parts, rank), strict=True):
+                assert torch.equal(got, want)
+
+
+@given(members=st.lists(st.tuples(st.lists(st.tuples(st.integers(0, 9), st.sampled_from(
+    [torch.float32, torch.int32, torch.float16, torch.uint8, torch.int64])), min_size=1, max_size=3),
+    st.booleans()), min_size=1, max_size=6), world=st.integers(1, 4))
+@settings(max_examples=100, deadline=None)
+def test_stacked_views_of_a_headerless_bucket_are_every_ranks_parts(members, world):
+    def part(numel, dtype, rank, scalar):
+        values = torch.arange(numel, dtype=torch.int64) * (rank + 3) + rank
+        shaped = values.reshape(()) if scalar and numel == 1 else values.reshape(numel, 1)
+        return shaped.to(dtype)
+
+    def payload(member, rank):
+        parts, scalar = member
+        return [part(numel, dtype, rank, scalar) for numel, dtype in parts]
+
+    local = [(payload(m, 0), False) for m in members]
+    gathered = torch.cat([wire.pack_many([(payload(m, r), False) for m in members]) for r in range(world)])
+    stacked = wire.unpack_stacked(gathered, local, world, "bucket")
+    for member, parts in zip(members, stacked, strict=True):
+        for rank in range(world):
+            for got, want in zip(parts, payload(member, rank), strict=True):
+                assert got[rank].dtype == want.dtype and torch.equal(got[rank], want)
+        back = wire.per_rank(parts)
+        assert len(back) == world
+        for rank in range(world):
+            assert all(torch.equal(g, w) for g, w in zip(back[rank], payload(member, rank), strict=True))
+
+
+def test_stacked_views_refuse_headers_and_report_ranks_that_disagree():
+    payload = [torch.ones(4), torch.arange(4, dtype=torch.int32)]
+    with pytest.raises(ValueError, match="size header"):
+        wire.unpack_stacked(wire.pack(payload, True), [(payload, True)], 1, "w")
+    other = [torch.ones(5), torch.arange(5, dtype=torch.int32)]
+    gathered = torch.cat([wire.pack(payload, False), wire.pack(other, False)])
+    with pytest.raises(RuntimeError, match="ranks disagree on the payload size of 'w'"):
+        wire.unpack_stacked(gathered, [(payload, False)], 2, "w")

@@ -1,0 +1,20 @@
+"""ScatterGather under real launchers: Horovod's all-to-all and allgather (horovodrun, Gloo and MPI)
+and torch.distributed's (torchrun, Gloo), 2, 3 (uneven shards) and 4 ranks, every case bit for bit
+against the independent two-phase reference; and the default route of a trained model
+(``scatter_gather_worker.py``)."""
+
+import pytest
+
+from tests.distributed.launcher import run_checks, run_torchrun_checks
+
+pytestmark = pytest.mark.distributed
+
+
+@pytest.mark.parametrize(("controller", "np"), [("gloo", 2), ("gloo", 3), ("mpi", 4)])
+def test_horovod_matches_the_two_phase_reference(controller, np, tmp_path):
+    run_checks("scatter_gather_worker.py", np, controller, tmp_path, "--engine", "horovod", timeout=900)
+
+
+@pytest.mark.parametrize("np", [3, 4])
+def test_torch_distributed_matches_the_two_phase_reference(np, tmp_path):
+    run_torchrun_checks("scatter_gather_worker.py", np, tmp_path, "--engine", "torch", timeout=900)
