@@ -27,6 +27,23 @@ def synchronize(handle: Any) -> torch.Tensor:
     return hvd.synchronize(handle)
 
 
+class Launched:
+    """A collective in flight: Horovod's handle, the collective's name (for errors) and whether it is
+    an all-to-all (whose result is the first of Horovod's two). Kept with the handle, never in a
+    table by handle number: Horovod numbers handles afresh after an elastic reset, so a number the
+    previous world left unwaited (a step cut by a fault) names another collective of the next."""
+
+    __slots__ = ("handle", "name", "alltoall")
+
+    def __init__(self, handle: Any, name: str, alltoall: bool = False) -> None:
+        self.handle, self.name, self.alltoall = handle, name, alltoall
+
+    def finish(self, synchronize: Any = hvd.synchronize) -> torch.Tensor:
+        """The result, through ``synchronize`` (Horovod's by default) of the handle."""
+        result = synchronize(self.handle)
+        return result[0] if self.alltoall else result
+
+
 class HorovodBackend:
     """Asynchronous Horovod collectives on one process set. Horovod matches collectives by name, so
     every rank passes the same names, in any order; a prefix keeps them apart from the user's own
@@ -38,9 +55,6 @@ class HorovodBackend:
         self.process_set = hvd.global_process_set if process_set is None else process_set
         self.stall_timeout_s = resolve_stall_timeout(stall_timeout_s)
         self.board: ProgressBoard | None = None
-        self._names: dict[Any, str] = {}
-        # Horovod's alltoall returns (received, received splits): the rows are the result.
-        self._alltoalls: set[Any] = set()
 
     def labels(self) -> list[int]:
         """Each member's global rank, by its rank in the process set."""
@@ -64,35 +78,30 @@ class HorovodBackend:
     def size(self) -> int:
         return self.process_set.size()
 
-    def _launched(self, handle: Any, name: str) -> Any:
-        self._names[handle] = name
-        return handle
+    def allreduce_async(self, tensor: torch.Tensor, name: str, average: bool) -> Launched:
+        return Launched(hvd.allreduce_async(tensor, name=f"grace.{name}", op=hvd.Average if average else hvd.Sum,
+                                            process_set=self.process_set), name)
 
-    def allreduce_async(self, tensor: torch.Tensor, name: str, average: bool) -> Any:
-        return self._launched(hvd.allreduce_async(tensor, name=f"grace.{name}", op=hvd.Average if average else hvd.Sum,
-                                                  process_set=self.process_set), name)
+    def allgather_async(self, tensor: torch.Tensor, name: str) -> Launched:
+        return Launched(hvd.allgather_async(tensor, name=f"grace.{name}", process_set=self.process_set), name)
 
-    def allgather_async(self, tensor: torch.Tensor, name: str) -> Any:
-        return self._launched(hvd.allgather_async(tensor, name=f"grace.{name}", process_set=self.process_set), name)
+    def alltoall_async(self, tensor: torch.Tensor, splits: list[int], name: str) -> Launched:
+        # Horovod's alltoall returns (received, received splits): the rows are the result.
+        return Launched(hvd.alltoall_async(tensor, splits=torch.tensor(splits, dtype=torch.int32),
+                                           name=f"grace.{name}", process_set=self.process_set), name, alltoall=True)
 
-    def alltoall_async(self, tensor: torch.Tensor, splits: list[int], name: str) -> Any:
-        handle = hvd.alltoall_async(tensor, splits=torch.tensor(splits, dtype=torch.int32), name=f"grace.{name}",
-                                    process_set=self.process_set)
-        self._alltoalls.add(handle)
-        return self._launched(handle, name)
-
-    def broadcast_async(self, tensor: torch.Tensor, root_rank: int, name: str) -> Any:
+    def broadcast_async(self, tensor: torch.Tensor, root_rank: int, name: str) -> Launched:
         """``root_rank`` is a rank *within the process set*; Horovod wants the global rank."""
         members = self.process_set.ranks
         root = members[root_rank] if members else root_rank
-        return self._launched(hvd.broadcast_async(tensor, root, name=f"grace.bc{root_rank}.{name}",
-                                                  process_set=self.process_set), f"bc{root_rank}.{name}")
+        return Launched(hvd.broadcast_async(tensor, root, name=f"grace.bc{root_rank}.{name}",
+                                            process_set=self.process_set), f"bc{root_rank}.{name}")
 
-    def wait(self, handle: Any) -> torch.Tensor:
+    def wait(self, launched: Launched) -> torch.Tensor:
         """:func:`synchronize`, raising :class:`~grace_legacy.runtime.stall.RanksStalled` after
         ``stall_timeout_s`` plus the board's listening time (the result may still arrive then);
         posts a beat each ``beat_s`` once it has waited that long."""
-        name = self._names.pop(handle, f"handle {handle}")
+        handle, name = launched.handle, launched.name
         start = time.monotonic()
         deadline = start + self.stall_timeout_s
         board = self.board
@@ -108,10 +117,7 @@ class HorovodBackend:
                 break
             time.sleep(sleep)
             sleep = min(2 * sleep, LONGEST_POLL_SLEEP_S)
-        if handle in self._alltoalls:
-            self._alltoalls.discard(handle)
-            return hvd.synchronize(handle)[0]
-        return hvd.synchronize(handle)
+        return launched.finish()
 
     def _raise_unless_it_arrives(self, handle: Any, name: str, start: float) -> None:
         """Read the board, keep waiting (and beating) for its listening time, read it again, and

@@ -9,8 +9,9 @@ final rank's parameters bit-identical, and compress throughout (volume < 1, some
 compressed route).
 
 The fault is drawn from a seed, drawn at random and printed: ``GRACE_FAULT_SEED=<seed>`` replays a
-run, ``GRACE_FAULT_RUNS=<n>`` runs ``n`` seeds in a row (seed, seed + 1, ...); the suite runs
-:data:`DEFAULT_RUNS`. The campaign's figures: docs/GUARANTEES.md#faults.
+run, ``GRACE_FAULT_RUNS=<n>`` runs ``n`` seeds in a row (seed, seed + 1, ...), each run after the
+seeds of :data:`REGRESSIONS` unless a seed is given. The campaign's figures:
+docs/GUARANTEES.md#faults.
 """
 
 from __future__ import annotations
@@ -28,10 +29,13 @@ from tests.distributed.launcher import HOROVODRUN, WORKERS, run_command
 
 pytestmark = pytest.mark.distributed
 
-#: Runs in the suite (each about a minute on an idle 2-core machine).
-DEFAULT_RUNS = 2
+#: Seeds whose fault found a bug, run every time. 208087714: a 3-rank world (scatter-gather routes)
+#: fails at a launch, leaving an all-to-all never waited for; the next world's first allgather got
+#: the same Horovod handle number and was read as an all-to-all (fixed in backends/horovod.py).
+REGRESSIONS = [208087714]
 SEED = int(os.environ.get("GRACE_FAULT_SEED", random.SystemRandom().randrange(2**31)))
-RUNS = int(os.environ.get("GRACE_FAULT_RUNS", str(DEFAULT_RUNS)))
+RUNS = int(os.environ.get("GRACE_FAULT_RUNS", "1"))
+SEEDS = [*(REGRESSIONS if "GRACE_FAULT_SEED" not in os.environ else []), *(SEED + run for run in range(RUNS))]
 
 EPOCHS, BATCHES, COMMIT_EVERY = 2, 6, 3
 PROCESSES = 3
@@ -43,9 +47,8 @@ def records_of(directory: Path) -> list[dict]:
             for line in path.read_text().splitlines()]
 
 
-@pytest.mark.parametrize("run", range(RUNS))
-def test_elastic_horovodrun_recovers_from_a_random_fault(run, tmp_path):
-    seed = SEED + run
+@pytest.mark.parametrize("seed", SEEDS, ids=str)
+def test_elastic_horovodrun_recovers_from_a_random_fault(seed, tmp_path):
     # Which host has two slots (a failing process takes its host's other process with it).
     hosts = random.Random(f"hosts {seed}").choice(["localhost:2\n127.0.0.1:1", "localhost:1\n127.0.0.1:2"])
     script = tmp_path / "discover.sh"
