@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import gc
 import hashlib
 import json
 import os
@@ -147,13 +146,8 @@ def main() -> None:
         for step in range(kept["step"], args.steps):
             train_step(model, sgd, ddp, step)
         record("control", step=args.steps, digest=digest(model))
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
     main()
-    # Free every model, wrapper and hook state before the process group goes and the interpreter
-    # ends: a Gloo worker thread still releasing a finished collective while Python finalizes
-    # aborted the process ("terminate called without an active exception") in some runs where
-    # they lived on until exit.
-    gc.collect()
-    dist.destroy_process_group()
