@@ -8,11 +8,12 @@ process ends right after the last step. ``--out`` is accepted and unused (the la
 """
 
 import argparse
-import os
 
 import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
-import grace_legacy
+import grace_legacy.ddp
 from grace_legacy import Legacy, TopK
 
 STEPS = 20
@@ -39,11 +40,6 @@ def train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches) -> 
 
 
 def with_torchrun() -> None:
-    import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel
-
-    import grace_legacy.ddp
-
     dist.init_process_group("gloo")
     model, batches = model_and_data(dist.get_rank())
     ddp_model = DistributedDataParallel(model)
@@ -54,13 +50,12 @@ def with_torchrun() -> None:
 
 
 def with_horovodrun() -> None:
-    import horovod.torch as hvd
+    import horovod.torch as hvd  # here: the torchrun job runs where Horovod is not installed too
 
     hvd.init()
     model, batches = model_and_data(hvd.rank())
-    optimizer = grace_legacy.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                                                  named_parameters=model.named_parameters(),
-                                                  compression=compression())
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                         named_parameters=model.named_parameters(), compression=compression())
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     train(model, optimizer, batches)
     print(f"rank {hvd.rank()} trained {STEPS} steps", flush=True)
@@ -69,12 +64,6 @@ def with_horovodrun() -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--launcher", choices=["torchrun", "horovodrun"], required=True)
-    parser.add_argument("--pin", action="store_true")
     parser.add_argument("--out")
     args = parser.parse_args()
-    if args.pin:
-        # Every thread of this rank (those created later inherit it) on one core of its own.
-        rank = int(os.environ.get("LOCAL_RANK", os.environ.get("HOROVOD_LOCAL_RANK", "0")))
-        cores = sorted(os.sched_getaffinity(0))
-        os.sched_setaffinity(0, {cores[rank % len(cores)]})
     with_torchrun() if args.launcher == "torchrun" else with_horovodrun()
