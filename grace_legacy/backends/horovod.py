@@ -6,9 +6,11 @@ import time
 from typing import Any
 
 import horovod.torch as hvd
+import horovod.torch.mpi_ops as _hvd_mpi_ops
 import torch
 
 from grace_legacy.backends.board import BoardAddress, ProgressBoard, host_address
+from grace_legacy.runtime.lending import Lender
 from grace_legacy.runtime.stall import RanksStalled, resolve_stall_timeout
 
 #: The first and the longest sleep between two polls of an unfinished collective; the sleeps double
@@ -55,6 +57,7 @@ class HorovodBackend:
         self.process_set = hvd.global_process_set if process_set is None else process_set
         self.stall_timeout_s = resolve_stall_timeout(stall_timeout_s)
         self.board: ProgressBoard | None = None
+        self._lender = Lender()
 
     def labels(self) -> list[int]:
         """Each member's global rank, by its rank in the process set."""
@@ -78,24 +81,43 @@ class HorovodBackend:
     def size(self) -> int:
         return self.process_set.size()
 
+    def _launch(self, start: Any, inputs: tuple[torch.Tensor, ...], name: str, alltoall: bool = False) -> Launched:
+        """``start(*inputs)``, every tensor Horovod is handed held from C++ until Horovod lets go of
+        it (:mod:`grace_legacy.runtime.lending`): Horovod's background thread lets go of a failed
+        collective's tensors while it holds the process-set lock that the next launch waits for with
+        the GIL, a deadlock if that release needed the GIL (docs/DESIGN.md#clean-exit). The outputs
+        are the ones Horovod's wrapper made, from its table of handles (Horovod 0.28.1)."""
+        self._lender.lend(inputs)
+        handle = start(*inputs)
+        # Horovod's table of handles (rebound at each init) holds the input and the outputs.
+        entry = getattr(_hvd_mpi_ops, "_handle_map", {}).get(handle)
+        if entry is not None:
+            outputs = entry[-1] if isinstance(entry[-1], tuple) else (entry[-1],)
+            self._lender.lend([t for t in outputs if isinstance(t, torch.Tensor)], taken=True)
+        return Launched(handle, name, alltoall)
+
     def allreduce_async(self, tensor: torch.Tensor, name: str, average: bool) -> Launched:
-        return Launched(hvd.allreduce_async(tensor, name=f"grace.{name}", op=hvd.Average if average else hvd.Sum,
-                                            process_set=self.process_set), name)
+        op = hvd.Average if average else hvd.Sum
+        return self._launch(lambda t: hvd.allreduce_async(t, name=f"grace.{name}", op=op, process_set=self.process_set),
+                            (tensor,), name)
 
     def allgather_async(self, tensor: torch.Tensor, name: str) -> Launched:
-        return Launched(hvd.allgather_async(tensor, name=f"grace.{name}", process_set=self.process_set), name)
+        return self._launch(lambda t: hvd.allgather_async(t, name=f"grace.{name}", process_set=self.process_set),
+                            (tensor,), name)
 
     def alltoall_async(self, tensor: torch.Tensor, splits: list[int], name: str) -> Launched:
         # Horovod's alltoall returns (received, received splits): the rows are the result.
-        return Launched(hvd.alltoall_async(tensor, splits=torch.tensor(splits, dtype=torch.int32),
-                                           name=f"grace.{name}", process_set=self.process_set), name, alltoall=True)
+        return self._launch(lambda t, s: hvd.alltoall_async(t, splits=s, name=f"grace.{name}",
+                                                            process_set=self.process_set),
+                            (tensor, torch.tensor(splits, dtype=torch.int32)), name, alltoall=True)
 
     def broadcast_async(self, tensor: torch.Tensor, root_rank: int, name: str) -> Launched:
         """``root_rank`` is a rank *within the process set*; Horovod wants the global rank."""
         members = self.process_set.ranks
         root = members[root_rank] if members else root_rank
-        return Launched(hvd.broadcast_async(tensor, root, name=f"grace.bc{root_rank}.{name}",
-                                            process_set=self.process_set), f"bc{root_rank}.{name}")
+        return self._launch(lambda t: hvd.broadcast_async(t, root, name=f"grace.bc{root_rank}.{name}",
+                                                          process_set=self.process_set),
+                            (tensor,), f"bc{root_rank}.{name}")
 
     def wait(self, launched: Launched) -> torch.Tensor:
         """:func:`synchronize`, raising :class:`~grace_legacy.runtime.stall.RanksStalled` after

@@ -5,10 +5,10 @@ order (collectives match by issue order; names only label errors). An allgather 
 different counts from different ranks, as Horovod's does (``variable_gather``:
 docs/DESIGN.md#variable-gather).
 
-No collective leaves a Python object for one of Gloo's C++ worker threads to release: each is
-issued on aliases of its tensors that this module holds until no work does, and without the
-backward pass's ``contextvars.Context`` in thread-local state, so a job that finished exits 0
-(docs/DESIGN.md#clean-exit).
+No collective leaves a Python object for one of Gloo's C++ worker threads to release: its tensors
+are held from C++ until no work holds them (:mod:`grace_legacy.runtime.lending`), and it is issued
+without the backward pass's ``contextvars.Context`` in thread-local state, so a job that finished
+exits 0 (docs/DESIGN.md#clean-exit).
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from grace_legacy.runtime.lending import Lender
 
 #: How the rows of an allgather of rows of different counts travel: padded to the longest count,
 #: exactly (each rank broadcasting its own), or ``auto``, padded unless that moves PADDING_LIMIT
@@ -36,21 +38,14 @@ _gather_into_tensor = getattr(dist, "all_gather_single", None) or dist.all_gathe
 _BACKWARD_CONTEXT = "context"
 _TLS = torch._C if hasattr(torch._C, "_is_key_in_tls") else None
 
-#: Aliases of the tensors lent to collectives, one tuple per collective, oldest first: each is
-#: held until no work holds its tensors any more (their use count is back to this module's one
-#: reference), so that no worker thread's release is ever the last of a Python object.
-_LENT: deque[tuple[torch.Tensor, ...]] = deque()
-_COUNTED = hasattr(torch.Tensor, "_use_count")
+#: The tensors lent to collectives, held from C++ until no work holds them.
+_LENDER = Lender()
 
 
 def _issue(collective: Callable[..., Any], tensors: Sequence[torch.Tensor], **kwargs: Any) -> Any:
-    """``collective(*tensors, **kwargs)``, the tensors lent as aliases kept in :data:`_LENT`, with no
-    backward-pass context in thread-local state (see the module docstring)."""
-    while _LENT and all(alias._use_count() == 1 for alias in _LENT[0]):
-        _LENT.popleft()
-    if _COUNTED:
-        tensors = tuple(tensor.detach() for tensor in tensors)
-        _LENT.append(tensors)
+    """``collective(*tensors, **kwargs)``, the tensors lent (:class:`~grace_legacy.runtime.lending.Lender`),
+    with no backward-pass context in thread-local state (docs/DESIGN.md#clean-exit)."""
+    _LENDER.lend(tensors)
     context = _TLS is not None and _TLS._is_key_in_tls(_BACKWARD_CONTEXT)
     if context:
         stashed = _TLS._get_obj_in_tls(_BACKWARD_CONTEXT)
@@ -73,7 +68,7 @@ class _Launched:
     def result(self) -> torch.Tensor:
         if self.work is not None:
             self.work.wait()
-            self.work = None  # its tensors' aliases can go back (see _issue)
+            self.work = None  # the work holds its tensors: let go of it, so that they can be let go
         if self.divisor is not None:
             self.staged.div_(self.divisor)
         return self.staged.to(self.device)

@@ -1,13 +1,14 @@
 """What ``TorchDistributedBackend`` hands torch.distributed: nothing a Gloo worker thread would have
-to release with the GIL (see :mod:`grace_legacy.backends.torch_distributed`, and
-``tests/distributed/test_clean_exit.py`` for the jobs that exited with an abort before).
+to release with the GIL (docs/DESIGN.md#clean-exit; ``tests/distributed/test_clean_exit.py`` runs
+the jobs that could abort at exit).
 
 In a one-rank Gloo group, through real DDP steps with the hook (where ``torch.autograd.backward``
 has a ``contextvars.Context`` in thread-local state) and through each collective outside it: every
-collective is issued with no such context in thread-local state, and once the steps are over no
-tensor handed to a collective is kept alive by its work alone (the module holds them until no work
-does, and lets them go at a later collective). Both fail on the code before the fix, whatever the
-timing. In a subprocess, so that no process group outlives it in this test process.
+collective is issued with no such context in thread-local state, and every tensor handed to one is
+held from C++ besides its Python object (so the work's release of it is never the one that
+decrements the Python object); once the works are done with them, a later collective lets go of
+them. Both fail on the code before the fix, whatever the timing. In a subprocess, so that no process
+group outlives it in this test process.
 """
 
 import subprocess
@@ -19,9 +20,7 @@ from tests.helpers import free_port
 REPO = Path(__file__).resolve().parents[2]
 
 SCRIPT = """
-import gc
 import time
-import weakref
 
 import torch
 import torch.distributed as dist
@@ -32,16 +31,15 @@ from grace_legacy import Legacy, TopK
 from grace_legacy.backends import torch_distributed as td
 
 dist.init_process_group("gloo", init_method="tcp://127.0.0.1:{port}", rank=0, world_size=1)
-issued, works, handed = [], [], []
+issued, handed = [], []
 
 
 def recording(name, real):
     def collective(*args, **kwargs):
-        issued.append((name, torch._C._is_key_in_tls("context")))
-        handed.extend(weakref.ref(a) for a in args if isinstance(a, torch.Tensor))
-        work = real(*args, **kwargs)
-        works.append(work)
-        return work
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        issued.append((name, torch._C._is_key_in_tls("context"), [t._use_count() for t in tensors]))
+        handed.extend((t, t._use_count()) for t in tensors)
+        return real(*args, **kwargs)
     return collective
 
 
@@ -69,27 +67,20 @@ assert torch.equal(backend.wait(backend.allgather_async(x, "gather")), x)
 backend.variable_gather = "exact"
 assert torch.equal(backend.wait(backend.allgather_async(x, "gather exact")), x)
 assert torch.equal(backend.wait(backend.alltoall_async(x, [3], "shards")), x)
-names = {{name for name, _ in issued}}
+names = {{name for name, _, _ in issued}}
 assert names == {{"all_reduce", "broadcast", "allgather", "alltoall"}}, names
 captured = [entry for entry in issued if entry[1]]
 assert not captured, ("issued with the backward pass's context in thread-local state", captured)
+# A count of 1 is the Python object's own reference: the work's release would then be the one
+# that decrements the Python object, which needs the GIL.
+unheld = [entry for entry in issued if min(entry[2], default=2) < 2]
+assert not unheld, ("a tensor handed over with no C++ reference besides its Python object", unheld)
 
-# Every step is over and its results dropped. A tensor whose Python object only its work still
-# kept alive would now die with the work: on whichever thread lets go of the work last, which may
-# be a Gloo worker, at exit. None may.
+# Once no work holds them, a later collective lets go of every earlier one.
 n = len(handed)
-del works[:]
-gc.collect()
-deadline = time.monotonic() + 1.0
-while time.monotonic() < deadline:
-    died = [i for i, ref in enumerate(handed) if ref() is None]
-    assert not died, (f"{{len(died)}} of {{n}} tensors handed to collectives lived only in their work", died[:5])
-    time.sleep(0.05)
-
-# Once no work holds them, the next collective lets every earlier one go.
 deadline = time.monotonic() + 60
-while any(ref() is not None for ref in handed[:n]):
-    assert time.monotonic() < deadline, "tensors handed to collectives are still kept a minute later"
+while any(t._use_count() >= count for t, count in handed[:n]):
+    assert time.monotonic() < deadline, "tensors handed to collectives are still held a minute later"
     backend.wait(backend.allreduce_async(x, "next", average=False))
     time.sleep(0.01)
 print("ok", in_hook, n)
