@@ -292,19 +292,9 @@ class Grace:
     def undo(self, name: str) -> None:
         """Undo this step's changes to ``name``'s memory and compressor state (skipped step)."""
         self.memory.undo(name)
-        self.compressor.undo(name)
-        # A scatter-gather keeps state under the names of ``name``'s segments: the compressor's of
-        # this rank's own segments (Signum's momentum), the owner's feedback on the shards it owns.
-        prefix = f"{name}["
-        compressors = [self.compressor] + ([self._schedule.base] if self._schedule is not None else [])
-        segments = {segment for c in compressors if c.undo_log is not None for segment in c.undo_log.names()
-                    if segment.startswith(prefix)}
-        for segment in segments:
-            self.compressor.undo(segment)
-        if self.owner_memory is not None and self.owner_memory.undo_log is not None:
-            for segment in self.owner_memory.undo_log.names():
-                if segment.startswith(prefix):
-                    self.owner_memory.undo(segment)
+        self.compressor.undo(name)  # with the state of its segments (ScatterGather's segment names)
+        if self.owner_memory is not None:
+            self.owner_memory.undo(name)  # the owner's feedback on the segments of ``name``
 
     def describe(self) -> dict[str, str]:
         """What every rank must agree on, as text (see :mod:`grace_legacy.consistency`)."""

@@ -110,7 +110,7 @@ class TwoPhase:
                 decoder = _Segments(self.compressors[rank], compensated[rank][t].shape, parts)
                 payload = [part for _, _, p, _ in parts for part in p]
                 self.memories[rank].update(compensated[rank][t], name, decoder, payload, None)
-        out = [torch.empty(g.numel(), dtype=g.dtype) for g in gradients[0]]
+        out = [torch.empty(g.numel(), dtype=g.dtype, device=g.device) for g in gradients[0]]
         for i, (t, start, stop, owner) in enumerate(layout):
             compressor = self.compressors[owner]
             ctx = sent[owner][i][1]
@@ -173,22 +173,25 @@ SIZES = {"a": 37, "b": 3, "c": (4, 16), "d": 1}
 STEPS = 3
 
 
-def gradients(world: int, step: int, dtype: torch.dtype = torch.float32) -> list[list[torch.Tensor]]:
+def gradients(world: int, step: int, dtype: torch.dtype = torch.float32,
+              device: torch.device | str = "cpu") -> list[list[torch.Tensor]]:
     out = []
     for rank in range(world):
         g = torch.Generator().manual_seed(1000 * step + rank)
-        out.append([torch.randn(size if isinstance(size, tuple) else (size,), generator=g).to(dtype)
+        out.append([torch.randn(size if isinstance(size, tuple) else (size,), generator=g).to(dtype).to(device)
                     for size in SIZES.values()])
     return out
 
 
-def reference(label: str, world: int, dtype: torch.dtype) -> list[list[torch.Tensor]]:
+def reference(label: str, world: int, dtype: torch.dtype,
+              device: torch.device | str = "cpu") -> list[list[torch.Tensor]]:
     make, memory = SETUPS[label]
     compressors = [make() for _ in range(world)]
     for rank, compressor in enumerate(compressors):
         compressor.set_rank(rank)
     owner_feedback = not isinstance(compressors[0].recommended_memory(), NoMemory)
     two_phase = TwoPhase(compressors, [memory() for _ in range(world)], owner_feedback=owner_feedback)
-    return [two_phase.step(list(SIZES), gradients(world, step, dtype), average=True) for step in range(STEPS)]
+    return [two_phase.step(list(SIZES), gradients(world, step, dtype, device), average=True)
+            for step in range(STEPS)]
 
 

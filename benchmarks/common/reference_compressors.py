@@ -1,10 +1,13 @@
 """The straightforward per-tensor compressors the throughput benchmark compares against.
 
-Each is written the way GRACE (Xu et al., 2021) writes it: one tensor at a time, the obvious
-torch calls (one ``torch.topk`` over the whole tensor for Top-k, a full ``torch.where`` for
-thresholds, unpacked ``bool``/``uint8`` signs), no attempt at speed. They are not used by the
-library; they only give the benchmark its "per-tensor reference" column. Every reference maps a
-gradient to ``(payload, ctx)`` and back, like :class:`grace_legacy.core.Compressor`.
+Each makes the torch calls GRACE (Xu et al., 2021; ``grace_dl/torch/compressor/``) makes, in
+its order: one tensor at a time, one ``torch.topk`` over the whole tensor for Top-k, a full
+``torch.where`` for thresholds, signs as ``uint8`` bytes, no attempt at speed. They are not used
+by the library; they only give the benchmark its "per-tensor reference" column, on any device.
+Every reference maps a gradient to ``(payload, ctx)`` and back, like
+:class:`grace_legacy.core.Compressor`. ``benchmarks/performance/grace_comparison.py`` times them
+against GRACE's own code (natural compression aside: GRACE's needs CuPy and a GPU; PowerSGD aside:
+GRACE's runs its allreduces inside ``compress``).
 """
 
 from __future__ import annotations
@@ -48,12 +51,12 @@ class TopK(Reference):
         flat = tensor.flatten()
         k = max(1, int(flat.numel() * self.ratio))
         _, indices = torch.topk(flat.abs(), k, sorted=False)
-        return [flat[indices], indices], (tensor.shape, flat.numel())
+        return [torch.gather(flat, 0, indices), indices], (tensor.shape, flat.numel())
 
     def decompress(self, payload, ctx):
         values, indices = payload
         shape, numel = ctx
-        out = torch.zeros(numel, dtype=values.dtype)
+        out = torch.zeros(numel, dtype=values.dtype, device=values.device)
         out.scatter_(0, indices, values)
         return out.view(shape)
 
@@ -62,7 +65,8 @@ class RandomK(TopK):
     def compress(self, tensor, name):
         flat = tensor.flatten()
         k = max(1, int(flat.numel() * self.ratio))
-        indices = torch.randperm(flat.numel())[:k]
+        torch.manual_seed(sum(name.encode()))  # GRACE seeds the global generator from the name
+        indices = torch.randperm(flat.numel(), device=flat.device)[:k]
         return [flat[indices], indices], (tensor.shape, flat.numel())
 
 
@@ -73,7 +77,7 @@ class DGC(TopK):
     def compress(self, tensor, name):
         flat = tensor.flatten()
         numel = flat.numel()
-        sample = flat[torch.randint(0, numel, (max(1, int(numel * 0.01)),))]
+        sample = flat[torch.empty(max(1, int(numel * 0.01)), device=flat.device).uniform_(0, numel).long()]
         threshold = torch.topk(sample.abs(), max(1, int(sample.numel() * self.ratio)))[0].min()
         mask = flat.abs() >= threshold
         selected = int(mask.sum())
@@ -141,7 +145,7 @@ class Natural(Reference):
         sign = bits & -(2**31)
         exponent = bits & 0x7F80_0000
         mantissa = bits & 0x007F_FFFF
-        round_up = mantissa > torch.randint(0, 0x007F_FFFF, bits.shape, dtype=torch.int32)
+        round_up = mantissa > torch.randint(0, 0x007F_FFFF, bits.shape, dtype=torch.int32, device=bits.device)
         exponent = torch.where(round_up, exponent + 0x0080_0000, exponent)
         exponent = torch.clamp(exponent, 0x0900_0000, 0x4880_0000) >> 23
         code = ((sign >> 24) & 0x80) | (exponent - 18)
@@ -158,7 +162,7 @@ class Natural(Reference):
 
 class SignSGD(Reference):
     def compress(self, tensor, name):
-        return [tensor >= 0], tensor.shape
+        return [(tensor.flatten() >= 0).to(torch.uint8)], tensor.shape
 
     def decompress(self, payload, ctx):
         return (payload[0].float() * 2 - 1).view(ctx)
@@ -178,7 +182,8 @@ class Signum(SignSGD):
 
 class EFSignSGD(Reference):
     def compress(self, tensor, name):
-        return [tensor >= 0, tensor.abs().mean()], tensor.shape
+        flat = tensor.flatten()
+        return [(flat >= 0).to(torch.uint8), flat.abs().mean()], tensor.shape
 
     def decompress(self, payload, ctx):
         signs, mean = payload
@@ -187,13 +192,14 @@ class EFSignSGD(Reference):
 
 class OneBit(Reference):
     def compress(self, tensor, name):
-        negative = tensor < 0
+        flat = tensor.flatten()
+        negative = flat < 0
+        sum0 = flat[negative].sum()
         count0 = negative.sum().float()
-        sum0 = tensor[negative].sum()
         mean0 = sum0 / count0 if count0 > 0 else sum0
         positive = ~negative
-        count1 = positive.sum().float()
-        sum1 = tensor[positive].sum()
+        sum1 = flat[positive].sum()
+        count1 = flat.numel() - count0
         mean1 = sum1 / count1 if count1 > 0 else sum1
         return [negative.to(torch.uint8), mean0, mean1], tensor.shape
 
@@ -218,7 +224,7 @@ class PowerSGD(Reference):
         rank = min(self.rank, *matrix.shape)
         q = self.q.get(name)
         if q is None:
-            q = self.q[name] = torch.randn(matrix.shape[1], rank)
+            q = self.q[name] = torch.randn(matrix.shape[1], rank, device=tensor.device)
         p = matrix @ q
         for i in range(rank):
             column = p[:, i]

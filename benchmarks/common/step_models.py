@@ -84,7 +84,17 @@ class StepModel:
         return F.cross_entropy(out.reshape(-1, out.shape[-1]), self.targets.reshape(-1))
 
 
-MODELS = ("resnet", "transformer")
+def mlp(widths: tuple[int, ...]) -> nn.Sequential:
+    """Linear layers of ``widths`` with ReLUs between them: many parameters, little compute."""
+    layers: list[nn.Module] = []
+    for index, (inputs, outputs) in enumerate(zip(widths, widths[1:], strict=False)):
+        layers.append(nn.Linear(inputs, outputs))
+        if index < len(widths) - 2:
+            layers.append(nn.ReLU())
+    return nn.Sequential(*layers)
+
+
+MODELS = ("resnet", "transformer", "mlp")
 
 
 def build(name: str, quick: bool = False, seed: int = 0, data_seed: int = 0) -> StepModel:
@@ -93,6 +103,8 @@ def build(name: str, quick: bool = False, seed: int = 0, data_seed: int = 0) -> 
     resnet: 11.2M parameters, 62 tensors, batch 32 of 3 x 32 x 32 images.
     transformer: 10.0M parameters, 126 tensors, 10 layers of width 256, batch 4 x 64 tokens of a
     4096-word vocabulary.
+    mlp: 6.3M parameters, 8 tensors, widths 512, 2048, 2048, 512, 10, batch 16: a link-bound step
+    (a forward and backward pass of about 0.2 GFLOP).
     """
     torch.manual_seed(seed)
     data = torch.Generator().manual_seed(data_seed)
@@ -106,4 +118,8 @@ def build(name: str, quick: bool = False, seed: int = 0, data_seed: int = 0) -> 
         model = TransformerLike(vocab, width, layers, heads=4, context=context)
         tokens = torch.randint(0, vocab, (batch, context + 1), generator=data)
         return StepModel(name, model, tokens[:, :-1], tokens[:, 1:])
+    if name == "mlp":
+        widths, batch = ((32, 128, 128, 32, 10), 4) if quick else ((512, 2048, 2048, 512, 10), 16)
+        return StepModel(name, mlp(widths), torch.randn(batch, widths[0], generator=data),
+                         torch.randint(0, widths[-1], (batch,), generator=data))
     raise ValueError(f"model must be one of {MODELS}, got {name!r}")

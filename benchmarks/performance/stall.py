@@ -51,7 +51,7 @@ def worker(args: argparse.Namespace) -> None:
                                              named_parameters=named,
                                              compression=Grace(TopK(DENSITY), memory=Residual()))
         if way == "unwatched":
-            optimizer._grace_backend.wait = synchronize
+            optimizer._grace_backend.wait = lambda launched: launched.finish(synchronize)
         hvd.broadcast_parameters(step_model.model.state_dict(), root_rank=0)
         ways[way] = (step_model, optimizer)
     flag = torch.zeros(1)

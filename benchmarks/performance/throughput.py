@@ -2,12 +2,13 @@
 
     python -m benchmarks.performance.throughput            # the full run (several minutes here)
     python -m benchmarks.performance.throughput --quick    # a smoke run (seconds)
+    python -m benchmarks.performance.throughput --device cuda --results DIR   # on a GPU (CUDA events)
 
 For each compressor, three ways go over the same gradients, one tensor at a time, interleaved
 repetition by repetition so that drift of a shared machine hits them alike (grace-legacy and the
 reference take turns at going first):
 
-* *grace-legacy*: ``resolve`` (tensors a compressor sends dense cost nothing), ``compress``,
+* *grace-legacy*: ``compressor_for`` (tensors a compressor sends dense cost nothing), ``compress``,
   the further rounds of multi-round compressors (PowerSGD) with the payload as its own sum, and
   ``decompress``;
 * *per-tensor reference*: the straightforward GRACE-style code of
@@ -21,10 +22,17 @@ definitions written out below) and a Transformer-base encoder (6 layers, d=512, 
 feed-forward 2048, a 32,000-token embedding) whose shapes come from ``torch.nn``'s own
 ``TransformerEncoderLayer`` on the meta device. Gradients are ``randn``, so the threshold that
 keeps a given fraction is known (:func:`threshold_keeping`): Threshold is swept over fractions kept.
-One thread (``torch.set_num_threads(1)``): the machine is shared, and
-multithreaded kernels there measure the scheduler more than the code. Median and quartiles of the
-repetitions go to ``benchmarks/results/performance.md`` (section "throughput"),
+Threads: every case runs at one thread and at the machine's count (``torch.get_num_threads()``
+when the benchmark starts; ``--threads 1,8`` picks others), set with ``torch.set_num_threads`` for
+both sides: torch's own operations, which the reference is made of, use them, and so do
+grace-legacy's compiled passes (:mod:`grace_legacy.compressors.kernels.compiled`). Median and
+quartiles of the repetitions go to ``benchmarks/results/performance.md`` (section "throughput"),
 ``throughput.json`` and ``throughput.png``.
+
+``--device cuda`` puts the gradients on the GPU and times each way with CUDA events (every
+compressor then takes its tensor formulas, :mod:`grace_legacy.runtime.paths`); the report goes to
+``--results`` with the device in its title (the device check, ``benchmarks/device_check``,
+runs it that way).
 
 Each timing also counts the minor page faults it took (``getrusage``). Outputs are fresh buffers
 unless the compressor keeps its own;
@@ -40,6 +48,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
 import resource
 import statistics
 import time
@@ -154,12 +163,22 @@ def clone_round_trip(grads: list[tuple[str, torch.Tensor]]) -> None:
         grad.clone()
 
 
-def timed(run: Callable[[], None]) -> tuple[float, int]:
-    """Seconds ``run`` took, and the minor page faults it took."""
+def timed(run: Callable[[], None], device: torch.device) -> tuple[float, int]:
+    """Seconds ``run`` took (on a GPU, between CUDA events around it), and the minor page faults
+    it took."""
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    start = time.perf_counter()
-    run()
-    seconds = time.perf_counter() - start
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        run()
+        end.record()
+        end.synchronize()
+        seconds = start.elapsed_time(end) / 1000
+    else:
+        begin = time.perf_counter()
+        run()
+        seconds = time.perf_counter() - begin
     return seconds, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
 
 
@@ -168,9 +187,11 @@ def quartiles(samples: list[float]) -> dict[str, float]:
     return {"median": median, "q1": q1, "q3": q3}
 
 
-def measure_model(shapes: list[tuple[str, tuple[int, ...]]], repetitions: int, quick: bool) -> dict:
+def measure_model(shapes: list[tuple[str, tuple[int, ...]]], repetitions: int, quick: bool,
+                  device: torch.device | None = None) -> dict:
+    device = device or torch.device("cpu")
     generator = torch.Generator().manual_seed(0)
-    grads = [(name, torch.randn(shape, generator=generator)) for name, shape in shapes]
+    grads = [(name, torch.randn(shape, generator=generator).to(device)) for name, shape in shapes]
     buffers = [torch.empty_like(g) for _, g in grads]
     total_bytes = sum(g.numel() * g.element_size() for _, g in grads)
     results = {}
@@ -191,7 +212,7 @@ def measure_model(shapes: list[tuple[str, tuple[int, ...]]], repetitions: int, q
                 compared.reverse()
             for way, run_way in [("copy", lambda: copy_round_trip(grads, buffers)),
                                  ("clone", lambda: clone_round_trip(grads)), *compared]:
-                seconds, faulted = timed(run_way)
+                seconds, faulted = timed(run_way, device)
                 times[label][way].append(seconds)
                 faults[label][way].append(faulted)
     for label, samples_by_way in times.items():
@@ -219,21 +240,45 @@ def measure_model(shapes: list[tuple[str, tuple[int, ...]]], repetitions: int, q
             "repetitions": repetitions, "cases": results}
 
 
-def run(quick: bool, repetitions: int) -> dict:
+def default_threads() -> list[int]:
+    """One thread and the machine's count (``torch.get_num_threads()`` as the process started)."""
+    return sorted({1, torch.get_num_threads()})
+
+
+def run(quick: bool, repetitions: int, threads: list[int] | None = None, device: str = "cpu",
+        models: list[str] | None = None) -> dict:
+    """Every case on every model at every thread count in ``threads`` (default: :func:`default_threads`),
+    on ``device``; ``models`` picks some of the models by name."""
     from benchmarks.common.report import load_average, machine
 
+    threads = threads or default_threads()
+    where = torch.device(device)
     before = load_average()
-    torch.set_num_threads(1)
-    models = {"ResNet-50": resnet50_shapes(), "Transformer-base encoder": transformer_shapes()}
+    shapes = {"ResNet-50": resnet50_shapes(), "Transformer-base encoder": transformer_shapes()}
     if quick:
-        models = {"ResNet-50": resnet50_shapes()[:30], "Transformer-base encoder": transformer_shapes(1, 128, 1000)}
-    measured = {name: measure_model(shapes, repetitions, quick) for name, shapes in models.items()}
-    return {"machine": machine(), "quick": quick, "load_average": [before, load_average()], "models": measured}
+        shapes = {"ResNet-50": resnet50_shapes()[:30], "Transformer-base encoder": transformer_shapes(1, 128, 1000)}
+    if models:
+        shapes = {name: shape for name, shape in shapes.items() if name in models}
+    runs = {}
+    initial = torch.get_num_threads()
+    try:
+        for count in threads:
+            torch.set_num_threads(count)
+            runs[str(count)] = {"models": {name: measure_model(shape, repetitions, quick, where)
+                                           for name, shape in shapes.items()}}
+    finally:
+        torch.set_num_threads(initial)
+    return {"machine": machine(), "device": device_name(where), "quick": quick, "threads": threads,
+            "load_average": [before, load_average()], "runs": runs}
 
 
-def slowest(result: dict) -> tuple[str, str, float]:
+def device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+
+
+def slowest(models: dict) -> tuple[str, str, float]:
     """(model, compressor, paired speed-up) of the case where grace-legacy gains least."""
-    return min(((model, label, case["paired_speedup"]) for model, data in result["models"].items()
+    return min(((model, label, case["paired_speedup"]) for model, data in models.items()
                 for label, case in data["cases"].items() if label != "NoCompression"), key=lambda row: row[2])
 
 
@@ -251,41 +296,41 @@ def speed_verdict(ratio: float, quartiles_of_ratio: list[float]) -> str:
     return f"SLOWER there ({spread})"
 
 
-def verdicts(result: dict) -> list[str]:
-    model, label, ratio = slowest(result)
-    case = result["models"][model]["cases"][label]
-    lines = [f"- Slowest case against the GRACE-style reference: **{ratio:.3f}x** ({label}, {model}; "
-             f"median of paired ratios): {speed_verdict(ratio, case['paired_speedup_quartiles'])}."]
-    resnet = result["models"]["ResNet-50"]["cases"]
+def verdicts(models: dict, threads: str) -> list[str]:
+    model, label, ratio = slowest(models)
+    case = models[model]["cases"][label]
+    lines = [f"- {threads} thread(s): slowest case against the GRACE-style reference: **{ratio:.3f}x** ({label}, "
+             f"{model}; median of paired ratios): {speed_verdict(ratio, case['paired_speedup_quartiles'])}."]
+    below = [(model, label, c["paired_speedup"]) for model, data in models.items()
+             for label, c in data["cases"].items()
+             if label != "NoCompression" and c["paired_speedup_quartiles"][1] < 1]
+    if below:
+        lines.append(f"- {threads} thread(s): slower than the reference beyond noise: " + ", ".join(
+            f"{label} ({model}) {ratio:.2f}x" for model, label, ratio in below) + ".")
+    resnet = models.get("ResNet-50", {}).get("cases", {})
     for label in ("TopK 0.001", "TopK 0.01"):
+        if label not in resnet:
+            continue
         case = resnet[label]
         speedup, vs_copy = case["speedup_vs_reference"], case["library_vs_copy"]
         met = speedup >= TOPK_TARGET_SPEEDUP and vs_copy <= TOPK_TARGET_VS_COPY
-        lines.append(f"- {label} on ResNet-50: **{speedup:.1f}x** faster than per-tensor `torch.topk` "
-                     f"(target >= {TOPK_TARGET_SPEEDUP:g}x) and **{vs_copy:.1f}x** the copy's time "
+        lines.append(f"- {threads} thread(s): {label} on ResNet-50: **{speedup:.1f}x** faster than per-tensor "
+                     f"`torch.topk` (target >= {TOPK_TARGET_SPEEDUP:g}x) and **{vs_copy:.1f}x** the copy's time "
                      f"(target <= {TOPK_TARGET_VS_COPY:g}x): {'met' if met else 'NOT met'}; "
                      f"{case['library_vs_clone']:.1f}x an allocating clone's time.")
-    transformer = result["models"]["Transformer-base encoder"]["cases"]["TopK 0.001"]
-    vs_copy = transformer["paired_vs_copy"]
-    lines.append(f"- TopK 0.001 on the Transformer-base encoder: **{vs_copy:.2f}x** the copy's time (median of "
-                 f"paired ratios; target <= {TOPK_TRANSFORMER_TARGET_VS_COPY:g}x, page faults included: "
-                 f"{transformer['page_faults']['library']:,.0f} a repetition): "
-                 f"{'met' if vs_copy <= TOPK_TRANSFORMER_TARGET_VS_COPY else 'NOT met'}.")
+    transformer = models.get("Transformer-base encoder", {}).get("cases", {}).get("TopK 0.001")
+    if transformer is not None:
+        vs_copy = transformer["paired_vs_copy"]
+        lines.append(f"- {threads} thread(s): TopK 0.001 on the Transformer-base encoder: **{vs_copy:.2f}x** the "
+                     f"copy's time (median of paired ratios; target <= {TOPK_TRANSFORMER_TARGET_VS_COPY:g}x, page "
+                     f"faults included: {transformer['page_faults']['library']:,.0f} a repetition): "
+                     f"{'met' if vs_copy <= TOPK_TRANSFORMER_TARGET_VS_COPY else 'NOT met'}.")
     return lines
 
 
-def write(result: dict, results_dir: Path, command: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from benchmarks.common.report import load_note, update_section
-
-    results_dir.mkdir(parents=True, exist_ok=True)
-    (results_dir / "throughput.json").write_text(json.dumps(result, indent=1))
-    tables = []
-    for model, data in result["models"].items():
+def tables(models: dict, threads: str) -> list[str]:
+    out = []
+    for model, data in models.items():
         rows = []
         for label, case in data["cases"].items():
             ms = case["ms"]
@@ -296,23 +341,41 @@ def write(result: dict, results_dir: Path, command: str) -> None:
                         f"{case['reference_gb_per_s']:.2f} | {cp['median']:.1f} | {ms['clone']['median']:.1f} | "
                         f"**{case['paired_speedup']:.2f}x** | {case['library_vs_copy']:.2f}x | "
                         f"{case['reference_vs_copy']:.2f}x | {faulted['library']:,.0f} / {faulted['clone']:,.0f} |")
-        tables.append(f"""### {model}: {data['tensors']} tensors, {data['parameters']:,} fp32 parameters \
-({data['bytes'] / 1e6:.1f} MB)
+        out.append(f"""### {model}, {threads} thread(s): {data['tensors']} tensors, {data['parameters']:,} fp32 \
+parameters ({data['bytes'] / 1e6:.1f} MB)
 
 | compressor | grace-legacy ms (quartiles) | GB/s | per-tensor reference ms (quartiles) | GB/s | copy ms | \
 clone ms | speed-up vs reference (paired) | grace-legacy / copy | reference / copy | page faults: grace-legacy / clone |
 |---|---|---|---|---|---|---|---|---|---|---|
 """ + "\n".join(rows))
-    first = next(iter(result["models"].values()))
-    text = f"""## Compressor throughput: compress + decompress, every compressor
+    return out
+
+
+def write(result: dict, results_dir: Path, command: str, section: str = "throughput",
+          markdown: str = "performance.md") -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from benchmarks.common.report import load_note, update_section
+
+    results_dir.mkdir(parents=True, exist_ok=True)
+    (results_dir / f"{section}.json").write_text(json.dumps(result, indent=1))
+    runs = result["runs"]
+    first = next(iter(next(iter(runs.values()))["models"].values()))
+    on = "" if result["device"] == "CPU" else f" on {result['device']}"
+    lines = [line for threads, run in runs.items() for line in verdicts(run["models"], threads)]
+    text = f"""## Compressor throughput{on}: compress + decompress, every compressor
 
 `{command}`
 
-Machine: {result['machine']}; {load_note(result['load_average'])} (other jobs add noise: the
-quartiles show the spread). Median of {first['repetitions']} interleaved repetitions (copy, clone, then
-grace-legacy and the reference, taking turns at going first, per compressor); times are for the
-whole model, one tensor after another; GB/s is the
-gradient's fp32 bytes over that time. The copy is `dst.copy_(grad)` into preallocated buffers:
+Machine: {result['machine']}; device: {result['device']}; {load_note(result['load_average'])} (other jobs add
+noise: the quartiles show the spread).{oversubscribed(result['load_average'], command)}
+Thread counts: {', '.join(runs)} (`torch.set_num_threads`, for both sides). Median of
+{first['repetitions']} interleaved repetitions (copy, clone, then grace-legacy and the reference,
+taking turns at going first, per compressor); times are for the whole model, one tensor after
+another; GB/s is the gradient's fp32 bytes over that time. The copy is `dst.copy_(grad)` into preallocated buffers:
 the memory floor; the clone (`grad.clone()`) allocates its output, as decompress must.
 grace-legacy's NoCompression costs nothing: it sends the gradient itself, dense. The reference is
 the straightforward GRACE-style code in `benchmarks/common/reference_compressors.py`.
@@ -324,17 +387,19 @@ embedding, 16,000 pages of 4 KiB) pays its faults at every clone and every decom
 fresh buffer, while smaller ones reuse the heap (Top-k's and Threshold's decompress reuse their
 own output once the caller has let go of it).
 
-{chr(10).join(verdicts(result))}
+{chr(10).join(lines)}
 
-{(chr(10) * 2).join(tables)}
+{(chr(10) * 2).join(t for threads, run in runs.items() for t in tables(run["models"], threads))}
 
-![throughput](throughput.png)
+![throughput]({section}.png)
 """
-    update_section(results_dir / "performance.md", "throughput", text, title="Performance results")
+    update_section(results_dir / markdown, section, text, title="Performance results")
 
-    models = result["models"]
-    figure, axes = plt.subplots(1, len(models), figsize=(7 * len(models), 6), sharey=True)
-    for axis, (model, data) in zip(axes, models.items(), strict=True):
+    panels = [(threads, model, data) for threads, run in runs.items() for model, data in run["models"].items()]
+    columns = len(next(iter(runs.values()))["models"])
+    figure, axes = plt.subplots(len(runs), columns, figsize=(7 * columns, 6 * len(runs)), sharey=True,
+                                squeeze=False)
+    for axis, (threads, model, data) in zip(axes.reshape(-1), panels, strict=True):
         labels = list(data["cases"])
         positions = range(len(labels))
         library = [data["cases"][label]["library_vs_copy"] for label in labels]
@@ -346,28 +411,52 @@ own output once the caller has let go of it).
         axis.set_yticks(list(positions), labels)
         axis.invert_yaxis()
         axis.set_xlabel("compress + decompress time / copy time (log)")
-        axis.set_title(f"{model} ({data['parameters'] / 1e6:.1f}M fp32)")
-    axes[0].legend(loc="lower right")
+        axis.set_title(f"{model} ({data['parameters'] / 1e6:.1f}M fp32), {threads} thread(s)")
+    axes[0][0].legend(loc="lower right")
     figure.tight_layout()
-    figure.savefig(results_dir / "throughput.png", dpi=110)
+    figure.savefig(results_dir / f"{section}.png", dpi=110)
     plt.close(figure)
+
+
+def oversubscribed(load: list[float], command: str) -> str:
+    """A warning, for a report, when the machine had more runnable jobs than cores during the run."""
+    cores = os.cpu_count() or 1
+    if max(load) <= cores:
+        return ""
+    return (f" **The machine was oversubscribed** (load above its {cores} cores: other jobs ran beside this one), "
+            f"so the times are inflated and the ratios noisy, the more so with more threads: rerun `{command}` "
+            f"on a quiet machine before reading a ratio near 1.")
+
+
+def thread_counts(text: str) -> list[int]:
+    counts = sorted({int(part) for part in text.split(",") if part.strip()})
+    if not counts or counts[0] < 1:
+        raise argparse.ArgumentTypeError(f"--threads takes counts >= 1 separated by commas, got {text!r}")
+    return counts
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="a small smoke run")
     parser.add_argument("--repetitions", type=int, default=None)
+    parser.add_argument("--threads", type=thread_counts, default=None,
+                        help="thread counts, e.g. 1,8 (default: 1 and torch.get_num_threads())")
+    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     parser.add_argument("--results", type=Path, default=REPO / "benchmarks" / "results")
     args = parser.parse_args()
     repetitions = args.repetitions or (1 if args.quick else 6)
-    result = run(args.quick, repetitions)
+    result = run(args.quick, repetitions, args.threads, args.device)
     command = "python -m benchmarks.performance.throughput" + (" --quick" if args.quick else "")
+    command += f" --threads {','.join(map(str, result['threads']))}"
+    if args.device != "cpu":
+        command += f" --device {args.device}"
     write(result, args.results, command)
-    for model, data in result["models"].items():
-        for label, case in data["cases"].items():
-            print(f"{model:26} {label:18} lib {case['ms']['library']['median']:9.1f} ms  "
-                  f"ref {case['ms']['reference']['median']:9.1f} ms  copy {case['ms']['copy']['median']:7.1f} ms  "
-                  f"speed-up {case['paired_speedup']:6.2f}x  lib/copy {case['library_vs_copy']:6.2f}x")
+    for threads, run_ in result["runs"].items():
+        for model, data in run_["models"].items():
+            for label, case in data["cases"].items():
+                print(f"{threads}T {model:26} {label:22} lib {case['ms']['library']['median']:9.1f} ms  "
+                      f"ref {case['ms']['reference']['median']:9.1f} ms  copy {case['ms']['copy']['median']:7.1f} ms  "
+                      f"speed-up {case['paired_speedup']:6.2f}x  lib/copy {case['library_vs_copy']:6.2f}x")
 
 
 if __name__ == "__main__":

@@ -50,7 +50,7 @@ def worker(args: argparse.Namespace) -> None:
             optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=named,
                                                  compression=Grace(TopK(DENSITY), memory=Residual()))
             if way == "Top-k spinning":
-                optimizer._grace_backend.wait = hvd.synchronize
+                optimizer._grace_backend.wait = lambda launched: launched.finish(hvd.synchronize)
             hvd.broadcast_parameters(step_model.model.state_dict(), root_rank=0)
         ways[way] = (step_model, optimizer)
     flag = torch.zeros(1)

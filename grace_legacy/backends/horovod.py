@@ -6,9 +6,11 @@ import time
 from typing import Any
 
 import horovod.torch as hvd
+import horovod.torch.mpi_ops as _hvd_mpi_ops
 import torch
 
 from grace_legacy.backends.board import BoardAddress, ProgressBoard, host_address
+from grace_legacy.runtime.lending import Lender
 from grace_legacy.runtime.stall import RanksStalled, resolve_stall_timeout
 
 #: The first and the longest sleep between two polls of an unfinished collective; the sleeps double
@@ -27,6 +29,26 @@ def synchronize(handle: Any) -> torch.Tensor:
     return hvd.synchronize(handle)
 
 
+class Launched:
+    """A collective in flight: Horovod's handle, the collective's name (for errors) and whether it is
+    an all-to-all (whose result is the first of Horovod's two). Kept with the handle, never in a
+    table by handle number: Horovod numbers handles afresh after an elastic reset, so a number the
+    previous world left unwaited (a step cut by a fault) names another collective of the next."""
+
+    __slots__ = ("handle", "name", "alltoall", "summed")
+
+    def __init__(self, handle: Any, name: str, alltoall: bool = False) -> None:
+        self.handle, self.name, self.alltoall = handle, name, alltoall
+        self.summed: _GatheredSum | None = None  # a bfloat16 allreduce carried by a gather
+
+    def finish(self, synchronize: Any = hvd.synchronize) -> torch.Tensor:
+        """The result, through ``synchronize`` (Horovod's by default) of the handle."""
+        result = synchronize(self.handle)
+        if self.summed is not None:
+            return self.summed.finish(result)
+        return result[0] if self.alltoall else result
+
+
 class HorovodBackend:
     """Asynchronous Horovod collectives on one process set. Horovod matches collectives by name, so
     every rank passes the same names, in any order; a prefix keeps them apart from the user's own
@@ -38,9 +60,7 @@ class HorovodBackend:
         self.process_set = hvd.global_process_set if process_set is None else process_set
         self.stall_timeout_s = resolve_stall_timeout(stall_timeout_s)
         self.board: ProgressBoard | None = None
-        self._names: dict[Any, str] = {}
-        # Horovod's alltoall returns (received, received splits): the rows are the result.
-        self._alltoalls: set[Any] = set()
+        self._lender = Lender()
 
     def labels(self) -> list[int]:
         """Each member's global rank, by its rank in the process set."""
@@ -64,43 +84,58 @@ class HorovodBackend:
     def size(self) -> int:
         return self.process_set.size()
 
-    def _launched(self, handle: Any, name: str) -> Any:
-        self._names[handle] = name
-        return handle
+    def _launch(self, start: Any, inputs: tuple[torch.Tensor, ...], name: str, alltoall: bool = False) -> Launched:
+        """``start(*inputs)``, every tensor Horovod is handed held from C++ until Horovod lets go of
+        it (:mod:`grace_legacy.runtime.lending`): Horovod's background thread lets go of a failed
+        collective's tensors while it holds the process-set lock that the next launch waits for with
+        the GIL, a deadlock if that release needed the GIL (docs/DESIGN.md#clean-exit). The outputs
+        are the ones Horovod's wrapper made, from its table of handles (Horovod 0.28.1)."""
+        self._lender.lend(inputs)
+        handle = start(*inputs)
+        # Horovod's table of handles (rebound at each init) holds the input and the outputs.
+        entry = getattr(_hvd_mpi_ops, "_handle_map", {}).get(handle)
+        if entry is not None:
+            outputs = entry[-1] if isinstance(entry[-1], tuple) else (entry[-1],)
+            self._lender.lend([t for t in outputs if isinstance(t, torch.Tensor)], taken=True)
+        return Launched(handle, name, alltoall)
 
-    def allreduce_async(self, tensor: torch.Tensor, name: str, average: bool) -> Any:
+    def allreduce_async(self, tensor: torch.Tensor, name: str, average: bool) -> Launched:
         """The sum (or mean) of every member's ``tensor``. Horovod cannot reduce bfloat16 tensors (it
         refuses their type), so a bfloat16 one is gathered instead and summed on arrival
         (:class:`_GatheredSum`): the same bytes handed over, the same result on every rank."""
         if tensor.dtype == torch.bfloat16:
             rows = tensor.detach().reshape(1, -1).view(torch.int16)  # bits only: Horovod moves int16
-            gather = hvd.allgather_async(rows, name=f"grace.{name}", process_set=self.process_set)
-            return self._launched(_GatheredSum(gather, tensor.shape, average), name)
-        return self._launched(hvd.allreduce_async(tensor, name=f"grace.{name}", op=hvd.Average if average else hvd.Sum,
-                                                  process_set=self.process_set), name)
+            launched = self._launch(lambda t: hvd.allgather_async(t, name=f"grace.{name}",
+                                                                  process_set=self.process_set), (rows,), name)
+            launched.summed = _GatheredSum(tensor.shape, average)
+            return launched
+        op = hvd.Average if average else hvd.Sum
+        return self._launch(lambda t: hvd.allreduce_async(t, name=f"grace.{name}", op=op, process_set=self.process_set),
+                            (tensor,), name)
 
-    def allgather_async(self, tensor: torch.Tensor, name: str) -> Any:
-        return self._launched(hvd.allgather_async(tensor, name=f"grace.{name}", process_set=self.process_set), name)
+    def allgather_async(self, tensor: torch.Tensor, name: str) -> Launched:
+        return self._launch(lambda t: hvd.allgather_async(t, name=f"grace.{name}", process_set=self.process_set),
+                            (tensor,), name)
 
-    def alltoall_async(self, tensor: torch.Tensor, splits: list[int], name: str) -> Any:
-        handle = hvd.alltoall_async(tensor, splits=torch.tensor(splits, dtype=torch.int32), name=f"grace.{name}",
-                                    process_set=self.process_set)
-        self._alltoalls.add(handle)
-        return self._launched(handle, name)
+    def alltoall_async(self, tensor: torch.Tensor, splits: list[int], name: str) -> Launched:
+        # Horovod's alltoall returns (received, received splits): the rows are the result.
+        return self._launch(lambda t, s: hvd.alltoall_async(t, splits=s, name=f"grace.{name}",
+                                                            process_set=self.process_set),
+                            (tensor, torch.tensor(splits, dtype=torch.int32)), name, alltoall=True)
 
-    def broadcast_async(self, tensor: torch.Tensor, root_rank: int, name: str) -> Any:
+    def broadcast_async(self, tensor: torch.Tensor, root_rank: int, name: str) -> Launched:
         """``root_rank`` is a rank *within the process set*; Horovod wants the global rank."""
         members = self.process_set.ranks
         root = members[root_rank] if members else root_rank
-        return self._launched(hvd.broadcast_async(tensor, root, name=f"grace.bc{root_rank}.{name}",
-                                                  process_set=self.process_set), f"bc{root_rank}.{name}")
+        return self._launch(lambda t: hvd.broadcast_async(t, root, name=f"grace.bc{root_rank}.{name}",
+                                                          process_set=self.process_set),
+                            (tensor,), f"bc{root_rank}.{name}")
 
-    def wait(self, handle: Any) -> torch.Tensor:
+    def wait(self, launched: Launched) -> torch.Tensor:
         """:func:`synchronize`, raising :class:`~grace_legacy.runtime.stall.RanksStalled` after
         ``stall_timeout_s`` plus the board's listening time (the result may still arrive then);
         posts a beat each ``beat_s`` once it has waited that long."""
-        name = self._names.pop(handle, f"handle {handle}")
-        summed, handle = (handle, handle.gather) if isinstance(handle, _GatheredSum) else (None, handle)
+        handle, name = launched.handle, launched.name
         start = time.monotonic()
         deadline = start + self.stall_timeout_s
         board = self.board
@@ -116,11 +151,7 @@ class HorovodBackend:
                 break
             time.sleep(sleep)
             sleep = min(2 * sleep, LONGEST_POLL_SLEEP_S)
-        if handle in self._alltoalls:
-            self._alltoalls.discard(handle)
-            return hvd.synchronize(handle)[0]
-        result = hvd.synchronize(handle)
-        return result if summed is None else summed.finish(result)
+        return launched.finish()
 
     def _raise_unless_it_arrives(self, handle: Any, name: str, start: float) -> None:
         """Read the board, keep waiting (and beating) for its listening time, read it again, and
@@ -158,10 +189,10 @@ class _GatheredSum:
     times, so beyond 4 ranks it costs more link time than even a float32 allreduce of the tensor.
     """
 
-    __slots__ = ("gather", "shape", "average")
+    __slots__ = ("shape", "average")
 
-    def __init__(self, gather: Any, shape: torch.Size, average: bool) -> None:
-        self.gather, self.shape, self.average = gather, shape, average
+    def __init__(self, shape: torch.Size, average: bool) -> None:
+        self.shape, self.average = shape, average
 
     def finish(self, gathered: torch.Tensor) -> torch.Tensor:
         rows = gathered.view(torch.bfloat16)

@@ -4,15 +4,23 @@ Every rank must call the ``*_async`` methods and :meth:`TorchDistributedBackend.
 order (collectives match by issue order; names only label errors). An allgather takes rows of
 different counts from different ranks, as Horovod's does (``variable_gather``:
 docs/DESIGN.md#variable-gather).
+
+No collective leaves a Python object for one of Gloo's C++ worker threads to release: its tensors
+are held from C++ until no work holds them (:mod:`grace_legacy.runtime.lending`), and it is issued
+without the backward pass's ``contextvars.Context`` in thread-local state, so a job that finished
+exits 0 (docs/DESIGN.md#clean-exit).
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from grace_legacy.runtime.lending import Lender
 
 #: How the rows of an allgather of rows of different counts travel: padded to the longest count,
 #: exactly (each rank broadcasting its own), or ``auto``, padded unless that moves PADDING_LIMIT
@@ -25,6 +33,29 @@ PADDING_LIMIT = 1.5
 #: Gathers equal sizes into one tensor (renamed in recent releases; the old name warns there).
 _gather_into_tensor = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
+#: The key under which ``torch.autograd.backward`` keeps a ``contextvars.Context`` in thread-local
+#: state during a backward pass (recent releases; older ones keep nothing there).
+_BACKWARD_CONTEXT = "context"
+_TLS = torch._C if hasattr(torch._C, "_is_key_in_tls") else None
+
+#: The tensors lent to collectives, held from C++ until no work holds them.
+_LENDER = Lender()
+
+
+def _issue(collective: Callable[..., Any], tensors: Sequence[torch.Tensor], **kwargs: Any) -> Any:
+    """``collective(*tensors, **kwargs)``, the tensors lent (:class:`~grace_legacy.runtime.lending.Lender`),
+    with no backward-pass context in thread-local state (docs/DESIGN.md#clean-exit)."""
+    _LENDER.lend(tensors)
+    context = _TLS is not None and _TLS._is_key_in_tls(_BACKWARD_CONTEXT)
+    if context:
+        stashed = _TLS._get_obj_in_tls(_BACKWARD_CONTEXT)
+        _TLS._remove_obj_from_tls(_BACKWARD_CONTEXT)
+    try:
+        return collective(*tensors, **kwargs)
+    finally:
+        if context:
+            _TLS._stash_obj_in_tls(_BACKWARD_CONTEXT, stashed)
+
 
 class _Launched:
     """An in-place collective on a staged copy; ``divisor`` averages a sum on arrival."""
@@ -35,7 +66,9 @@ class _Launched:
         self.work, self.staged, self.divisor, self.device = work, staged, divisor, device
 
     def result(self) -> torch.Tensor:
-        self.work.wait()
+        if self.work is not None:
+            self.work.wait()
+            self.work = None  # the work holds its tensors: let go of it, so that they can be let go
         if self.divisor is not None:
             self.staged.div_(self.divisor)
         return self.staged.to(self.device)
@@ -51,7 +84,8 @@ class _Gather:
         shape = torch.tensor([local.shape[0], local[0].numel() if local.shape[0] else -1], dtype=torch.int64,
                              device=local.device)
         self.shapes = torch.empty(backend.size() * 2, dtype=torch.int64, device=local.device)
-        self.shapes_work = _gather_into_tensor(self.shapes, shape, group=backend.group, async_op=True)
+        self.shapes_work: Any = _issue(_gather_into_tensor, (self.shapes, shape), group=backend.group,
+                                       async_op=True)
         self.counts: list[int] | None = None
         self.mode = backend.variable_gather
         self.launched: list[tuple[Any, torch.Tensor]] = []
@@ -61,6 +95,7 @@ class _Gather:
         if self.counts is not None:
             return
         self.shapes_work.wait()
+        self.shapes_work = None
         pairs = self.shapes.view(-1, 2).tolist()
         self.counts = [rows for rows, _ in pairs]
         widths = {width for rows, width in pairs if rows}
@@ -79,20 +114,23 @@ class _Gather:
                 padded = local.new_zeros((longest, *local.shape[1:]))
                 padded[:local.shape[0]] = local
             out = local.new_empty((self.backend.size() * longest, *local.shape[1:]))
-            self.launched.append((_gather_into_tensor(out, padded, group=group, async_op=True), out))
+            self.launched.append((_issue(_gather_into_tensor, (out, padded), group=group, async_op=True), out))
             return
         for root, rows in enumerate(self.counts):
             if rows == 0:
                 continue
             buffer = local if root == self.backend.rank() else local.new_empty((rows, *local.shape[1:]))
-            work = dist.broadcast(buffer, src=dist.get_global_rank(group, root), group=group, async_op=True)
+            work = _issue(dist.broadcast, (buffer,), src=dist.get_global_rank(group, root), group=group,
+                          async_op=True)
             self.launched.append((work, buffer))
 
     def result(self) -> torch.Tensor:
         self.launch()
         assert self.counts is not None
         for work, _ in self.launched:
-            work.wait()
+            if work is not None:
+                work.wait()
+        self.launched = [(None, buffer) for _, buffer in self.launched]
         if not self.launched:
             return self.local.new_empty((0, *self.local.shape[1:])).to(self.device)
         if self.mode == "exact":
@@ -113,7 +151,8 @@ class _AllToAll:
         self.backend, self.local, self.splits, self.device = backend, local, list(splits), device
         self.sent = torch.tensor(self.splits, dtype=torch.int64, device=local.device)
         self.received = torch.empty(backend.size(), dtype=torch.int64, device=local.device)
-        self.counts_work = dist.all_to_all_single(self.received, self.sent, group=backend.group, async_op=True)
+        self.counts_work: Any = _issue(dist.all_to_all_single, (self.received, self.sent), group=backend.group,
+                                       async_op=True)
         self.launched: tuple[Any, torch.Tensor] | None = None
 
     def launch(self) -> None:
@@ -121,17 +160,20 @@ class _AllToAll:
         if self.launched is not None:
             return
         self.counts_work.wait()
+        self.counts_work = None
         counts = self.received.tolist()
         out = self.local.new_empty((sum(counts), *self.local.shape[1:]))
-        work = dist.all_to_all_single(out, self.local, counts, self.splits, group=self.backend.group,
-                                      async_op=True)
+        work = _issue(dist.all_to_all_single, (out, self.local), output_split_sizes=counts,
+                      input_split_sizes=self.splits, group=self.backend.group, async_op=True)
         self.launched = (work, out)
 
     def result(self) -> torch.Tensor:
         self.launch()
         assert self.launched is not None
         work, out = self.launched
-        work.wait()
+        if work is not None:
+            work.wait()
+            self.launched = (None, out)
         return out.to(self.device)
 
 
@@ -180,7 +222,7 @@ class TorchDistributedBackend:
         if average and not tensor.is_floating_point():
             raise TypeError(f"allreduce {name!r}: an average needs a floating-point tensor, got {tensor.dtype}")
         staged = self._staged(tensor, copy=True)
-        work = dist.all_reduce(staged, op=dist.ReduceOp.SUM, group=self.group, async_op=True)
+        work = _issue(dist.all_reduce, (staged,), op=dist.ReduceOp.SUM, group=self.group, async_op=True)
         return _Launched(work, staged, self._size if average else None, tensor.device)
 
     def allgather_async(self, tensor: torch.Tensor, name: str) -> _Gather:
@@ -208,8 +250,8 @@ class TorchDistributedBackend:
         staged = self._staged(tensor, copy=False)
         if self._rank != root_rank:  # overwritten: its contents do not matter, the input's must not change
             staged = torch.empty_like(staged, memory_format=torch.contiguous_format)
-        work = dist.broadcast(staged, src=dist.get_global_rank(self.group, root_rank), group=self.group,
-                              async_op=True)
+        work = _issue(dist.broadcast, (staged,), src=dist.get_global_rank(self.group, root_rank), group=self.group,
+                      async_op=True)
         return _Launched(work, staged, None, tensor.device)
 
     def wait(self, handle: _Launched | _Gather | _AllToAll) -> torch.Tensor:

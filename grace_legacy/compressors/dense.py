@@ -7,6 +7,7 @@ from typing import Any, ClassVar
 import torch
 
 from grace_legacy.core.compressor import Compressor, Payload
+from grace_legacy.runtime import paths
 from grace_legacy.runtime.buffers import MMAP_CEILING, BufferPool
 from grace_legacy.runtime.validation import check_gradient
 
@@ -49,7 +50,7 @@ class _WireCast(Compressor):
 
     def decompress(self, payload: Payload, ctx: Any) -> torch.Tensor:
         wire = payload[0]
-        if ctx == self.wire_dtype or wire.numel() * ctx.itemsize < self._outputs.min_bytes or wire.device.type != "cpu":
+        if ctx == self.wire_dtype or wire.numel() * ctx.itemsize < self._outputs.min_bytes or not paths.cpu_path(wire):
             return _CAST_TO[ctx](wire)
         out = self._outputs.empty((wire.numel(), ctx), wire.numel(), ctx, wire.device)
         return out.view(wire.shape).copy_(wire)

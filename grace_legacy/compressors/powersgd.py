@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from grace_legacy.compressors.kernels import products
 from grace_legacy.core.compressor import Compressor, Payload
 from grace_legacy.core.parameter import ScheduledParameter
 from grace_legacy.core.state import UndoLog
@@ -49,7 +50,10 @@ class PowerSGD(Compressor):
     ``sum_w Q_w`` warm-starts the next step. The first ``Q`` is drawn from ``N(0, 1)`` keyed by
     ``(seed, name, step)`` without the rank, so every rank starts alike (again at a change of rank).
     Sent dense: tensors of fewer than 2 dimensions and matrices with ``(n + m) * r >= n * m``.
-    fp16/bf16 gradients are factored and sent in fp32 (QR needs it) and returned in their dtype."""
+    fp16/bf16 gradients are factored and sent in fp32 (QR needs it) and returned in their dtype.
+    On the CPU's own path the three products are compiled loops with an order of additions fixed by
+    the shapes (:mod:`~grace_legacy.compressors.kernels.products`), so results do not depend on the
+    thread count as a BLAS's do; elsewhere torch's products."""
 
     parameter = RANK
     additive = True
@@ -100,12 +104,15 @@ class PowerSGD(Compressor):
         work = self._work_dtype(tensor.dtype)
         matrix = tensor.reshape(matrix_shape(tensor.shape)).to(work)
         q = self._start_q(name, matrix.shape[1], work, tensor.device, step)
-        return [matrix @ q], PowerContext(name, tensor.shape, tensor.dtype, matrix)
+        p = products.matrix_times(matrix, q) if products.kernels_apply(matrix) else matrix @ q
+        return [p], PowerContext(name, tensor.shape, tensor.dtype, matrix)
 
     def next_round(self, reduced: Payload, ctx: PowerContext) -> tuple[Payload, PowerContext]:
         ctx.p_hat = orthonormal_columns(reduced[0])
         # M^T P^ as (P^T M)^T: QR's Q is column-major, and torch multiplies a transposed M by it
         # an order of magnitude slower on a CPU.
+        if products.kernels_apply(ctx.matrix):
+            return [products.transposed_times(ctx.p_hat, ctx.matrix).t().contiguous()], ctx
         return [(ctx.p_hat.t() @ ctx.matrix).t().contiguous()], ctx
 
     def end_exchange(self, reduced: Payload, ctx: PowerContext) -> None:
@@ -115,7 +122,9 @@ class PowerSGD(Compressor):
     def decompress(self, payload: Payload, ctx: PowerContext) -> torch.Tensor:
         if ctx.p_hat is None:
             raise ValueError("PowerSGD: decompress needs the second round's payload (Q), after next_round")
-        return (ctx.p_hat @ payload[0].t()).reshape(ctx.shape).to(ctx.dtype)
+        q = payload[0]
+        decoded = products.times_transposed(ctx.p_hat, q) if products.kernels_apply(q) else ctx.p_hat @ q.t()
+        return decoded.reshape(ctx.shape).to(ctx.dtype)
 
     def payload_spec(self, numel: int, dtype: torch.dtype) -> list[tuple[int, torch.dtype]]:
         raise NotImplementedError("PowerSGD's payload depends on the matrix shape, not only on its element count; "

@@ -68,13 +68,15 @@ class UndoLog:
         self._before.setdefault((id(store), name), (store, store.get(name, _ABSENT)))
 
     def undo(self, name: str) -> None:
-        """Put back what every remembered store held for ``name`` before this step."""
-        for key in [key for key in self._before if key[1] == name]:
+        """Put back what every remembered store held for ``name`` before this step, and for its
+        parts: state kept under ``name[start:stop]`` (a segment compressed on its own)."""
+        part = f"{name}["
+        for key in [key for key in self._before if key[1] == name or key[1].startswith(part)]:
             store, previous = self._before.pop(key)
             if previous is _ABSENT:
-                store.pop(name, None)
+                store.pop(key[1], None)
             else:
-                store[name] = previous
+                store[key[1]] = previous
 
     def names(self) -> set[str]:
         """The names whose state this step changed."""

@@ -4,7 +4,7 @@
 The promise: a buffer handed out is the caller's for as long as the caller keeps anything that
 refers to its memory (the tensor, a view or a ``.grad`` set to it, a numpy array or ``memoryview``
 of it, its ``UntypedStorage``); only then is it zeroed and handed out again, otherwise a new one
-replaces it. Only CPU buffers are kept.
+replaces it. Only buffers on the CPU's own path (:mod:`grace_legacy.runtime.paths`) are kept.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ import sys
 from collections.abc import Callable, Hashable
 
 import torch
+
+from grace_legacy.runtime import paths
 
 _storage_use_count = getattr(torch._C, "_storage_Use_Count", None)
 
@@ -87,7 +89,7 @@ class BufferPool:
                     and buffer.device == device and _references(buffer) == alone):
                 return buffer if clear is None else clear(buffer)
         buffer = make(numel, dtype=dtype, device=device)
-        if buffer.device.type == "cpu":
+        if paths.cpu_path(buffer):
             self._kept[key] = (buffer, _references(buffer))
         else:
             self._kept.pop(key, None)

@@ -37,12 +37,12 @@ def bytes_sent(concrete: Compressor | None, shape: int | Sequence[int], dtype: t
     an allreduce, the packed buffer for an allgather. With ``world_size``, a gathered payload
     that the dense fallback would replace (:func:`gather_costs_more`) counts as dense."""
     shape = torch.Size([shape]) if isinstance(shape, int) else torch.Size(shape)
-    dense = shape.numel() * torch.empty((), dtype=dtype).element_size()
+    dense = shape.numel() * dtype.itemsize
     if concrete is None:
         return dense
     spec = concrete.payload_spec_for(shape, dtype)
     if concrete.additive:
-        return sum(n * torch.empty((), dtype=d).element_size() for n, d in spec)
+        return sum(n * d.itemsize for n, d in spec)
     packed = wire.packed_size_of(spec, with_header=not concrete.uniform_payload)
     if world_size is not None and concrete.aggregates_by_mean and gather_costs_more(packed, dense, world_size):
         return dense
@@ -70,7 +70,7 @@ def route_link_bytes(concrete: Compressor | None, shape: int | Sequence[int], dt
     A payload whose size the data decides (Threshold) has only its gather; a majority vote no
     dense route (a dense mean would change its update)."""
     shape = torch.Size([shape]) if isinstance(shape, int) else torch.Size(shape)
-    dense = shape.numel() * torch.empty((), dtype=dtype).element_size()
+    dense = shape.numel() * dtype.itemsize
     costs = {"dense": ring_allreduce_bytes(dense, world_size)}
     if concrete is None:
         return costs
@@ -81,7 +81,7 @@ def route_link_bytes(concrete: Compressor | None, shape: int | Sequence[int], dt
     except NotImplementedError:  # a size only the data decides: every rank could choose differently
         return {"allgather": float("nan")}
     if concrete.additive:
-        raw = sum(n * torch.empty((), dtype=d).element_size() for n, d in spec)
+        raw = sum(n * d.itemsize for n, d in spec)
         return {"allreduce": ring_allreduce_bytes(raw, world_size)}
     packed = wire.packed_size_of(spec, with_header=not concrete.uniform_payload)
     costs["allgather"] = float((world_size - 1) * packed)

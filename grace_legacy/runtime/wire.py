@@ -64,7 +64,7 @@ def packed_size_of(spec: Sequence[tuple[int, torch.dtype]], with_header: bool) -
     """Length in bytes of a packed payload whose parts have these (element count, dtype)."""
     sizes = []
     for numel, dtype in spec:
-        element_size = torch.empty((), dtype=dtype).element_size()
+        element_size = dtype.itemsize
         sizes.append((numel * element_size, element_size))
     return _place(sizes, with_header)[1]
 

@@ -32,11 +32,17 @@ def test_paper_tables_quick(tmp_path):
     run_module("benchmarks.accuracy.paper_tables", tmp_path, timeout=600)
     text = (tmp_path / "paper_tables.md").read_text()
     for arm in ("uniform s=32", "LEGACY epoch s=64,32,16", "LEGACY layer s=-,256,64,16", "uniform r=3",
-                "L-GreCo", "Accordion", "LEGACY epoch r=6,4,3,2", "LEGACY layer r=-,8,3,2"):
+                "L-GreCo", "Accordion", "LEGACY epoch r=6,4,3,2", "LEGACY layer r=-,8,3,2",
+                "uniform s=2", "LEGACY epoch s=4,2,1", "LEGACY layer s=-,16,4,1"):
         assert f"| {arm}" in text
-    assert text.count("| H | 1,000,000 -") == 2 and "within noise" in text
+    for where in ("digits", "mnist1d"):
+        assert f"## QSGD, ResNet-9 (rebuttal: CIFAR-10; here: {where})" in text
+        assert f"## PowerSGD, ResNet-18 (rebuttal: CIFAR-100; here: {where})" in text
+    assert text.count("| H | 1,000,000 -") == 4 and text.count("**Headroom** (dense - uniform") == 4
+    assert "times 1/16" in text and "within noise" in text
     assert (tmp_path / "paper_tables.png").stat().st_size > 1000
     runs = json.loads((tmp_path / "paper_tables.json").read_text())
+    assert set(runs) == {"qsgd", "powersgd", "mnist1d-qsgd", "mnist1d-powersgd"}
     assert {run["seed"] for result in runs.values() for run in result["runs"]} == {0, 1}
 
 

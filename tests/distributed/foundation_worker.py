@@ -37,6 +37,9 @@ def main() -> None:
     rec = Recorder(args.out)
     size = hvd.size()
 
+    def topk_gathered(p):
+        return not topk_goes_dense(p.numel(), RATIO, size)
+
     def topk_bytes(p):
         return 4 * p.numel() if topk_goes_dense(p.numel(), RATIO, size) else 8 * kept(RATIO, p.numel())
 
@@ -50,7 +53,7 @@ def main() -> None:
     topk = Grace(TopK(RATIO), memory=NoMemory(), communicator=Allgather())
     rec.guard("topk/no-memory", train_and_compare, rec, "topk/no-memory", topk,
               mean_over_ranks(lambda n, g, s: topk_contribution(g, RATIO, size)),
-              expected_bytes=topk_bytes)
+              expected_bytes=topk_bytes, gathered=topk_gathered)
 
     # Top-k with op=Sum and with gradient accumulation over two backward passes.
     rec.guard("topk/sum", train_and_compare, rec, "topk/sum",
@@ -90,7 +93,7 @@ def main() -> None:
         if size == 2:  # the gather route, whose reference the mean of the ranks' top-k is
             residual_ref.clear()
             train_and_compare(rec, "topk/bare at 2 ranks", TopK(RATIO), mean_over_ranks(topk_residual),
-                              expected_bytes=topk_bytes)
+                              expected_bytes=topk_bytes, gathered=topk_gathered)
 
     rec.guard("topk/bare", bare_is_the_default_bundle)
 

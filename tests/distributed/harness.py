@@ -55,10 +55,13 @@ def local_gradients(model: nn.Module, step: int, passes: int) -> dict[str, torch
 
 def train_and_compare(rec: Recorder, label: str, compression, reference, *, op=hvd.Average, passes=1,
                       process_set=hvd.global_process_set, expected_bytes=None, rtol=1e-6, atol=1e-7,
-                      before_step=None, exact=frozenset(), steps=STEPS, dtype=torch.float32) -> torch.nn.Module:
+                      before_step=None, exact=frozenset(), steps=STEPS, gathered=None,
+                      dtype=torch.float32) -> torch.nn.Module:
     """Train ``steps`` steps; at each compare every synchronized gradient with
     ``reference(name, local_grad, step)`` (``None``: train only). ``before_step(step)`` runs first (e.g. set_epoch);
-    parameters named in ``exact`` must match bit for bit. ``dtype``: the model's. Returns the trained model."""
+    parameters named in ``exact`` must match bit for bit; ``dtype``: the model's. ``expected_bytes(p)``: the bytes
+    a rank hands over for ``p`` each step, allreduced unless ``gathered(p)`` (then every other rank receives
+    them), from which the link's share ``stats["volume"]`` follows. Returns the trained model."""
     torch.manual_seed(0)
     model = Net().to(dtype)
     sgd = torch.optim.SGD(model.parameters(), lr=0.05)
@@ -88,8 +91,12 @@ def train_and_compare(rec: Recorder, label: str, compression, reference, *, op=h
         stats = compression.stats
         rec.check(f"{label}: stats bytes_sent", stats["bytes_sent"] == sent, f"{stats['bytes_sent']} != {sent}")
         rec.check(f"{label}: stats bytes_dense", stats["bytes_dense"] == dense, f"{stats['bytes_dense']} != {dense}")
-        rec.check(f"{label}: stats volume", abs(stats["volume"] - sent / dense) < 1e-12,
-                  f"{stats['volume']} != {sent / dense}")
+        world = process_set.size()
+        ring = 2 * (world - 1) / world  # a ring allreduce's bytes on each link, per byte reduced
+        wire = sum((world - 1) * expected_bytes(p) if gathered is not None and gathered(p)
+                   else ring * expected_bytes(p) for p in model.parameters())
+        volume = wire / (ring * sum(p.numel() * 4 for p in model.parameters()))
+        rec.check(f"{label}: stats volume", abs(stats["volume"] - volume) < 1e-12, f"{stats['volume']} != {volume}")
     return model
 
 

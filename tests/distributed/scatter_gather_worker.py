@@ -20,6 +20,7 @@ import grace_legacy.ddp
 from grace_legacy import Grace, ScatterGather, TopK
 from grace_legacy.backends.horovod import HorovodBackend
 from grace_legacy.backends.torch_distributed import TorchDistributedBackend
+from grace_legacy.runtime import paths
 from tests.distributed.checks import Recorder, parse_args
 from tests.distributed.harness import Net, batch, loss_of
 from tests.helpers import bits
@@ -109,6 +110,7 @@ def main() -> None:
     else:
         dist.init_process_group("gloo")
         backend, rec = TorchDistributedBackend(), Recorder(args.out, dist.get_rank())
+    rec.extra["device_path"] = paths.FORCE_DEVICE_PATH  # GRACE_LEGACY_DEVICE_PATH, as this process read it
     for label in SETUPS:
         for dtype in DTYPES.values() if label in IN_BFLOAT16 else [torch.float32]:
             rec.guard(f"{label} {dtype}: fused", through_backend, rec, backend, label, True, dtype)

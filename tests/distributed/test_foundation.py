@@ -14,9 +14,12 @@ def test_synchronized_gradients_match_references(controller, np, tmp_path):
     reports = run_checks("foundation_worker.py", np, controller, tmp_path)
     names = {check["name"] for check in reports[0]["checks"]}
     # The worker must really have exercised every configuration, not skipped one.
-    for label in ["topk/no-memory", "topk/sum", "topk/bpps2", "topk/residual", "topk/bare", "randomk",
+    for label in ["topk/no-memory", "topk/sum", "topk/bpps2", "topk/residual", "randomk",
                   "fp16", "none", "hvd.Compression.none"]:
         assert any(name.startswith(f"{label}: step 2") for name in names), label
+    assert "topk/bare: trains as Grace(TopK, memory=Residual())" in names
+    if np == 2:
+        assert any(name.startswith("topk/bare at 2 ranks: step 2") for name in names)
     waits = {check["name"] for check in reports[1]["checks"] if check["name"].startswith("wait:")}
     assert waits == {"wait: the late allreduce's sum", "wait: a waiting rank sleeps",
                      "wait: a failed collective raises"}

@@ -1,7 +1,8 @@
 """Over real horovodrun -np 4, under Gloo and MPI: every registered compressor case
 (``tests/registry.py``) equals an independent aggregation of each rank's decompressed payload, with
 the model trained in float32, float16 and bfloat16 (one launch per family and controller runs the
-three)."""
+three); and once more under Gloo with ``GRACE_LEGACY_DEVICE_PATH=1``, every rank on the path a GPU's
+tensors take (:mod:`grace_legacy.runtime.paths`), on two ranks."""
 
 import pytest
 
@@ -23,3 +24,12 @@ def test_every_compressor_matches_its_reference(controller, family, tmp_path):
                          timeout=900, extra_env=YIELD)
     assert reports[0]["cases"] == [case.label for case in zoo_cases(family)]
     assert reports[0]["dtypes"] == list(DTYPES)
+
+
+def test_every_compressor_matches_its_reference_on_the_device_path(tmp_path):
+    # Two ranks: the cases' twins model the single-stage routes, which a default bundle takes at two
+    # ranks (from three, gathered payloads go by the scatter-gather: test_scatter_gather.py).
+    reports = run_checks("zoo_worker.py", 2, "gloo", tmp_path, timeout=1200,
+                         extra_env={"GRACE_LEGACY_DEVICE_PATH": "1"})
+    assert all(report["device_path"] for report in reports.values())
+    assert reports[0]["cases"] == [case.label for family in FAMILIES for case in zoo_cases(family)]

@@ -15,7 +15,7 @@ import horovod.torch as hvd
 import torch
 
 from grace_legacy.grace import _DENSE
-from grace_legacy.runtime import wire
+from grace_legacy.runtime import paths, wire
 from grace_legacy.runtime.cost import choose_route
 from tests.distributed.checks import Recorder, gather_from_ranks, gathered_goes_dense, parse_args
 from tests.distributed.harness import STEPS, Net, batch, local_gradients, loss_of
@@ -186,6 +186,7 @@ def main() -> None:
             for dtype in args.dtypes:
                 rec.guard(f"{case.label} in {dtype}", run_case, rec, case, DTYPES[dtype])
     rec.extra["cases"] = labels
+    rec.extra["device_path"] = paths.FORCE_DEVICE_PATH  # GRACE_LEGACY_DEVICE_PATH, as this process read it
     rec.extra["dtypes"] = args.dtypes
     rec.write()
 

@@ -4,7 +4,9 @@ memory must then return exactly to where it was, and keep nothing non-finite."""
 import pytest
 import torch
 
-from grace_legacy import Grace, Legacy, PowerSGD, PowerSGDMemory, Residual, TopK
+from grace_legacy import Grace, Legacy, PowerSGD, PowerSGDMemory, Residual, ScatterGather, Signum, TopK
+from grace_legacy.core.state import UndoLog
+from tests.helpers import run_ranks
 from tests.registry import compressor_memory_pairs
 
 #: Every compressor of the registry with every memory it accepts, and a schedule whose configured
@@ -73,3 +75,42 @@ def test_commit_forgets_what_rollback_would_restore():
     kept = memory.residuals["w"]
     memory.undo("w")
     assert memory.residuals["w"] is kept
+
+
+#: Compressors with per-tensor state that the scatter-gather compresses segment by segment, each
+#: segment under ``name[start:stop]``.
+SEGMENTED = [("Signum", lambda: Grace(Signum(0.9), communicator=ScatterGather())),
+             ("TopK+Residual", lambda: Grace(TopK(0.3), memory=Residual(), communicator=ScatterGather()))]
+
+
+@pytest.mark.parametrize("setup", SEGMENTED, ids=[label for label, _ in SEGMENTED])
+def test_undoing_a_tensor_undoes_its_segments_state_on_the_scatter_gather(setup):
+    def body(backend):
+        bundle = setup[1]()
+        torch.manual_seed(backend.rank())
+        for _ in range(2):
+            bundle.start(torch.randn(40), "w", backend, average=True)()
+            bundle.end_step(backend)
+        before = {**tensors_of(bundle.compressor.state_dict(), "c."),
+                  **tensors_of(bundle.owner_memory.state_dict() if bundle.owner_memory else {}, "o.")}
+        bundle.start(torch.randn(40), "w", backend, average=True)()
+        bundle.undo("w")
+        after = {**tensors_of(bundle.compressor.state_dict(), "c."),
+                 **tensors_of(bundle.owner_memory.state_dict() if bundle.owner_memory else {}, "o.")}
+        return before, after
+
+    for before, after in run_ranks(3, body):
+        assert any("[" in key for key in before), sorted(before)  # segment state exists
+        assert before.keys() == after.keys()
+        for key in before:
+            assert torch.equal(before[key], after[key]), key
+
+
+def test_an_undo_log_undoes_a_tensors_parts_and_nothing_else():
+    store = {"w": 1, "w[0:3]": 2, "w2[0:3]": 3}
+    log = UndoLog()
+    for key in ("w", "w[0:3]", "w2[0:3]", "w[3:6]"):
+        log.remember(store, key)
+    store.update({"w": 10, "w[0:3]": 20, "w2[0:3]": 30, "w[3:6]": 40})
+    log.undo("w")
+    assert store == {"w": 1, "w[0:3]": 2, "w2[0:3]": 30}

@@ -4,10 +4,11 @@ integer width selection uses."""
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from grace_legacy.compressors.kernels import scan
+from grace_legacy.compressors.kernels import compiled, scan
 from grace_legacy.compressors.kernels.scan import candidates_at_or_above, entries_in_range, largest
 
 WIDTHS = {np.int16: 0x7FFF, np.int32: 0x7FFF_FFFF, np.int64: 0x7FFF_FFFF_FFFF_FFFF}
@@ -113,3 +114,32 @@ def test_the_blocked_pass_finds_what_the_plain_pass_finds(n, expected):
     positions, magnitudes = candidates_at_or_above(bits, 0x7FFF_FFFF, lower, expected)
     np.testing.assert_array_equal(positions, np.flatnonzero(np.bitwise_and(bits, 0x7FFF_FFFF) >= lower))
     np.testing.assert_array_equal(magnitudes, np.bitwise_and(bits[positions], 0x7FFF_FFFF))
+
+
+@pytest.mark.parametrize("kept", ["none", "every", "half", "first of each block", "last of each block"])
+def test_the_range_pass_on_several_threads_is_numpys_mask_and_gather(kept):
+    """On several threads each block writes its entries at its own offset and stops at its last
+    one (the next store would land on the next block's first slot): the output is still exactly
+    the mask's, whichever entries open or close the blocks."""
+    n = 3 * compiled.PER_THREAD + 37  # several blocks, the last one partial
+    mask, bits = 0x7FFF_FFFF, random_bits(np.int32, n, 5)
+    magnitudes = np.bitwise_and(bits, mask)
+    lower, upper = {"none": (mask, mask - 1), "every": (0, mask)}.get(kept, (mask // 2, mask))
+    starts = np.arange(0, n, compiled.BLOCK)
+    if kept == "first of each block":
+        bits[starts] = mask  # kept
+        bits[starts[1:] - 1] = 0  # and the entry before each not
+    elif kept == "last of each block":
+        bits[np.minimum(starts[1:], n) - 1] = mask
+        bits[-1] = mask
+    magnitudes = np.bitwise_and(bits, mask)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(min(3, compiled.pool_size()))
+        assert compiled.threads_for(n) > 1 or compiled.pool_size() == 1
+        entries, positions = entries_in_range(bits, mask, lower, upper, np.int32)
+    finally:
+        torch.set_num_threads(before)
+    expected = np.flatnonzero((magnitudes >= lower) & (magnitudes <= upper))
+    np.testing.assert_array_equal(positions, expected)
+    np.testing.assert_array_equal(entries, bits[expected])

@@ -1,12 +1,15 @@
 """Packing boolean tensors 8 to a byte: element ``i`` of the flattened input is bit ``i % 8`` (least
 significant first) of byte ``i // 8``, as ``numpy.packbits(..., bitorder="little")``; the unused high
-bits of the last byte are zero, so equal inputs pack to equal bytes. On the tensor's own device.
+bits of the last byte are zero, so equal inputs pack to equal bytes. On the tensor's own device
+(numpy's views on the CPU's own path, :func:`grace_legacy.runtime.paths.cpu_path`).
 """
 
 from __future__ import annotations
 
 import numpy as np
 import torch
+
+from grace_legacy.runtime import paths
 
 BITS_PER_BYTE = 8
 
@@ -28,7 +31,7 @@ def pack_bits(bits: torch.Tensor) -> torch.Tensor:
     if not isinstance(bits, torch.Tensor) or bits.dtype != torch.bool:
         got = bits.dtype if isinstance(bits, torch.Tensor) else type(bits).__name__
         raise TypeError(f"pack_bits: expected a bool tensor, got {got}")
-    if bits.device.type == "cpu":
+    if paths.cpu_path(bits):
         if bits.numel() == 0:  # numpy's empty result can carry strides torch cannot view
             return torch.empty(0, dtype=torch.uint8)
         return torch.from_numpy(np.packbits(bits.reshape(-1).numpy(), bitorder="little"))
@@ -54,7 +57,7 @@ def unpack_bits(packed: torch.Tensor, numel: int) -> torch.Tensor:
     if packed.dim() == 0 or packed.shape[-1] != packed_length(numel):
         raise ValueError(f"unpack_bits: {numel} bits need {packed_length(numel)} bytes in the last "
                          f"dimension, got shape {tuple(packed.shape)}")
-    if packed.device.type == "cpu" and numel > 0:
+    if paths.cpu_path(packed) and numel > 0:
         spread = np.unpackbits(packed.numpy(), axis=-1, count=numel, bitorder="little")
         return torch.from_numpy(spread).view(torch.bool)
     return _unpack_bits_torch(packed, numel)

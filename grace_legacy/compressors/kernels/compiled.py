@@ -1,27 +1,117 @@
-"""What the compiled CPU loops share: one switch and one way to compile them. Each kernel module
-builds its numba loops in its own ``_kernels()`` on first use, cached on disk
-(docs/DESIGN.md#compiled-passes). Top-k's selection has no switch: its torch path is tested directly.
+"""What the compiled CPU loops share: one switch, one way to compile them, and how many threads a
+pass gets. Each kernel module builds its numba loops in its own ``_kernels()`` on first use, cached
+on disk (docs/DESIGN.md#compiled-passes). Top-k's selection has no switch: its torch path is tested
+directly. The wider switch, :mod:`grace_legacy.runtime.paths`, sends every CPU tensor down the
+device path.
+
+A pass over ``n`` elements runs on :func:`threads_for` ``(n)`` threads: at most
+``torch.get_num_threads()``, numba's pool, and one per :data:`PER_THREAD` elements. On several
+threads it goes over fixed blocks of :data:`BLOCK` elements whose partial results are combined in
+block order, so every result is bit for bit the same whatever the thread count
+(docs/DESIGN.md#threads).
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection
+import functools
+import os
+import threading
+from collections.abc import Callable, Collection, Iterator
+from contextlib import contextmanager
+from typing import Any
 
 import torch
+
+from grace_legacy.runtime import paths
 
 #: Whether the compiled loops run where they can; tests clear it to take the tensor path on CPU.
 ENABLED = True
 
+#: Elements per block of a pass that may run on several threads. Fixed, so that results never
+#: depend on the thread count; a multiple of 64, so blocks split neither a byte of packed bits nor
+#: a pair of elements that share a random word.
+BLOCK = 1 << 16
+#: The fewest elements worth giving one more thread: waking a pool thread costs tens of
+#: microseconds, about what a pass does on this many elements.
+PER_THREAD = 1 << 18
+
+_LAUNCH = threading.Lock()
+
 
 def applies(tensor: torch.Tensor, dtypes: Collection[torch.dtype] | None = None) -> bool:
-    """Whether the compiled loops handle ``tensor``: a CPU tensor while :data:`ENABLED`, of one of
-    ``dtypes`` when they are given."""
-    return ENABLED and tensor.device.type == "cpu" and (dtypes is None or tensor.dtype in dtypes)
+    """Whether the compiled loops handle ``tensor``: a tensor on the CPU's own path
+    (:func:`grace_legacy.runtime.paths.cpu_path`) while :data:`ENABLED`, of one of ``dtypes`` when
+    they are given."""
+    return ENABLED and paths.cpu_path(tensor) and (dtypes is None or tensor.dtype in dtypes)
 
 
-def loop():
-    """The decorator that compiles a loop (``njit``, GIL released, cached, no bounds checks: the
-    callers check sizes). Imports numba, so call it inside a ``_kernels()``."""
+@functools.cache
+def _numba() -> Any:
+    """numba, with its threading layer chosen (docs/DESIGN.md#threads) before any parallel loop runs."""
     import numba
 
-    return numba.njit(nogil=True, cache=True, boundscheck=False)
+    if not os.environ.get("NUMBA_THREADING_LAYER"):
+        numba.config.THREADING_LAYER = "workqueue"
+    return numba
+
+
+def loop() -> Callable:
+    """The decorator that compiles a loop (``njit``, GIL released, cached, no bounds checks: the
+    callers check sizes). Imports numba, so call it inside a ``_kernels()``."""
+    return _numba().njit(nogil=True, cache=True, boundscheck=False)
+
+
+def parallel_loop() -> Callable:
+    """As :func:`loop`, for a loop whose ``numba.prange`` runs on several threads; run it through
+    :func:`run`, which sets how many."""
+    return _numba().njit(nogil=True, cache=True, boundscheck=False, parallel=True)
+
+
+def blocks(n: int) -> int:
+    """How many blocks of :data:`BLOCK` elements cover ``n`` elements (the last may be short)."""
+    return -(-n // BLOCK)
+
+
+def pool_size() -> int:
+    """Threads in numba's pool (``NUMBA_NUM_THREADS``): the most a pass can run on."""
+    return _numba().config.NUMBA_NUM_THREADS
+
+
+def threads_for(n: int) -> int:
+    """How many threads a pass over ``n`` elements runs on (see the module docstring): at least 1."""
+    wanted = min(torch.get_num_threads(), n // PER_THREAD)
+    return max(1, min(wanted, pool_size())) if wanted > 1 else 1
+
+
+def run(serial: Callable, parallel: Callable, n: int, *args: Any) -> Any:
+    """``serial(*args)`` when a pass over ``n`` elements gets one thread, else ``parallel(*args)`` on
+    :func:`threads_for` ``(n)`` threads. The two must compute the same results (the parallel one
+    by fixed blocks); only their speed differs."""
+    threads = threads_for(n)
+    if threads == 1:
+        return serial(*args)
+    with launched(threads):
+        return parallel(*args)
+
+
+@contextmanager
+def launched(threads: int) -> Iterator[None]:
+    """Within the block, this thread's parallel loops run on ``threads`` threads, and no other
+    thread launches any (the workqueue layer must not be entered twice at once)."""
+    numba = _numba()
+    with _LAUNCH:
+        before = numba.get_num_threads()  # this thread's own setting, which other numba code may rely on
+        numba.set_num_threads(threads)
+        try:
+            yield
+        finally:
+            numba.set_num_threads(before)
+
+
+def _unlock_in_child() -> None:
+    # A fork while another thread held the lock would leave the child's copy locked for good.
+    global _LAUNCH
+    _LAUNCH = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_unlock_in_child)

@@ -2,12 +2,15 @@
 :mod:`~grace_legacy.compressors.kernels.selection`): the candidates at or above a bound (a one-sided
 test: callers that must exclude NaN filter them), the k largest of them (from a histogram of their
 magnitudes), and the entries whose magnitude lies in a range (Threshold's payload, written with
-its wire index dtype). Why each is shaped as it is: docs/DESIGN.md#top-k-selection.
+its wire index dtype). Why each is shaped as it is: docs/DESIGN.md#top-k-selection. The candidate
+and range passes run on several threads by fixed blocks, each block's results placed after those
+of the blocks before it, so the output is the serial pass's whatever the thread count.
 """
 
 from __future__ import annotations
 
 import functools
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -28,7 +31,9 @@ BINS = 2048
 
 
 @functools.cache
-def _kernels():
+def _kernels() -> SimpleNamespace:
+    import numba
+
     compiled = _compiled.loop()
 
     @compiled
@@ -122,7 +127,105 @@ def _kernels():
             found += (magnitude >= lower) & (magnitude <= upper)
         return found
 
-    return at_or_above, at_or_above_in_blocks, largest, in_range
+    # On several threads, by blocks of compiled.BLOCK entries (the blocked pass's sub-blocks of
+    # 64 lie within them): the candidates of every block are counted first, so each block knows
+    # where its own go, then written there; the result is the serial passes' exactly.
+    big = _compiled.BLOCK
+    parallel = _compiled.parallel_loop()
+
+    @compiled
+    def count_range(bits, mask, lower, start, end):  # pragma: no cover - compiled
+        hits = 0
+        for i in range(start, end):  # no branch: vectorized
+            hits += (bits[i] & mask) >= lower
+        return hits
+
+    @compiled
+    def write_range(bits, mask, lower, positions, magnitudes, at, start, end, sparse):  # pragma: no cover
+        found = at
+        whole = start + (end - start) // BLOCK * BLOCK if sparse else start
+        for first in range(start, whole, BLOCK):
+            hits = 0
+            for i in range(first, first + BLOCK):
+                hits += (bits[i] & mask) >= lower
+            if hits:
+                for i in range(first, first + BLOCK):
+                    magnitude = bits[i] & mask
+                    if magnitude >= lower:
+                        positions[found] = i
+                        magnitudes[found] = magnitude
+                        found += 1
+        for i in range(whole, end):
+            magnitude = bits[i] & mask
+            if magnitude >= lower:
+                positions[found] = i
+                magnitudes[found] = magnitude
+                found += 1
+
+    @compiled
+    def candidates(bits, mask, lower, positions, magnitudes, sparse):  # pragma: no cover - compiled
+        if sparse:
+            return at_or_above_in_blocks(bits, mask, lower, positions, magnitudes)
+        return at_or_above(bits, mask, lower, positions, magnitudes)
+
+    @parallel
+    def candidates_parallel(bits, mask, lower, positions, magnitudes, sparse):  # pragma: no cover - compiled
+        n = bits.size
+        count = (n + big - 1) // big
+        counts = np.empty(count, np.int64)
+        for b in numba.prange(count):
+            counts[b] = count_range(bits, mask, lower, b * big, min(n, (b + 1) * big))
+        offsets = np.empty(count, np.int64)
+        total = 0
+        for b in range(count):
+            offsets[b] = total
+            total += counts[b]
+        if total > positions.size:  # the caller makes room and comes again
+            return total
+        for b in numba.prange(count):
+            if counts[b]:
+                write_range(bits, mask, lower, positions, magnitudes, offsets[b], b * big, min(n, (b + 1) * big),
+                            sparse)
+        return total
+
+    @compiled
+    def count_in_range(bits, mask, lower, upper, start, end):  # pragma: no cover - compiled
+        hits = 0
+        for i in range(start, end):  # no branch: vectorized
+            magnitude = bits[i] & mask
+            hits += (magnitude >= lower) & (magnitude <= upper)
+        return hits
+
+    @parallel
+    def count_in_range_parallel(bits, mask, lower, upper, counts):  # pragma: no cover - compiled
+        n = bits.size
+        for b in numba.prange(counts.size):
+            counts[b] = count_in_range(bits, mask, lower, upper, b * big, min(n, (b + 1) * big))
+
+    @compiled
+    def write_in_range(bits, mask, lower, upper, positions, kept, at, limit, start, end):  # pragma: no cover
+        # As in_range, from the block's own offset; it stops once its last entry is written, since
+        # the next (unkept) store would land on the next block's first slot.
+        found = at
+        for i in range(start, end):
+            if found == limit:
+                break
+            entry = bits[i]
+            magnitude = entry & mask
+            positions[found] = i
+            kept[found] = entry
+            found += (magnitude >= lower) & (magnitude <= upper)
+
+    @parallel
+    def write_in_range_parallel(bits, mask, lower, upper, positions, kept, offsets, counts):  # pragma: no cover
+        n = bits.size
+        for b in numba.prange(counts.size):
+            write_in_range(bits, mask, lower, upper, positions, kept, offsets[b], offsets[b] + counts[b], b * big,
+                           min(n, (b + 1) * big))
+
+    return SimpleNamespace(candidates=candidates, candidates_parallel=candidates_parallel, largest=largest,
+                           in_range=in_range, count_in_range_parallel=count_in_range_parallel,
+                           write_in_range_parallel=write_in_range_parallel)
 
 
 def candidates_at_or_above(bits: np.ndarray, mask: int, lower: int, expected: int,
@@ -130,20 +233,23 @@ def candidates_at_or_above(bits: np.ndarray, mask: int, lower: int, expected: in
     """``(positions, magnitudes)``: the sorted positions ``i`` (int64) of the 1-D integer array
     ``bits`` with ``bits[i] & mask >= lower``, and those ``bits[i] & mask``; ``None`` once they are
     more than ``limit``. ``expected`` sizes the output (more found: a second pass)."""
-    at_or_above, at_or_above_in_blocks, _, _ = _kernels()
-    if expected * SPARSE_BLOCKS < bits.size:
-        at_or_above = at_or_above_in_blocks
+    kernels = _kernels()
+    sparse = expected * SPARSE_BLOCKS < bits.size
 
     def room_for(count):
         return np.empty(count, dtype=np.int64), np.empty(count, dtype=bits.dtype)
 
+    def scan(positions, magnitudes):
+        return _compiled.run(kernels.candidates, kernels.candidates_parallel, bits.size,
+                             bits, mask, lower, positions, magnitudes, sparse)
+
     positions, magnitudes = room_for(min(bits.size, max(expected, MIN_ROOM)))
-    found = at_or_above(bits, mask, lower, positions, magnitudes)
+    found = scan(positions, magnitudes)
     if limit is not None and found > limit:
         return None
     if found > positions.size:
         positions, magnitudes = room_for(found)
-        at_or_above(bits, mask, lower, positions, magnitudes)
+        scan(positions, magnitudes)
     if 2 * found < positions.size:
         return positions[:found].copy(), magnitudes[:found].copy()
     return positions[:found], magnitudes[:found]
@@ -156,9 +262,8 @@ def largest(positions: np.ndarray, magnitudes: np.ndarray, k: int) -> np.ndarray
     if not 1 <= k <= positions.size or positions.size != magnitudes.size:
         raise ValueError(f"largest: need 1 <= k <= {positions.size} and as many magnitudes as "
                          f"positions, got k={k} and {magnitudes.size} magnitudes")
-    _, _, compiled_largest, _ = _kernels()
     out = np.empty(k, dtype=np.int64)
-    compiled_largest(positions, magnitudes, k, BINS, out)
+    _kernels().largest(positions, magnitudes, k, BINS, out)
     return out
 
 
@@ -167,12 +272,24 @@ def entries_in_range(bits: np.ndarray, mask: int, lower: int, upper: int,
     """``(entries, positions)``: the entries ``bits[i]`` (unmasked, so a float's sign survives a
     view back) with ``lower <= bits[i] & mask <= upper``, and their increasing positions as
     ``index_dtype``, which must hold ``bits.size - 1``."""
-    # Every entry is written at the next free slot whatever the test says, so both outputs are
-    # bits.size long; untouched pages of np.empty cost nothing, and a small result is copied out.
-    _, _, _, in_range = _kernels()
-    positions = np.empty(bits.size, dtype=index_dtype)
-    kept = np.empty(bits.size, dtype=bits.dtype)
-    found = in_range(bits, mask, lower, upper, positions, kept)
-    if 2 * found < bits.size:
-        return kept[:found].copy(), positions[:found].copy()
-    return kept[:found], positions[:found]
+    kernels = _kernels()
+    threads = _compiled.threads_for(bits.size)
+    if threads == 1:
+        # Every entry is written at the next free slot whatever the test says, so both outputs are
+        # bits.size long; untouched pages of np.empty cost nothing, and a small result is copied out.
+        positions = np.empty(bits.size, dtype=index_dtype)
+        kept = np.empty(bits.size, dtype=bits.dtype)
+        found = kernels.in_range(bits, mask, lower, upper, positions, kept)
+        if 2 * found < bits.size:
+            return kept[:found].copy(), positions[:found].copy()
+        return kept[:found], positions[:found]
+    # On several threads: each block's entries counted first (a vectorized read), then written at
+    # the block's offset in outputs of the exact size; no copy afterwards, whatever the fraction kept.
+    counts = np.empty(_compiled.blocks(bits.size), dtype=np.int64)
+    with _compiled.launched(threads):
+        kernels.count_in_range_parallel(bits, mask, lower, upper, counts)
+        offsets = np.cumsum(counts) - counts
+        found = int(counts.sum())
+        positions, kept = np.empty(found, dtype=index_dtype), np.empty(found, dtype=bits.dtype)
+        kernels.write_in_range_parallel(bits, mask, lower, upper, positions, kept, offsets, counts)
+    return kept, positions

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from grace_legacy.compressors.kernels.scan import candidates_at_or_above, entries_in_range, largest
+from grace_legacy.runtime import paths
 
 #: Below this many entries a plain ``torch.topk`` is as fast as anything (per-call overheads win).
 SMALL = 1 << 15
@@ -84,7 +85,7 @@ def top_k_indices(flat: torch.Tensor, k: int) -> torch.Tensor:
         raise ValueError(f"top-k selection: k must be in [1, {numel}], got {k}")
     if numel < SMALL or 4 * k > numel:
         return _plain_top_k(flat, k)
-    if flat.device.type == "cpu":
+    if paths.cpu_path(flat):
         bits, mask = _magnitude_bits(flat)
         sampled = np.bitwise_and(bits.numpy()[_sample_positions(numel)], mask)
         r = estimate_order(k, SAMPLES, numel)
@@ -113,7 +114,7 @@ def top_k_at_or_above(flat: torch.Tensor, k: int, threshold: float | torch.Tenso
     numel = flat.numel()
     if not 1 <= k <= numel:
         raise ValueError(f"top-k selection: k must be in [1, {numel}], got {k}")
-    if flat.device.type == "cpu":
+    if paths.cpu_path(flat):
         estimate = torch.as_tensor(threshold, dtype=flat.dtype).abs().reshape(1)
         bits, mask = _magnitude_bits(estimate)
         return _select_cpu(flat, k, int(bits.numpy()[0]) & mask, expected=2 * k)
@@ -165,7 +166,7 @@ def entries_at_or_above(flat: torch.Tensor, threshold: float,
     in ``flat``'s dtype, NaN never) and their increasing positions as ``index_dtype``: what
     ``i = torch.nonzero(flat.abs() >= threshold)`` and ``flat[i]`` give (those, below :data:`SMALL`)."""
     bound, bound_bits = magnitude_bound(threshold, flat.dtype)
-    if flat.device.type != "cpu" or flat.numel() < SMALL:
+    if not paths.cpu_path(flat) or flat.numel() < SMALL:
         positions = torch.nonzero(flat.abs() >= bound.to(flat.device)).reshape(-1)
         return flat.index_select(0, positions), positions.to(index_dtype)
     bits, mask = _magnitude_bits(flat)

@@ -2,13 +2,14 @@
 each element's bit as :mod:`~grace_legacy.compressors.kernels.bits` lays them out and, when asked,
 adds it to its side's sum; one loop decodes the bits straight into the values. Float32 and float64
 CPU tensors only. Sums are kept in float64: each byte's eight elements on their own, then the bytes
-in order.
+in order within fixed blocks, then the blocks in order, so they do not depend on the thread count.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -25,36 +26,41 @@ def kernels_apply(tensor: torch.Tensor) -> bool:
 
 
 @functools.cache
-def _kernels():
+def _kernels() -> SimpleNamespace:
+    import numba
+
     compiled = _compiled.loop()
+    parallel = _compiled.parallel_loop()
+    block = _compiled.BLOCK  # a multiple of 8: blocks split no byte
+
+    # A `*_range` loop does elements start .. end - 1 (start a multiple of 8); the drivers run one
+    # over everything on the calling thread, or one block per prange iteration.
 
     @compiled
-    def pack(x, out):  # pragma: no cover - compiled
-        n = x.size
-        for b in range(n // 8):
+    def pack_range(x, out, start, end):  # pragma: no cover - compiled
+        for b in range(start // 8, end // 8):
             byte = 0
             for k in range(8):
                 byte |= (1 if x[8 * b + k] >= 0 else 0) << k
             out[b] = byte
-        if n % 8:
+        if end % 8:
             byte = 0
-            for i in range(n - n % 8, n):
+            for i in range(end - end % 8, end):
                 byte |= (1 if x[i] >= 0 else 0) << (i % 8)
-            out[n // 8] = byte
+            out[end // 8] = byte
 
     @compiled
-    def pack_and_sum_sides(x, out, exact):  # pragma: no cover - compiled
+    def sides_range(x, out, exact, start, end):  # pragma: no cover - compiled
         # Each byte's eight elements are summed on their own, then the bytes in order. Without
         # `exact` the sides come from value +- |value| (twice the value on its side, 0 on the
         # other, both exact), with no select, which numba compiles to a slow branch; that holds
         # for finite sums only, so a non-finite result is retaken with `exact`, which selects.
-        n = x.size
         up_total = down_total = 0.0
         count = 0
-        for b in range((n + 7) // 8):
+        for b in range(start // 8, (end + 7) // 8):
             byte = 0
             up = down = 0.0
-            for i in range(8 * b, min(8 * b + 8, n)):
+            for i in range(8 * b, min(8 * b + 8, end)):
                 value = np.float64(x[i])
                 nonnegative = value >= 0  # NaN is negative, as in pack
                 byte |= (1 if nonnegative else 0) << (i % 8)
@@ -73,57 +79,125 @@ def _kernels():
         return 0.5 * up_total, 0.5 * down_total, count
 
     @compiled
-    def momentum_step(previous, gradient, keep, take, out, packed):  # pragma: no cover - compiled
+    def momentum_range(previous, gradient, keep, take, out, packed, start, end):  # pragma: no cover - compiled
         # out = previous * keep + gradient * take in out's dtype, as the tensor expression rounds
         # it (each product, then the sum; no fused multiply-add), and its signs packed.
-        # Whole bytes first, with a fixed inner trip count (as in `pack`), which numba unrolls;
-        # a bound that depends on n in the inner loop kept it a slow scalar loop.
-        n = out.size
-        for b in range(n // 8):
+        # Whole bytes first, with a fixed inner trip count (as in `pack_range`), which numba
+        # unrolls; a bound that depends on n in the inner loop kept it a slow scalar loop.
+        for b in range(start // 8, end // 8):
             byte = 0
             for k in range(8):
                 value = previous[8 * b + k] * keep + out.dtype.type(gradient[8 * b + k]) * take
                 out[8 * b + k] = value
                 byte |= (1 if value >= 0 else 0) << k
             packed[b] = byte
-        if n % 8:
+        if end % 8:
             byte = 0
-            for i in range(n - n % 8, n):
+            for i in range(end - end % 8, end):
                 value = previous[i] * keep + out.dtype.type(gradient[i]) * take
                 out[i] = value
                 byte |= (1 if value >= 0 else 0) << (i % 8)
-            packed[n // 8] = byte
+            packed[end // 8] = byte
 
     @compiled
-    def choose(packed, if_set, if_clear, out):  # pragma: no cover - compiled
-        n = out.size
-        for b in range(n // 8):
+    def choose_range(packed, if_set, if_clear, out, start, end):  # pragma: no cover - compiled
+        for b in range(start // 8, end // 8):
             byte = packed[b]
             for k in range(8):
                 out[8 * b + k] = if_set if (byte >> k) & 1 else if_clear
-        for i in range(n - n % 8, n):
+        for i in range(end - end % 8, end):
             out[i] = if_set if (packed[i // 8] >> (i % 8)) & 1 else if_clear
 
-    return pack, pack_and_sum_sides, choose, momentum_step
+    @compiled
+    def pack(x, out):  # pragma: no cover - compiled
+        pack_range(x, out, 0, x.size)
+
+    @parallel
+    def pack_parallel(x, out):  # pragma: no cover - compiled
+        for b in numba.prange((x.size + block - 1) // block):
+            pack_range(x, out, b * block, min(x.size, (b + 1) * block))
+
+    @compiled
+    def sides(x, out, exact):  # pragma: no cover - compiled
+        # Block by block, each block's sums added in block order, as the parallel driver does.
+        up_total = down_total = 0.0
+        count = 0
+        for b in range((x.size + block - 1) // block):
+            up, down, c = sides_range(x, out, exact, b * block, min(x.size, (b + 1) * block))
+            up_total += up
+            down_total += down
+            count += c
+        return up_total, down_total, count
+
+    @parallel
+    def sides_parallel(x, out, exact):  # pragma: no cover - compiled
+        blocks = (x.size + block - 1) // block
+        ups, downs, counts = np.empty(blocks), np.empty(blocks), np.empty(blocks, np.int64)
+        for b in numba.prange(blocks):
+            ups[b], downs[b], counts[b] = sides_range(x, out, exact, b * block, min(x.size, (b + 1) * block))
+        up_total = down_total = 0.0
+        for b in range(blocks):
+            up_total += ups[b]
+            down_total += downs[b]
+        return up_total, down_total, counts.sum()
+
+    @compiled
+    def momentum_step(previous, gradient, keep, take, out, packed):  # pragma: no cover - compiled
+        momentum_range(previous, gradient, keep, take, out, packed, 0, out.size)
+
+    @parallel
+    def momentum_step_parallel(previous, gradient, keep, take, out, packed):  # pragma: no cover - compiled
+        for b in numba.prange((out.size + block - 1) // block):
+            momentum_range(previous, gradient, keep, take, out, packed, b * block, min(out.size, (b + 1) * block))
+
+    @compiled
+    def choose(packed, if_set, if_clear, out):  # pragma: no cover - compiled
+        choose_range(packed, if_set, if_clear, out, 0, out.size)
+
+    @parallel
+    def choose_parallel(packed, if_set, if_clear, out):  # pragma: no cover - compiled
+        for b in numba.prange((out.size + block - 1) // block):
+            choose_range(packed, if_set, if_clear, out, b * block, min(out.size, (b + 1) * block))
+
+    def both(serial, parallel_driver):
+        return SimpleNamespace(serial=serial, parallel=parallel_driver)
+
+    return SimpleNamespace(pack=both(pack, pack_parallel), sides=both(sides, sides_parallel),
+                           momentum_step=both(momentum_step, momentum_step_parallel),
+                           choose=both(choose, choose_parallel))
+
+
+def _run(name: str, n: int, *args):
+    kernel = getattr(_kernels(), name)
+    return _compiled.run(kernel.serial, kernel.parallel, n, *args)
 
 
 def pack_nonnegative(x: torch.Tensor) -> torch.Tensor:
     """The packed bits of ``x >= 0`` (flat), as :func:`~grace_legacy.compressors.kernels.bits.pack_bits`
     would give them."""
     out = torch.empty(packed_length(x.numel()), dtype=torch.uint8)
-    _kernels()[0](x.reshape(-1).numpy(), out.numpy())
+    _run("pack", x.numel(), x.reshape(-1).numpy(), out.numpy())
     return out
+
+
+def sides(x: np.ndarray, out: np.ndarray, exact: bool) -> tuple[float, float, int]:
+    """The pass under :func:`pack_and_sum_sides`, on numpy arrays: ``exact`` sums each side by
+    selecting its elements; without it, from ``value +- |value|``, which is the same for finite
+    sums only."""
+    return _run("sides", x.size, x, out, exact)
 
 
 def pack_and_sum_sides(x: torch.Tensor) -> tuple[torch.Tensor, float, float, int]:
     """``(bits, nonnegative_sum, negative_sum, nonnegative_count)`` of ``x`` (flat): the packed
     bits of ``x >= 0``, the float64 sums of the elements on each side (NaN counts as negative),
-    and how many are non-negative."""
+    and how many are non-negative. Each sum goes byte by byte (eight elements summed on their
+    own), the bytes in order within each block of :data:`~grace_legacy.compressors.kernels.compiled.BLOCK`
+    elements, then the blocks in order: an order fixed by the element count alone."""
     out = torch.empty(packed_length(x.numel()), dtype=torch.uint8)
     array = x.reshape(-1).numpy()
-    up, down, count = _kernels()[1](array, out.numpy(), False)
+    up, down, count = sides(array, out.numpy(), False)
     if not (math.isfinite(up) and math.isfinite(down)):  # inf or NaN in x, or an overflow
-        up, down, count = _kernels()[1](array, out.numpy(), True)
+        up, down, count = sides(array, out.numpy(), True)
     return out, up, down, count
 
 
@@ -132,7 +206,7 @@ def choose(packed: torch.Tensor, numel: int, if_set: float, if_clear: float, dty
     packed bit is 1, ``if_clear`` where it is 0 (both already values of ``dtype``)."""
     out = torch.empty(numel, dtype=dtype)
     array = out.numpy()
-    _kernels()[2](packed.numpy(), array.dtype.type(if_set), array.dtype.type(if_clear), array)
+    _run("choose", numel, packed.numpy(), array.dtype.type(if_set), array.dtype.type(if_clear), array)
     return out
 
 
@@ -143,6 +217,6 @@ def momentum_step(previous: torch.Tensor, gradient: torch.Tensor, momentum: floa
     buffer = torch.empty_like(previous)
     packed = torch.empty(packed_length(buffer.numel()), dtype=torch.uint8)
     work = buffer.numpy().dtype.type
-    _kernels()[3](previous.reshape(-1).numpy(), gradient.reshape(-1).numpy(), work(momentum), work(1.0 - momentum),
-                  buffer.reshape(-1).numpy(), packed.numpy())
+    _run("momentum_step", buffer.numel(), previous.reshape(-1).numpy(), gradient.reshape(-1).numpy(),
+         work(momentum), work(1.0 - momentum), buffer.reshape(-1).numpy(), packed.numpy())
     return buffer, packed
