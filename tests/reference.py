@@ -36,6 +36,41 @@ def majority_vote_rule(decompressed: list[torch.Tensor]) -> torch.Tensor:
     return torch.sign(votes)
 
 
+#: Routes whose payloads the backend sums (in its own order and precision) rather than gathers.
+SUMMED_ROUTES = ("dense", "dense-fallback", "allreduce")
+
+
+def summed_in_16_bits(route: str, dtypes: list[torch.dtype]) -> bool:
+    """Whether the backend sums this tensor in a 16-bit dtype (``dtypes``: the gradient's, then the
+    payload's floating parts'): its result is then held to :func:`summed_bound`, not to a case's
+    tolerances, since each backend sums in its own order."""
+    return route in SUMMED_ROUTES and any(torch.finfo(d).bits <= 16 for d in dtypes)
+
+
+def summed_bound(contributions: list[torch.Tensor], expected: torch.Tensor, dtypes: list[torch.dtype],
+                 step: int, shifted) -> torch.Tensor:
+    """How far, element by element, a sum the backend computes in a 16-bit dtype may lie from the
+    rule's.
+
+    Summing ``P`` values in any order, each addition rounding to a dtype with machine epsilon
+    ``eps`` (``u = eps / 2``), lands within ``(P - 1) u sum_r |c_r|`` of the exact sum, and the mean
+    within ``u ((P - 1) / P sum_r |c_r| + |mean|)`` of the exact mean: the backend's and the
+    rule's (rank order) are each that close, so within ``eps (sum_r |c_r| + |mean|)`` of each
+    other, plus the smallest subnormal where the result is too small for a relative bound. ``eps``
+    is the coarsest of the model's dtype and the payload's. A memory's ``aggregated`` map carries the
+    bound through ``shifted`` (the same map applied to the mean moved by it), plus one more
+    rounding of the result; a memory that accumulates the means (EF21) adds one such bound per
+    step, hence the factor ``step + 1``.
+    """
+    eps = max(torch.finfo(d).eps for d in dtypes)
+    tiny = max(torch.finfo(d).smallest_normal * torch.finfo(d).eps for d in dtypes)
+    magnitude = sum(c.double().abs() for c in contributions)
+    mean = sum(c.double() for c in contributions) / len(contributions)
+    on_mean = eps * (magnitude + mean.abs()) + tiny
+    through = (shifted(mean + on_mean) - shifted(mean)).abs()
+    return (step + 1) * (through + eps * expected.double().abs() + tiny)
+
+
 @dataclass
 class Observation:
     step: int

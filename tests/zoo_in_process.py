@@ -6,7 +6,9 @@ case's ``Grace`` bundle as the distributed optimizer does (buckets planned from 
 tensor started, then every result waited for, then ``end_step``) and its twin beside it on the same
 gradient; the twins' decompressed payloads are gathered and combined by the case's rule (or
 averaged where the route was dense), and the bundle's synchronized gradient must equal that on
-every rank, within the case's tolerances (bit for bit for the quantizers). The bytes the bundle
+every rank, within the case's tolerances (bit for bit for the quantizers), or, where the backend
+sums in 16 bits (FP16's and BF16's payloads), within the rounding of such a sum
+(:func:`tests.reference.summed_bound`). The bytes the bundle
 counts must equal the twin's payload bytes, and the routes the twin's.
 
 The cases' twins model the single-stage routes (allreduce, allgather, broadcast), which a default
@@ -24,6 +26,7 @@ along both paths (:mod:`grace_legacy.runtime.paths`).
 
 from __future__ import annotations
 
+import copy
 import zlib
 from dataclasses import dataclass, field
 
@@ -34,7 +37,7 @@ from grace_legacy.grace import _DENSE
 from grace_legacy.runtime import wire
 from tests import two_phase
 from tests.helpers import ThreadBackend, bits, run_ranks
-from tests.reference import Case, Observation, mean_rule
+from tests.reference import Case, Observation, mean_rule, summed_bound, summed_in_16_bits
 
 #: name -> (shape, scale of rank 0's entries; rank r's are (1 + r) times larger)
 TENSORS: dict[str, tuple[tuple[int, ...], float]] = {
@@ -78,6 +81,12 @@ def twin_step(twin, memory, grad: torch.Tensor, name: str, communicator, dense_f
               world: int) -> tuple[torch.Tensor, int, str]:
     """What this rank contributes for ``grad`` by the twin: the decompressed payload, its bytes
     and its route (as ``zoo_worker.twin_step``, for any world)."""
+    return twin_step_sent(twin, memory, grad, name, communicator, dense_fallback, world)[:3]
+
+
+def twin_step_sent(twin, memory, grad: torch.Tensor, name: str, communicator, dense_fallback: bool,
+                   world: int) -> tuple[torch.Tensor, int, str, list[torch.dtype]]:
+    """:func:`twin_step`, and the floating dtypes its payload travels in."""
     compensated = memory.compensate(grad, name)
     concrete = twin.compressor_for(compensated, name)
     route = "dense"
@@ -88,7 +97,7 @@ def twin_step(twin, memory, grad: torch.Tensor, name: str, communicator, dense_f
             concrete, route = None, "dense-fallback"
     if concrete is None:
         memory.update(compensated, name, _DENSE, [compensated], None)
-        return compensated, compensated.numel() * compensated.element_size(), route
+        return compensated, compensated.numel() * compensated.element_size(), route, [compensated.dtype]
     payload, ctx = concrete.compress(compensated, name)
     memory.update(compensated, name, concrete, payload, ctx)
     if concrete.additive and communicator is None:
@@ -96,7 +105,7 @@ def twin_step(twin, memory, grad: torch.Tensor, name: str, communicator, dense_f
     else:
         sent = wire.packed_size(payload, with_header=not concrete.uniform_payload)
         route = communicator.route if communicator is not None else "allgather"
-    return concrete.decompress(payload, ctx), sent, route
+    return concrete.decompress(payload, ctx), sent, route, [p.dtype for p in payload if p.is_floating_point()]
 
 
 @dataclass
@@ -127,19 +136,29 @@ def _rank(case: Case, backend: ThreadBackend, device: torch.device, steps: int, 
         pending = {name: compression.start(local[name].clone(), name, backend, True) for name in names}
         results = {name: wait() for name, wait in pending.items()}
         for name in names:
-            contribution, sent, route = twin_step(twin, twin_memory, local[name], name, communicator,
-                                                  getattr(compression, "dense_fallback", True), world)
+            contribution, sent, route, dtypes = twin_step_sent(twin, twin_memory, local[name], name, communicator,
+                                                               getattr(compression, "dense_fallback", True), world)
             expected_bytes += sent
             routes.add(route)
             contributions = _gather(backend, contribution, f"reference.{step}.{name}")
             report.observations.append(Observation(step, name, contributions, route))
             combined = mean_rule(contributions) if route.startswith("dense") else case.rule(contributions)
+            dtypes = [local[name].dtype, *dtypes]
+            probe = copy.deepcopy(twin_memory) if summed_in_16_bits(route, dtypes) else None
             expected = twin_memory.aggregated(name, combined)
             got = results[name]
             where = f"{case.label}: rank {rank} step {step} {name}"
             if got.shape != local[name].shape or got.dtype != local[name].dtype or got.device != local[name].device:
                 report.failures.append(f"{where}: {tuple(got.shape)} {got.dtype} on {got.device}, expected "
                                        f"{tuple(local[name].shape)} {local[name].dtype} on {local[name].device}")
+                continue
+            if probe is not None:  # summed in 16 bits, in the backend's order
+                bound = summed_bound(contributions, expected, dtypes, step,
+                                     lambda t, probe=probe, name=name: copy.deepcopy(probe).aggregated(name, t))
+                excess = (got.double() - expected.double()).abs() - bound
+                if not bool((excess <= 0).all()):
+                    report.failures.append(f"{where}: beyond the rounding of a 16-bit sum by up to "
+                                           f"{excess.max().item():.3e}")
                 continue
             try:
                 torch.testing.assert_close(got, expected, rtol=case.rtol, atol=case.atol)

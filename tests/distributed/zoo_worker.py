@@ -20,6 +20,7 @@ from grace_legacy.runtime.cost import choose_route
 from tests.distributed.checks import Recorder, gather_from_ranks, gathered_goes_dense, parse_args
 from tests.distributed.harness import STEPS, Net, batch, local_gradients, loss_of
 from tests.distributed.zoo import FAMILIES, Observation, cases, mean_rule
+from tests.reference import summed_bound, summed_in_16_bits
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -74,10 +75,6 @@ def twin_step_sent(twin, memory, grad: torch.Tensor, name: str, communicator, de
     return concrete.decompress(payload, ctx), sent, route, [p.dtype for p in payload if p.is_floating_point()]
 
 
-#: Routes whose payloads the backend sums (in its own order and precision) rather than gathers.
-SUMMED_ROUTES = ("dense", "dense-fallback", "allreduce")
-
-
 def compare_with_rule(rec: Recorder, label: str, actual: torch.Tensor, combined: torch.Tensor, twin_memory,
                       name: str, route: str, dtypes: list[torch.dtype], contributions: list[torch.Tensor],
                       step: int, case) -> torch.Tensor:
@@ -85,8 +82,7 @@ def compare_with_rule(rec: Recorder, label: str, actual: torch.Tensor, combined:
     gradient, and return that. Where the backend sums in 16 bits (a 16-bit model, or a payload
     such as FP16's or BF16's) it sums in its own order and precision: held to
     :func:`summed_bound` instead of the case's tolerances. ``dtypes``: the model's, then the payload's."""
-    narrow = route in SUMMED_ROUTES and any(torch.finfo(d).bits <= 16 for d in dtypes)
-    probe = copy.deepcopy(twin_memory) if narrow else None
+    probe = copy.deepcopy(twin_memory) if summed_in_16_bits(route, dtypes) else None
     expected = twin_memory.aggregated(name, combined)
     if probe is None:
         rec.close(actual, expected, label, case.rtol, case.atol)
@@ -97,30 +93,6 @@ def compare_with_rule(rec: Recorder, label: str, actual: torch.Tensor, combined:
     rec.check(f"{label} (within the rounding of a 16-bit sum)", bool((excess <= 0).all()),
               f"max excess over the bound {excess.max().item():.3e}")
     return expected
-
-
-def summed_bound(contributions: list[torch.Tensor], expected: torch.Tensor, dtypes: list[torch.dtype],
-                 step: int, shifted) -> torch.Tensor:
-    """How far, element by element, a sum the backend computes in a 16-bit dtype may lie from the
-    rule's.
-
-    Summing ``P`` values in any order, each addition rounding to a dtype with machine epsilon
-    ``eps`` (``u = eps / 2``), lands within ``(P - 1) u sum_r |c_r|`` of the exact sum, and the mean
-    within ``u ((P - 1) / P sum_r |c_r| + |mean|)`` of the exact mean: the backend's and the
-    rule's (rank order) are each that close, so within ``eps (sum_r |c_r| + |mean|)`` of each
-    other, plus the smallest subnormal where the result is too small for a relative bound. ``eps``
-    is the coarsest of the model's dtype and the payload's. A memory's ``aggregated`` map carries the
-    bound through ``shifted`` (the same map applied to the mean moved by it), plus one more
-    rounding of the result; a memory that accumulates the means (EF21) adds one such bound per
-    step, hence the factor ``step + 1``.
-    """
-    eps = max(torch.finfo(d).eps for d in dtypes)
-    tiny = max(torch.finfo(d).smallest_normal * torch.finfo(d).eps for d in dtypes)
-    magnitude = sum(c.double().abs() for c in contributions)
-    mean = sum(c.double() for c in contributions) / len(contributions)
-    on_mean = eps * (magnitude + mean.abs()) + tiny
-    through = (shifted(mean + on_mean) - shifted(mean)).abs()
-    return (step + 1) * (through + eps * expected.double().abs() + tiny)
 
 
 def run_case(rec: Recorder, case, dtype: torch.dtype) -> None:

@@ -30,10 +30,6 @@ def _path_applies(device: str, path: str) -> None:
 @pytest.mark.parametrize("path", ["cpu", "device"])
 @pytest.mark.parametrize("device", DEVICES)
 def test_every_zoo_case_matches_its_rule(case, path, device):
-    if case.label in ("FP16", "BF16"):
-        # Known after merging the zoo and threads branches: 16-bit sums are held to their rounding
-        # bound in the zoo worker (summed_bound), not yet here; tracked in the stop's closing note.
-        pytest.xfail("16-bit sums need the zoo worker's rounding bound in this in-process check")
     _path_applies(device, path)
     with paths.device_path(path == "device"):
         failures = run_case(case, world=2, device=device)
