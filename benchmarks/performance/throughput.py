@@ -448,6 +448,8 @@ def main() -> None:
     result = run(args.quick, repetitions, args.threads, args.device)
     command = "python -m benchmarks.performance.throughput" + (" --quick" if args.quick else "")
     command += f" --threads {','.join(map(str, result['threads']))}"
+    if args.repetitions:
+        command += f" --repetitions {args.repetitions}"
     if args.device != "cpu":
         command += f" --device {args.device}"
     write(result, args.results, command)
