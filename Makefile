@@ -19,7 +19,7 @@ run: setup
 
 test: setup
 	$(PY) -m ruff check .
-	$(PY) -m pytest
+	$(PY) -m pytest --durations=40
 
 # The quick loop for one's own edits (a few minutes): lint, the unit tests, and one real launch
 # under each launcher (horovodrun and torchrun), the tests marked `smoke`.

@@ -8,7 +8,8 @@
 #
 #   scripts/horovod_elastic_harness.sh HOROVOD_CHECKOUT [RUNS] [pytest arguments...]
 #
-# Writes RESULTS (default: ./horovod-elastic-harness) /run<i>.log and prints each run's summary.
+# Writes RESULTS (default: ./horovod-elastic-harness) /<script>-run<i>.log and prints each run's summary;
+# a run that outlasts RUN_TIMEOUT seconds (default 2400: a hang) is killed and reported as such.
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -18,6 +19,7 @@ shift $(( $# < 2 ? $# : 2 ))
 PYTHON=${PYTHON:-$ROOT/.venv/bin/python}
 RESULTS=${RESULTS:-$PWD/horovod-elastic-harness}
 SCRIPT=${SCRIPT:-grace}
+RUN_TIMEOUT=${RUN_TIMEOUT:-2400}
 
 if [ "$(git -C "$HOROVOD" describe --tags 2>/dev/null)" != "v0.28.1" ]; then
     echo "warning: $HOROVOD is not at tag v0.28.1" >&2
@@ -51,6 +53,8 @@ cd "$WORK/test/integration"
 export PATH="$(dirname "$PYTHON"):$PATH" PYTHONPATH="$ROOT:$WORK/test/utils" OMP_NUM_THREADS=1
 for run in $(seq 1 "$RUNS"); do
     echo "=== $SCRIPT run $run, $(date +%T), load $(cut -d' ' -f1-3 /proc/loadavg)"
-    "$PYTHON" -m pytest -v -s -rA -p no:cacheprovider test_elastic_harness.py "$@" > "$RESULTS/$SCRIPT-run$run.log" 2>&1
+    timeout -k 30 "$RUN_TIMEOUT" "$PYTHON" -m pytest -v -s -rA -p no:cacheprovider test_elastic_harness.py "$@" \
+        > "$RESULTS/$SCRIPT-run$run.log" 2>&1
+    [ $? -eq 124 ] && echo "run $run killed after $RUN_TIMEOUT s (a hang)"
     grep -E "^(PASSED|FAILED|ERROR) test_elastic_harness|^=+ .*(passed|failed).* in " "$RESULTS/$SCRIPT-run$run.log"
 done

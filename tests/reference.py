@@ -10,6 +10,7 @@ registered in :mod:`tests.registry`.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -69,6 +70,20 @@ def summed_bound(contributions: list[torch.Tensor], expected: torch.Tensor, dtyp
     on_mean = eps * (magnitude + mean.abs()) + tiny
     through = (shifted(mean + on_mean) - shifted(mean)).abs()
     return (step + 1) * (through + eps * expected.double().abs() + tiny)
+
+
+def expected_and_bound(combined: torch.Tensor, memory, name: str, route: str, dtypes: list[torch.dtype],
+                       contributions: list[torch.Tensor], step: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The gradient ``memory`` makes of the rule's ``combined`` (its ``aggregated`` map, which it
+    advances), and, where the backend sums this tensor in 16 bits, the element-wise
+    :func:`summed_bound` the result is held to in place of a case's tolerances (``None`` otherwise).
+    ``dtypes``: the model's, then the payload's floating parts'."""
+    probe = copy.deepcopy(memory) if summed_in_16_bits(route, dtypes) else None
+    expected = memory.aggregated(name, combined)
+    if probe is None:
+        return expected, None
+    return expected, summed_bound(contributions, expected, dtypes, step,
+                                  lambda t: copy.deepcopy(probe).aggregated(name, t))
 
 
 @dataclass

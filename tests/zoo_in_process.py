@@ -26,7 +26,6 @@ along both paths (:mod:`grace_legacy.runtime.paths`).
 
 from __future__ import annotations
 
-import copy
 import zlib
 from dataclasses import dataclass, field
 
@@ -37,7 +36,7 @@ from grace_legacy.grace import _DENSE
 from grace_legacy.runtime import wire
 from tests import two_phase
 from tests.helpers import ThreadBackend, bits, run_ranks
-from tests.reference import Case, Observation, mean_rule, summed_bound, summed_in_16_bits
+from tests.reference import Case, Observation, expected_and_bound, mean_rule
 
 #: name -> (shape, scale of rank 0's entries; rank r's are (1 + r) times larger)
 TENSORS: dict[str, tuple[tuple[int, ...], float]] = {
@@ -143,18 +142,15 @@ def _rank(case: Case, backend: ThreadBackend, device: torch.device, steps: int, 
             contributions = _gather(backend, contribution, f"reference.{step}.{name}")
             report.observations.append(Observation(step, name, contributions, route))
             combined = mean_rule(contributions) if route.startswith("dense") else case.rule(contributions)
-            dtypes = [local[name].dtype, *dtypes]
-            probe = copy.deepcopy(twin_memory) if summed_in_16_bits(route, dtypes) else None
-            expected = twin_memory.aggregated(name, combined)
+            expected, bound = expected_and_bound(combined, twin_memory, name, route, [local[name].dtype, *dtypes],
+                                                 contributions, step)
             got = results[name]
             where = f"{case.label}: rank {rank} step {step} {name}"
             if got.shape != local[name].shape or got.dtype != local[name].dtype or got.device != local[name].device:
                 report.failures.append(f"{where}: {tuple(got.shape)} {got.dtype} on {got.device}, expected "
                                        f"{tuple(local[name].shape)} {local[name].dtype} on {local[name].device}")
                 continue
-            if probe is not None:  # summed in 16 bits, in the backend's order
-                bound = summed_bound(contributions, expected, dtypes, step,
-                                     lambda t, probe=probe, name=name: copy.deepcopy(probe).aggregated(name, t))
+            if bound is not None:  # summed in 16 bits, in the backend's order
                 excess = (got.double() - expected.double()).abs() - bound
                 if not bool((excess <= 0).all()):
                     report.failures.append(f"{where}: beyond the rounding of a 16-bit sum by up to "

@@ -121,8 +121,11 @@ def build_way(name: str, model: str, quick: bool, hvd: Any) -> Way:
     elif name == "Top-k":
         compression = Grace(TopK(DENSITY), memory=Residual())
     else:
+        # The quick run's tiny layers keep a handful of entries each, so their bytes move in steps
+        # too coarse to meet the budget within the default 1%.
         schedule = Legacy.budget_matched(TopK(), DENSITY, by="layer", sizes=named, splits=LEGACY_SPLITS,
-                                         layer_factors=LEGACY_FACTORS, world_size=hvd.size())
+                                         layer_factors=LEGACY_FACTORS, world_size=hvd.size(),
+                                         tolerance=0.05 if quick else 0.01)
         compression = Grace(schedule, memory=Residual())
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=named, compression=compression)
     hvd.broadcast_parameters(step_model.model.state_dict(), root_rank=0)

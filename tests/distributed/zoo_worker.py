@@ -9,8 +9,6 @@ per dtype: its gradients, the twin's and every rule's arithmetic are then in tha
 
 from __future__ import annotations
 
-import copy
-
 import horovod.torch as hvd
 import torch
 
@@ -20,7 +18,7 @@ from grace_legacy.runtime.cost import choose_route
 from tests.distributed.checks import Recorder, gather_from_ranks, gathered_goes_dense, parse_args
 from tests.distributed.harness import STEPS, Net, batch, local_gradients, loss_of
 from tests.distributed.zoo import FAMILIES, Observation, cases, mean_rule
-from tests.reference import summed_bound, summed_in_16_bits
+from tests.reference import expected_and_bound
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -82,13 +80,10 @@ def compare_with_rule(rec: Recorder, label: str, actual: torch.Tensor, combined:
     gradient, and return that. Where the backend sums in 16 bits (a 16-bit model, or a payload
     such as FP16's or BF16's) it sums in its own order and precision: held to
     :func:`summed_bound` instead of the case's tolerances. ``dtypes``: the model's, then the payload's."""
-    probe = copy.deepcopy(twin_memory) if summed_in_16_bits(route, dtypes) else None
-    expected = twin_memory.aggregated(name, combined)
-    if probe is None:
+    expected, bound = expected_and_bound(combined, twin_memory, name, route, dtypes, contributions, step)
+    if bound is None:
         rec.close(actual, expected, label, case.rtol, case.atol)
         return expected
-    bound = summed_bound(contributions, expected, dtypes, step,
-                         lambda t: copy.deepcopy(probe).aggregated(name, t))
     excess = (actual.double() - expected.double()).abs() - bound
     rec.check(f"{label} (within the rounding of a 16-bit sum)", bool((excess <= 0).all()),
               f"max excess over the bound {excess.max().item():.3e}")

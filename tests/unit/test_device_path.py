@@ -139,6 +139,7 @@ HOST_TENSORS = {
     ("compressors/randomk.py", "uniform_subset"): "Random-k's indices, from a CPU generator, moved to the device",
     ("compressors/powersgd.py", "_start_q"): "PowerSGD's first Q, from a CPU generator, moved to the device",
     ("compressors/kernels/selection.py", "magnitude_bound"): "a threshold rounded on the host, moved where compared",
+    ("compressors/adaq.py", "threshold"): "AdaQ's sample, from a CPU generator: the same positions on every device",
 }
 FACTORIES = {torch.zeros, torch.ones, torch.empty, torch.full, torch.arange, torch.tensor, torch.randn, torch.rand,
              torch.randint, torch.randperm, torch.eye, torch.as_tensor, torch.linspace, torch.frombuffer}
@@ -154,10 +155,13 @@ class DevicelessFactories(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func in FACTORIES and "device" not in kwargs:
-            frames = [frame for frame in traceback.extract_stack()[:-1] if f"{os.sep}grace_legacy{os.sep}" in
-                      frame.filename]
-            if frames:
-                where = (frames[-1].filename.split(f"grace_legacy{os.sep}")[-1].replace(os.sep, "/"), frames[-1].name)
+            # The caller is the innermost frame outside torch; only grace_legacy's own calls count (a
+            # test's reference compressor, called from a memory, is not the package's).
+            frames = [frame for frame in traceback.extract_stack()[:-1]
+                      if f"{os.sep}torch{os.sep}" not in frame.filename]
+            caller = frames[-1] if frames else None
+            if caller is not None and f"{os.sep}grace_legacy{os.sep}" in caller.filename:
+                where = (caller.filename.split(f"grace_legacy{os.sep}")[-1].replace(os.sep, "/"), caller.name)
                 self.seen[where] = self.seen.get(where, 0) + 1
         return func(*args, **kwargs)
 
