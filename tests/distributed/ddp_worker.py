@@ -44,7 +44,7 @@ import grace_legacy.ddp
 from benchmarks.performance.memory import structure_size
 from grace_legacy import Allgather, Grace, Legacy, NoCompression, NoMemory, PowerSGD, TopK
 from grace_legacy.backends.torch_distributed import VARIABLE_GATHERS, TorchDistributedBackend
-from tests.distributed.checks import Recorder, parse_args, topk_contribution
+from tests.distributed.checks import Recorder, parse_args, topk_contribution, torch_gather_from_ranks
 from tests.distributed.every_pair_worker import INIT_SCALE, parameter_digest, poisons, tensors_in
 from tests.distributed.faults_worker import Branchy, expect_disagreement, takes_branch
 from tests.distributed.harness import STEPS, Net, batch, loss_of
@@ -75,10 +75,8 @@ def data(step: int, rank: int, pass_index: int = 0) -> tuple[torch.Tensor, torch
 
 
 def gathered(tensor: torch.Tensor) -> list[torch.Tensor]:
-    """Every rank's copy of ``tensor``, through a plain allgather."""
-    out = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]
-    dist.all_gather(out, tensor.detach().contiguous())
-    return out
+    """Every rank's copy of ``tensor``, through a plain (uncompressed) allgather."""
+    return torch_gather_from_ranks(tensor)
 
 
 def wrap(model: nn.Module, **options) -> DistributedDataParallel:

@@ -43,7 +43,7 @@ from grace_legacy import (
     TopK,
 )
 from grace_legacy.schedules.base import Schedule
-from tests.distributed.checks import Recorder, gather_from_ranks, parse_args
+from tests.distributed.checks import Recorder, gather_from_ranks, parse_args, torch_gather_from_ranks
 from tests.distributed.harness import Net, batch, loss_of
 from tests.faults import KINDS, FaultInjector
 
@@ -267,8 +267,7 @@ def sweep_ddp(rec: Recorder, label: str) -> dict[str, int]:
             step(parts, 2)
             rec.check(f"{point}: trained on from the checkpoint as if it never failed", digest(parts[0]) == reference)
             rewind(parts)
-    digests = [torch.zeros(12, dtype=torch.uint8) for _ in range(dist.get_world_size())]
-    dist.all_gather(digests, torch.tensor(list(bytes.fromhex(reference)), dtype=torch.uint8))
+    digests = torch_gather_from_ranks(torch.tensor(list(bytes.fromhex(reference)), dtype=torch.uint8))
     rec.check(f"{label}: ranks identical", all(torch.equal(d, digests[0]) for d in digests))
     check_compressed(rec, label, parts[3].grace)
     swept = ALIGNED_ONLY.get(label, KINDS)

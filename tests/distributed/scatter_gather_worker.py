@@ -21,7 +21,7 @@ from grace_legacy import Grace, ScatterGather, TopK
 from grace_legacy.backends.horovod import HorovodBackend
 from grace_legacy.backends.torch_distributed import TorchDistributedBackend
 from grace_legacy.runtime import paths
-from tests.distributed.checks import Recorder, parse_args
+from tests.distributed.checks import Recorder, parse_args, torch_gather_from_ranks
 from tests.distributed.harness import Net, batch, loss_of
 from tests.helpers import bits
 from tests.two_phase import SETUPS, SIZES, STEPS, gradients, reference
@@ -96,9 +96,7 @@ def default_route(rec: Recorder, engine: str) -> None:
     if engine == "horovod":
         every = hvd.allgather(mine.reshape(1, -1), name="digests")
     else:
-        every = torch.empty(world * mine.numel(), dtype=torch.uint8)
-        dist.all_gather_into_tensor(every, mine)  # the name every supported torch has
-        every = every.view(world, -1)
+        every = torch_gather_from_ranks(mine)
     rec.check("parameters identical on every rank", all(torch.equal(row, every[0]) for row in every))
 
 
