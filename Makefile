@@ -21,11 +21,12 @@ test: setup
 	$(PY) -m ruff check .
 	$(PY) -m pytest --durations=40
 
-# The quick loop for one's own edits (a few minutes): lint, the unit tests, and one real launch
-# under each launcher (horovodrun and torchrun), the tests marked `smoke`.
+# The quick loop for one's own edits (a few minutes): lint, the unit tests but the exhaustive
+# sweeps marked `slow`, and one real launch under each launcher (horovodrun and torchrun), the
+# tests marked `smoke`.
 test-quick: setup
 	$(PY) -m ruff check .
-	$(PY) -m pytest tests/unit tests/benchmarks -m "not distributed"
+	$(PY) -m pytest tests/unit tests/benchmarks -m "not distributed and not slow"
 	$(PY) -m pytest tests/distributed -m smoke
 
 unit: setup

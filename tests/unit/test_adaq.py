@@ -53,9 +53,11 @@ def test_adaq_takes_the_exact_top_share_of_a_side_it_does_not_sample():
 
 
 def test_adaq_draws_differ_by_rank_step_and_name_and_repeat_alike():
-    x = torch.randn(50_000)
+    x = torch.randn(50_000, generator=torch.Generator().manual_seed(0))
     first, again = AdaQ(0.1, seed=3), AdaQ(0.1, seed=3)
-    outcomes = {tuple(first.compress(x, "w")[0][0].tolist()[:50]) for _ in range(3)}
+    # Whole index sets: each step's sample sets its own thresholds, so the sets differ, though
+    # their first entries may coincide.
+    outcomes = {tuple(first.compress(x, "w")[0][0].tolist()) for _ in range(3)}
     assert len(outcomes) == 3
     assert torch.equal(again.compress(x, "w")[0][0], AdaQ(0.1, seed=3).compress(x, "w")[0][0])
     other = AdaQ(0.1, seed=3)

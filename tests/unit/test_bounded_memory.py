@@ -41,6 +41,7 @@ CASES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CASES, ids=list(CASES))
 def test_structures_are_the_same_size_after_2000_steps_as_after_200(case):
     run = Run(CASES[case](), SoloBackend(), SHAPES)

@@ -215,6 +215,7 @@ def test_round_trip_keeps_shape_and_dtype(named, tensor):
         assert decoded.device == tensor.device, label
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("spec", SPECS, ids=[s.name for s in SPECS])
 def test_large_4d_tensor_in_every_dtype(spec):
     # Every compressor meets a 10^6-element 4-D tensor at least once, whatever hypothesis draws.

@@ -108,6 +108,7 @@ def cpu_only_paths_forbidden(monkeypatch):
         yield
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", zoo_cases(), ids=[case.label for case in zoo_cases()])
 def test_the_device_path_takes_no_cpu_only_path(case, cpu_only_paths_forbidden):
     report = zoo._rank(case, ThreadBackend(World(1), 0), torch.device("cpu"), 2, list(zoo.TENSORS))
@@ -166,6 +167,7 @@ class DevicelessFactories(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+@pytest.mark.slow
 def test_along_the_device_path_every_tensor_is_made_on_the_device_but_host_ones():
     """The zoo (every compressor, memory and communicator case) along the device path, one rank."""
     watch = DevicelessFactories()

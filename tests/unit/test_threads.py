@@ -17,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from grace_legacy.compressors.kernels import compiled
@@ -105,6 +106,7 @@ def child() -> None:
     print(json.dumps(report))
 
 
+@pytest.mark.slow
 def test_every_compressor_gives_the_same_bits_at_any_thread_count():
     env = {**os.environ, "NUMBA_NUM_THREADS": str(max(THREADS)), "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "4"}
     result = subprocess.run([sys.executable, "-c", "from tests.unit.test_threads import child; child()"],

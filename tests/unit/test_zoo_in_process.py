@@ -26,6 +26,7 @@ def _path_applies(device: str, path: str) -> None:
         pytest.skip("only CPU tensors have a CPU path")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CASES, ids=[case.label for case in CASES])
 @pytest.mark.parametrize("path", ["cpu", "device"])
 @pytest.mark.parametrize("device", DEVICES)
@@ -36,6 +37,7 @@ def test_every_zoo_case_matches_its_rule(case, path, device):
     assert not failures, "\n".join(failures[:10])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("label", sorted(SETUPS))
 @pytest.mark.parametrize("path", ["cpu", "device"])
 @pytest.mark.parametrize("device", DEVICES)
