@@ -86,6 +86,27 @@ def expected_and_bound(combined: torch.Tensor, memory, name: str, route: str, dt
                                   lambda t: copy.deepcopy(probe).aggregated(name, t))
 
 
+def beyond_bound(got: torch.Tensor, expected: torch.Tensor, bound: torch.Tensor) -> str | None:
+    """Why ``got`` lies beyond ``expected`` +- ``bound`` (element-wise), or ``None`` if it does not."""
+    excess = (got.double() - expected.double()).abs() - bound
+    if bool((excess <= 0).all()):
+        return None
+    return f"beyond the rounding of a 16-bit sum by up to {excess.max().item():.3e}"
+
+
+def mismatch(got: torch.Tensor, expected: torch.Tensor, bound: torch.Tensor | None, rtol: float,
+             atol: float) -> str | None:
+    """Why ``got`` differs from ``expected``: beyond ``bound`` where there is one (a 16-bit sum,
+    :func:`expected_and_bound`), else beyond the tolerances; ``None`` if it does not."""
+    if bound is not None:
+        return beyond_bound(got, expected, bound)
+    try:
+        torch.testing.assert_close(got, expected, rtol=rtol, atol=atol)
+    except AssertionError as err:
+        return str(err)[:600]
+    return None
+
+
 @dataclass
 class Observation:
     step: int

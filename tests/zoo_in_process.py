@@ -36,7 +36,7 @@ from grace_legacy.grace import _DENSE
 from grace_legacy.runtime import wire
 from tests import two_phase
 from tests.helpers import ThreadBackend, bits, run_ranks
-from tests.reference import Case, Observation, expected_and_bound, mean_rule
+from tests.reference import Case, Observation, expected_and_bound, mean_rule, mismatch
 
 #: name -> (shape, scale of rank 0's entries; rank r's are (1 + r) times larger)
 TENSORS: dict[str, tuple[tuple[int, ...], float]] = {
@@ -150,16 +150,9 @@ def _rank(case: Case, backend: ThreadBackend, device: torch.device, steps: int, 
                 report.failures.append(f"{where}: {tuple(got.shape)} {got.dtype} on {got.device}, expected "
                                        f"{tuple(local[name].shape)} {local[name].dtype} on {local[name].device}")
                 continue
-            if bound is not None:  # summed in 16 bits, in the backend's order
-                excess = (got.double() - expected.double()).abs() - bound
-                if not bool((excess <= 0).all()):
-                    report.failures.append(f"{where}: beyond the rounding of a 16-bit sum by up to "
-                                           f"{excess.max().item():.3e}")
-                continue
-            try:
-                torch.testing.assert_close(got, expected, rtol=case.rtol, atol=case.atol)
-            except AssertionError as err:
-                report.failures.append(f"{where}: {str(err)[:600]}")
+            why = mismatch(got, expected, bound, case.rtol, case.atol)
+            if why is not None:
+                report.failures.append(f"{where}: {why}")
         compression.end_step(backend)
         twin.end_step()
     stats = compression.stats

@@ -30,7 +30,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 import grace_legacy.ddp
-from tests.reference import expected_and_bound, mean_rule
+from tests.reference import expected_and_bound, mean_rule, mismatch
 from tests.registry import zoo_cases
 from tests.zoo_in_process import TENSORS, gradient, twin_step_sent
 
@@ -91,15 +91,9 @@ def run_case(case, names: list[str], device: torch.device, steps: int) -> list[s
             if got is None or got.device != device or got.shape != expected.shape:
                 failures.append(f"{where}: got {None if got is None else (tuple(got.shape), got.device)}")
                 continue
-            if bound is not None:  # summed in 16 bits, in the process group's order
-                excess = (got.double() - expected.double()).abs() - bound
-                if not bool((excess <= 0).all()):
-                    failures.append(f"{where}: beyond the rounding of a 16-bit sum by up to {excess.max().item():.3e}")
-            else:
-                try:
-                    torch.testing.assert_close(got, expected, rtol=case.rtol, atol=case.atol)
-                except AssertionError as err:
-                    failures.append(f"{where}: {str(err)[:600]}")
+            why = mismatch(got, expected, bound, case.rtol, case.atol)
+            if why is not None:
+                failures.append(f"{where}: {why}")
             if not all(torch.equal(g, got) for g in gathered(got)):
                 failures.append(f"{where}: not bit-identical on every rank")
         twin.end_step()
