@@ -156,6 +156,7 @@ class GraceState:
             missing = [name for name in self._order if name not in step.pending]
             if missing:
                 raise RuntimeError(f"grace_legacy.ddp: the buckets of this backward pass lacked {missing}")
+            self.grace.advance_held()  # every bucket's later rounds in flight together
             results = {name: step.pending[name]() for name in self._order}
             flagged = self.grace.nonfinite_names(sorted(self._order), self.backend)
             for name in flagged:

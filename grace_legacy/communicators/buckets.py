@@ -61,15 +61,15 @@ class BucketPlan:
 
 
 def launch_bucket(label: str, parcels: list[Parcel], backend: Backend, average: bool, pool: BufferPool,
-                  owner_memory: Memory | None) -> None:
+                  owner_memory: Memory | None) -> BucketExchange | None:
     """Launch one bucket's parcels: those that go to the shards' owners in one scatter-gather,
-    the rest in one exchange (one gather, one allreduce per dtype)."""
+    the rest in one exchange (one gather, one allreduce per dtype), which is returned."""
     rest = [p for p in parcels if not p.sharded]
-    if rest:
-        BucketExchange(label, rest, backend, average, pool)
+    exchange = BucketExchange(label, rest, backend, average, pool) if rest else None
     sharded = [p for p in parcels if p.sharded]
     if sharded:
         ShardedExchange(label, sharded, backend, average, owner_memory)
+    return exchange
 
 
 class BucketFiller:

@@ -106,10 +106,13 @@ class BucketExchange:
                 self._gather = (gathered, layouts,
                                 self.backend.allgather_async(wire.pack_many(layouts), self._name(0)))
         self._reduced = {id(m): list(m.payload) for m in self.parcels if not m.gathered}
-        for parcel in self.parcels:
-            if not parcel.gathered:
-                parcel.pending.wire_bytes = ring_allreduce_bytes(parcel.pending.bytes_sent, self.backend.size())
-        self._reduce = self._launch_reduce([m for m in self.parcels if not m.gathered], round_index=0)
+        self._reducing = [m for m in self.parcels if not m.gathered]
+        for parcel in self._reducing:
+            parcel.pending.wire_bytes = ring_allreduce_bytes(parcel.pending.bytes_sent, self.backend.size())
+        #: the allreduce rounds of the additive parcels; the one whose allreduces are in flight
+        self.rounds = max((m.compressor.rounds for m in self._reducing), default=1)
+        self._round = 0
+        self._reduce = self._launch_reduce(self._reducing, round_index=0)
 
     @staticmethod
     def _by_part(gathered: Sequence[Parcel]) -> wire.Columns | None:
@@ -142,8 +145,14 @@ class BucketExchange:
         launched = []
         for segments in by_dtype.values():
             parts = [self._reduced[id(m)][i] for m, i in segments]
-            flat = parts[0].reshape(-1) if len(parts) == 1 else torch.cat([p.reshape(-1) for p in parts])
-            launched.append((segments, self.backend.allreduce_async(flat, self._name(round_index), self.average)))
+            if len(parts) == 1:
+                handle = self.backend.allreduce_async(parts[0].reshape(-1), self._name(round_index), self.average)
+            else:
+                # A concatenation nobody else holds: a backend that can reduce it in place is given it.
+                flat = torch.cat([p.reshape(-1) for p in parts])
+                reduce = getattr(self.backend, "allreduce_owned_async", self.backend.allreduce_async)
+                handle = reduce(flat, self._name(round_index), self.average)
+            launched.append((segments, handle))
         return launched
 
     def _wait_reduce(self, launched: list[tuple[list, Any]]) -> None:
@@ -154,6 +163,33 @@ class BucketExchange:
                 template = self._reduced[id(parcel)][i]
                 self._reduced[id(parcel)][i] = flat[offset: offset + template.numel()].view(template.shape)
                 offset += template.numel()
+
+    def advance(self) -> bool:
+        """Wait for the allreduces of the round in flight and launch the next round's (``True``), or
+        do nothing when the round in flight is the last (``False``). A caller with several flights
+        advances each in turn, so that one flight's round travels while another's is computed;
+        waiting for a parcel finishes whatever rounds are left."""
+        if self._failure is not None:
+            raise self._failure
+        if self._round + 1 >= self.rounds:
+            return False
+        try:
+            self._wait_reduce(self._reduce)
+            self._round += 1
+            round_index = self._round
+            active = [m for m in self._reducing if m.compressor.rounds > round_index]
+            for parcel in active:
+                local, parcel.ctx = parcel.compressor.next_round(self._reduced[id(parcel)], parcel.ctx)
+                parcel.pending.bytes_sent += nbytes(local)
+                parcel.pending.wire_bytes += ring_allreduce_bytes(nbytes(local), self.backend.size())
+                if round_index == parcel.compressor.rounds - 1 and parcel.update_memory is not None:
+                    parcel.update_memory(local, parcel.ctx)
+                self._reduced[id(parcel)] = list(local)
+            self._reduce = self._launch_reduce(active, round_index)
+        except BaseException as error:
+            self._failure = error  # every parcel of the exchange raises it: its handles are spent
+            raise
+        return True
 
     def _finisher(self, name: str) -> Callable[[], torch.Tensor]:
         def finish() -> torch.Tensor:
@@ -175,20 +211,10 @@ class BucketExchange:
             results.update(self._aggregate_gathered(*self._gather))
             self._count_gathered(*self._gather)
 
+        while self.advance():
+            pass
         self._wait_reduce(self._reduce)
-        reducing = [m for m in self.parcels if not m.gathered]
-        rounds = max((m.compressor.rounds for m in reducing), default=1)
-        for round_index in range(1, rounds):
-            active = [m for m in reducing if m.compressor.rounds > round_index]
-            for parcel in active:
-                local, parcel.ctx = parcel.compressor.next_round(self._reduced[id(parcel)], parcel.ctx)
-                parcel.pending.bytes_sent += nbytes(local)
-                parcel.pending.wire_bytes += ring_allreduce_bytes(nbytes(local), self.backend.size())
-                if round_index == parcel.compressor.rounds - 1 and parcel.update_memory is not None:
-                    parcel.update_memory(local, parcel.ctx)
-                self._reduced[id(parcel)] = list(local)
-            self._wait_reduce(self._launch_reduce(active, round_index))
-        for parcel in reducing:
+        for parcel in self._reducing:
             reduced = self._reduced[id(parcel)]
             if parcel.compressor.rounds > 1:
                 parcel.compressor.end_exchange(reduced, parcel.ctx)
