@@ -198,11 +198,13 @@ class Grace:
         self._started[name] = inner
         return Pending(finish, inner.bytes_sent)
 
-    def launch_held(self, label: str, backend: Backend, average: bool) -> None:
+    def launch_held(self, label: str, backend: Backend, average: bool, into: torch.Tensor | None = None) -> None:
         """Launch the tensors started with ``hold=True`` since the last launch as one bucket
-        (``label`` names its collectives): a caller with buckets of its own (DDP's) fuses by them."""
+        (``label`` names its collectives): a caller with buckets of its own (DDP's) fuses by them.
+        ``into``: a 1-D tensor of the tensors' total length, read no more, where their results may
+        be decoded back to back (DDP's bucket buffer)."""
         held, self._held = self._held, []
-        exchange = launch_bucket(label, held, backend, average, self._held_pool, self.owner_memory)
+        exchange = launch_bucket(label, held, backend, average, self._held_pool, self.owner_memory, into)
         if exchange is not None and exchange.rounds > 1:
             self._held_flights.append(exchange)
 

@@ -217,7 +217,9 @@ def profile_worker(args: argparse.Namespace) -> None:
         counts: collections.Counter[str] = collections.Counter(event.name for event in prof.events())
         result["ops"][name] = {op: count / repeats for op, count in counts.items()}
     for name in (GRACE_FP16, GRACE_POWERSGD):
-        profiler = cProfile.Profile()
+        # This thread's CPU time (the hook runs in the thread that runs backward): what other
+        # processes take of the cores does not count, so the parts hold still under load.
+        profiler = cProfile.Profile(time.thread_time)
         profiler.enable()
         for _ in range(repeats):
             steps[name]()
@@ -351,8 +353,9 @@ per step (load-insensitive; `collectives` counts `c10d::` operators, barriers ex
 
 {nl.join(ops_rows)}
 
-grace_legacy's hook by part, ms per step on one rank (cProfile, whose own overhead inflates
-Python-heavy parts; a torch operator counts for the part of ours that called it):
+grace_legacy's hook by part, CPU ms of the step's thread per step on one rank (cProfile on the
+thread's CPU clock, whose own overhead inflates Python-heavy parts; a torch operator counts for the
+part of ours that called it):
 
 {nl.join(part_rows)}
 """

@@ -68,10 +68,13 @@ class BucketExchange:
     """The collectives of one set of parcels, launched at construction and finished once."""
 
     def __init__(self, label: str, parcels: Sequence[Parcel], backend: Backend, average: bool,
-                 recycler: BufferPool | None = None) -> None:
+                 recycler: BufferPool | None = None, into: torch.Tensor | None = None) -> None:
         self.label, self.parcels, self.backend, self.average = label, list(parcels), backend, average
         #: keeps the buffer a by-part bucket aggregates into, for the next flight of the same label
         self.recycler = recycler
+        #: a 1-D tensor the results may be decoded into, back to back in the parcels' order, when one
+        #: allreduce carries every parcel whole (the DDP bucket the results go to anyway)
+        self.into = into
         self.results: dict[str, torch.Tensor] | None = None
         self._collectives = 0
         self._failure: BaseException | None = None
@@ -155,14 +158,46 @@ class BucketExchange:
             launched.append((segments, handle))
         return launched
 
-    def _wait_reduce(self, launched: list[tuple[list, Any]]) -> None:
+    def _wait_reduce(self, launched: list[tuple[list, Any]]) -> list[tuple[list, torch.Tensor]]:
+        """Wait for a round's allreduces; each parcel's parts become views of the reduced flats,
+        which are returned with their segments."""
+        arrived = []
         for segments, handle in launched:
             flat = self.backend.wait(handle)
+            arrived.append((segments, flat))
             offset = 0
             for parcel, i in segments:
                 template = self._reduced[id(parcel)][i]
                 self._reduced[id(parcel)][i] = flat[offset: offset + template.numel()].view(template.shape)
                 offset += template.numel()
+        return arrived
+
+    def _decompress_flat(self, segments: list[tuple[Parcel, int]], flat: torch.Tensor,
+                         results: dict[str, torch.Tensor]) -> bool:
+        """Decode a flat of one-part payloads of one compressor at once
+        (:meth:`~grace_legacy.core.compressor.Compressor.decompress_flat`) into ``results``, and look
+        at it whole for infs and NaNs; ``False`` where the compressor decodes tensor by tensor."""
+        compressor = segments[0][0].compressor
+        if not all(parcel.compressor is compressor and len(parcel.payload) == 1 for parcel, _ in segments):
+            return False
+        whole = len(segments) == len(self.parcels) and all(
+            parcel is mine for (parcel, _), mine in zip(segments, self.parcels, strict=True))
+        out = compressor.decompress_flat(flat, [parcel.ctx for parcel, _ in segments],
+                                         self.into if whole else None)
+        if out is None:
+            return False
+        offset = 0
+        for parcel, _ in segments:
+            shape = parcel.payload[0].shape
+            results[parcel.name] = out[offset: offset + shape.numel()].view(shape)
+            offset += shape.numel()
+        # A finite sum has only finite terms (an overflowing one just sends every tensor to be looked
+        # at alone); then nobody needs to look at the parcels' results again (Pending.finite).
+        if out.is_floating_point() and bool(torch.isfinite(
+                out.sum(dtype=torch.float32 if out.element_size() < 4 else None))):
+            for parcel, _ in segments:
+                parcel.pending.finite = True
+        return True
 
     def advance(self) -> bool:
         """Wait for the allreduces of the round in flight and launch the next round's (``True``), or
@@ -213,8 +248,13 @@ class BucketExchange:
 
         while self.advance():
             pass
-        self._wait_reduce(self._reduce)
+        arrived = self._wait_reduce(self._reduce)
+        if self.rounds == 1:  # each dtype's flat holds its parcels' whole payloads
+            for segments, flat in arrived:
+                self._decompress_flat(segments, flat, results)
         for parcel in self._reducing:
+            if parcel.name in results:
+                continue
             reduced = self._reduced[id(parcel)]
             if parcel.compressor.rounds > 1:
                 parcel.compressor.end_exchange(reduced, parcel.ctx)
