@@ -225,14 +225,34 @@ def profile_worker(args: argparse.Namespace) -> None:
             steps[name]()
         profiler.disable()
         result["parts_s"][name] = split_by_part(pstats.Stats(profiler), repeats)
-    # Step times on one rank, interleaved (noisy; the counts above are not).
+    # Step times on one rank, interleaved (noisy; the counts above are not), and the CPU time of
+    # the thread running backward spent in our hook (its entry for every bucket, the whole step's
+    # exchange at the last): what the hook costs a rank, less sensitive to the load than a step.
+    import grace_legacy.ddp
+
+    hooked, spent = grace_legacy.ddp.GraceState.exchange, [0.0]
+
+    def timed_exchange(state: Any, bucket: Any) -> Any:
+        begin = time.thread_time()
+        try:
+            return hooked(state, bucket)
+        finally:
+            spent[0] += time.thread_time() - begin
+
+    grace_legacy.ddp.GraceState.exchange = timed_exchange  # type: ignore[method-assign]
     times: dict[str, list[float]] = {name: [] for name in WAYS}
+    hook: dict[str, list[float]] = {name: [] for name in (GRACE_FP16, GRACE_POWERSGD)}
     for iteration in range(repeats):
         for name in WAYS if iteration % 2 == 0 else tuple(reversed(WAYS)):
+            spent[0] = 0.0
             start = time.perf_counter()
             steps[name]()
             times[name].append(time.perf_counter() - start)
+            if name in hook:
+                hook[name].append(spent[0])
+    grace_legacy.ddp.GraceState.exchange = hooked  # type: ignore[method-assign]
     result["step_s"] = {name: statistics.median(row) for name, row in times.items()}
+    result["hook_cpu_s"] = {name: statistics.median(row) for name, row in hook.items()}
     Path(args.json).write_text(json.dumps(result))
     dist.destroy_process_group()
 
@@ -331,6 +351,7 @@ def write(result: dict, results_dir: Path, command: str) -> None:
                                                    for parts in profile["parts_s"].values()) + " |")
     part_rows.append("| **total** | " + " | ".join(f"**{1e3 * sum(parts.values()):.2f}**"
                                                   for parts in profile["parts_s"].values()) + " |")
+    hook_cpu = ", ".join(f"{name} {1e3 * seconds:.2f} ms" for name, seconds in profile["hook_cpu_s"].items())
     nl = "\n"
     section = f"""## DDP hooks on a fast link: grace_legacy's against PyTorch's (loopback, no rate limit)
 
@@ -358,6 +379,9 @@ thread's CPU clock, whose own overhead inflates Python-heavy parts; a torch oper
 part of ours that called it):
 
 {nl.join(part_rows)}
+
+CPU time of the thread running backward spent in our hook per step (thread clock, no profiler;
+median over {profile['steps']} steps): {hook_cpu}.
 """
     write_report(results_dir, "fast_links", result, section)
     figure, axis = plt.subplots(figsize=(6, 3.5))

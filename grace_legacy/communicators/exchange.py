@@ -158,19 +158,20 @@ class BucketExchange:
             launched.append((segments, handle))
         return launched
 
-    def _wait_reduce(self, launched: list[tuple[list, Any]]) -> list[tuple[list, torch.Tensor]]:
-        """Wait for a round's allreduces; each parcel's parts become views of the reduced flats,
-        which are returned with their segments."""
-        arrived = []
+    def _wait_reduce(self, launched: list[tuple[list, Any]],
+                     results: dict[str, torch.Tensor] | None = None) -> None:
+        """Wait for a round's allreduces; each parcel's parts become views of the reduced flats.
+        With ``results`` (the last round of single-round parcels), a flat whose parcels decode at
+        once is decoded into it instead (:meth:`_decompress_flat`)."""
         for segments, handle in launched:
             flat = self.backend.wait(handle)
-            arrived.append((segments, flat))
+            if results is not None and self._decompress_flat(segments, flat, results):
+                continue
             offset = 0
             for parcel, i in segments:
                 template = self._reduced[id(parcel)][i]
                 self._reduced[id(parcel)][i] = flat[offset: offset + template.numel()].view(template.shape)
                 offset += template.numel()
-        return arrived
 
     def _decompress_flat(self, segments: list[tuple[Parcel, int]], flat: torch.Tensor,
                          results: dict[str, torch.Tensor]) -> bool:
@@ -248,10 +249,8 @@ class BucketExchange:
 
         while self.advance():
             pass
-        arrived = self._wait_reduce(self._reduce)
-        if self.rounds == 1:  # each dtype's flat holds its parcels' whole payloads
-            for segments, flat in arrived:
-                self._decompress_flat(segments, flat, results)
+        # With one round, each dtype's flat holds its parcels' whole payloads.
+        self._wait_reduce(self._reduce, results if self.rounds == 1 else None)
         for parcel in self._reducing:
             if parcel.name in results:
                 continue
