@@ -139,7 +139,9 @@ class GraceState:
                 # of the backward pass as DDP's own allreduce does.
                 step.pending[name] = self.grace.start(gradient, name, self.backend, average=True, hold=True)
                 names.append(name)
-            self.grace.launch_held(f"ddp{index}", self.backend, average=True)
+            # The bucket's gradients are compressed by now: its results may be decoded into it.
+            self.grace.launch_held(f"ddp{index}", self.backend, average=True,
+                                   into=buffer if buffer.is_contiguous() else None)
         except BaseException:
             self._step = None  # the backward pass fails with the error; the next one starts afresh
             self._abandoned = True
@@ -156,6 +158,7 @@ class GraceState:
             missing = [name for name in self._order if name not in step.pending]
             if missing:
                 raise RuntimeError(f"grace_legacy.ddp: the buckets of this backward pass lacked {missing}")
+            self.grace.advance_held()  # every bucket's later rounds in flight together
             results = {name: step.pending[name]() for name in self._order}
             flagged = self.grace.nonfinite_names(sorted(self._order), self.backend)
             for name in flagged:
@@ -175,11 +178,17 @@ class GraceState:
             raise
         for buffer, names, future in step.buckets:
             # Into the bucket itself, as PyTorch's hooks do: no bucket-sized tensor per step.
-            offset = 0
-            for name in names:
-                result = results[name].reshape(-1)
-                buffer[offset:offset + result.numel()].copy_(result)
-                offset += result.numel()
+            pieces = [results[name] for name in names]
+            whole = _back_to_back(pieces, buffer.numel())
+            if whole is not None:  # decoded as one flat in the bucket's order: one copy, or none
+                if whole.data_ptr() != buffer.data_ptr() or whole.dtype != buffer.dtype:
+                    buffer.copy_(whole)
+            else:
+                offset = 0
+                for piece in pieces:
+                    result = piece.reshape(-1)
+                    buffer[offset:offset + result.numel()].copy_(result)
+                    offset += result.numel()
             future.set_result(buffer)
         self._step = None
         self.steps += 1
@@ -213,6 +222,21 @@ class GraceState:
 
     def __repr__(self) -> str:
         return f"GraceState({self.grace!r}, {len(self._order)} parameters)"
+
+
+def _back_to_back(pieces: list[torch.Tensor], numel: int) -> torch.Tensor | None:
+    """The 1-D tensor of ``numel`` elements that ``pieces`` (contiguous, one dtype and storage)
+    make up back to back, in order, or ``None``."""
+    first = pieces[0]
+    storage, offset = first.untyped_storage().data_ptr(), first.storage_offset()
+    for piece in pieces:
+        if (piece.dtype != first.dtype or not piece.is_contiguous() or piece.storage_offset() != offset
+                or piece.untyped_storage().data_ptr() != storage):
+            return None
+        offset += piece.numel()
+    if offset - first.storage_offset() != numel:
+        return None
+    return first.as_strided((numel,), (1,), first.storage_offset())
 
 
 def grace_hook(state: GraceState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:

@@ -10,7 +10,7 @@ import torch
 
 from grace_legacy.communicators import Allgather, Allreduce, ScatterGather
 from grace_legacy.communicators.buckets import BucketFiller, BucketPlan, default_bucket_bytes, launch_bucket
-from grace_legacy.communicators.exchange import Parcel
+from grace_legacy.communicators.exchange import BucketExchange, Parcel
 from grace_legacy.compressors import NoCompression
 from grace_legacy.core.backend import Backend, Pending
 from grace_legacy.core.communicator import Communicator
@@ -80,6 +80,8 @@ class Grace:
         self._routes: dict[tuple, str] = {}
         # Parcels started with hold=True, launched together by launch_held, and their buffers.
         self._held: list[Parcel] = []
+        # The held buckets of this step with rounds still to run (advance_held).
+        self._held_flights: list[BucketExchange] = []
         self._held_pool = BufferPool()
         self.compressor = compressor
         self._schedule = compressor if isinstance(compressor, Schedule) else None
@@ -196,11 +198,24 @@ class Grace:
         self._started[name] = inner
         return Pending(finish, inner.bytes_sent)
 
-    def launch_held(self, label: str, backend: Backend, average: bool) -> None:
+    def launch_held(self, label: str, backend: Backend, average: bool, into: torch.Tensor | None = None) -> None:
         """Launch the tensors started with ``hold=True`` since the last launch as one bucket
-        (``label`` names its collectives): a caller with buckets of its own (DDP's) fuses by them."""
+        (``label`` names its collectives): a caller with buckets of its own (DDP's) fuses by them.
+        ``into``: a 1-D tensor of the tensors' total length, read no more, where their results may
+        be decoded back to back (DDP's bucket buffer)."""
         held, self._held = self._held, []
-        launch_bucket(label, held, backend, average, self._held_pool, self.owner_memory)
+        exchange = launch_bucket(label, held, backend, average, self._held_pool, self.owner_memory, into)
+        if exchange is not None and exchange.rounds > 1:
+            self._held_flights.append(exchange)
+
+    def advance_held(self) -> None:
+        """Run the later allreduce rounds (PowerSGD's second) of every bucket launched by
+        :meth:`launch_held` since the last call, round by round across the buckets in their launch
+        order: each bucket's next round is launched as soon as its current one arrived, and travels
+        while the other buckets' are computed. The same issue order on every rank."""
+        flights, self._held_flights = self._held_flights, []
+        while flights:
+            flights = [flight for flight in flights if flight.advance()]
 
     def record_traffic(self, name: str, tensor: torch.Tensor, sent_bytes: int, route: str,
                        wire_bytes: float = 0.0, world_size: int = 1) -> None:
@@ -333,6 +348,7 @@ class Grace:
         if self._filler is not None:
             self._filler.abandon()
         self._held.clear()
+        self._held_flights.clear()
         for name in self._started:
             self.undo(name)
         self._started.clear()

@@ -225,6 +225,16 @@ class TorchDistributedBackend:
         work = _issue(dist.all_reduce, (staged,), op=dist.ReduceOp.SUM, group=self.group, async_op=True)
         return _Launched(work, staged, self._size if average else None, tensor.device)
 
+    def allreduce_owned_async(self, tensor: torch.Tensor, name: str, average: bool) -> _Launched:
+        """As :meth:`allreduce_async` for a contiguous ``tensor`` the caller gives up (a concatenation
+        made for the collective): reduced in place, without a copy; the result is ``tensor``."""
+        if average and not tensor.is_floating_point():
+            raise TypeError(f"allreduce {name!r}: an average needs a floating-point tensor, got {tensor.dtype}")
+        if not tensor.is_contiguous() or (self._cpu_stage is not None and tensor.device.type == "cpu"):
+            return self.allreduce_async(tensor, name, average)
+        work = _issue(dist.all_reduce, (tensor,), op=dist.ReduceOp.SUM, group=self.group, async_op=True)
+        return _Launched(work, tensor, self._size if average else None, tensor.device)
+
     def allgather_async(self, tensor: torch.Tensor, name: str) -> _Gather:
         """Every rank's ``tensor`` concatenated along the first dimension, in rank order; the
         first dimension may differ between ranks, the others may not."""

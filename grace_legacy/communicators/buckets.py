@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
+import torch
+
 from grace_legacy.communicators.exchange import BucketExchange, Parcel
 from grace_legacy.communicators.scatter_gather import ShardedExchange
 from grace_legacy.core.backend import Backend, Pending
@@ -61,15 +63,17 @@ class BucketPlan:
 
 
 def launch_bucket(label: str, parcels: list[Parcel], backend: Backend, average: bool, pool: BufferPool,
-                  owner_memory: Memory | None) -> None:
+                  owner_memory: Memory | None, into: torch.Tensor | None = None) -> BucketExchange | None:
     """Launch one bucket's parcels: those that go to the shards' owners in one scatter-gather,
-    the rest in one exchange (one gather, one allreduce per dtype)."""
+    the rest in one exchange (one gather, one allreduce per dtype), which is returned; ``into``:
+    the exchange's (:class:`BucketExchange`)."""
     rest = [p for p in parcels if not p.sharded]
-    if rest:
-        BucketExchange(label, rest, backend, average, pool)
+    exchange = BucketExchange(label, rest, backend, average, pool, into if len(rest) == len(parcels) else None) \
+        if rest else None
     sharded = [p for p in parcels if p.sharded]
     if sharded:
         ShardedExchange(label, sharded, backend, average, owner_memory)
+    return exchange
 
 
 class BucketFiller:

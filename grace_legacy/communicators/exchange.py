@@ -68,10 +68,13 @@ class BucketExchange:
     """The collectives of one set of parcels, launched at construction and finished once."""
 
     def __init__(self, label: str, parcels: Sequence[Parcel], backend: Backend, average: bool,
-                 recycler: BufferPool | None = None) -> None:
+                 recycler: BufferPool | None = None, into: torch.Tensor | None = None) -> None:
         self.label, self.parcels, self.backend, self.average = label, list(parcels), backend, average
         #: keeps the buffer a by-part bucket aggregates into, for the next flight of the same label
         self.recycler = recycler
+        #: a 1-D tensor the results may be decoded into, back to back in the parcels' order, when one
+        #: allreduce carries every parcel whole (the DDP bucket the results go to anyway)
+        self.into = into
         self.results: dict[str, torch.Tensor] | None = None
         self._collectives = 0
         self._failure: BaseException | None = None
@@ -106,10 +109,13 @@ class BucketExchange:
                 self._gather = (gathered, layouts,
                                 self.backend.allgather_async(wire.pack_many(layouts), self._name(0)))
         self._reduced = {id(m): list(m.payload) for m in self.parcels if not m.gathered}
-        for parcel in self.parcels:
-            if not parcel.gathered:
-                parcel.pending.wire_bytes = ring_allreduce_bytes(parcel.pending.bytes_sent, self.backend.size())
-        self._reduce = self._launch_reduce([m for m in self.parcels if not m.gathered], round_index=0)
+        self._reducing = [m for m in self.parcels if not m.gathered]
+        for parcel in self._reducing:
+            parcel.pending.wire_bytes = ring_allreduce_bytes(parcel.pending.bytes_sent, self.backend.size())
+        #: the allreduce rounds of the additive parcels; the one whose allreduces are in flight
+        self.rounds = max((m.compressor.rounds for m in self._reducing), default=1)
+        self._round = 0
+        self._reduce = self._launch_reduce(self._reducing, round_index=0)
 
     @staticmethod
     def _by_part(gathered: Sequence[Parcel]) -> wire.Columns | None:
@@ -142,18 +148,84 @@ class BucketExchange:
         launched = []
         for segments in by_dtype.values():
             parts = [self._reduced[id(m)][i] for m, i in segments]
-            flat = parts[0].reshape(-1) if len(parts) == 1 else torch.cat([p.reshape(-1) for p in parts])
-            launched.append((segments, self.backend.allreduce_async(flat, self._name(round_index), self.average)))
+            if len(parts) == 1:
+                handle = self.backend.allreduce_async(parts[0].reshape(-1), self._name(round_index), self.average)
+            else:
+                # A concatenation nobody else holds: a backend that can reduce it in place is given it.
+                flat = torch.cat([p.reshape(-1) for p in parts])
+                reduce = getattr(self.backend, "allreduce_owned_async", self.backend.allreduce_async)
+                handle = reduce(flat, self._name(round_index), self.average)
+            launched.append((segments, handle))
         return launched
 
-    def _wait_reduce(self, launched: list[tuple[list, Any]]) -> None:
+    def _wait_reduce(self, launched: list[tuple[list, Any]],
+                     results: dict[str, torch.Tensor] | None = None) -> None:
+        """Wait for a round's allreduces; each parcel's parts become views of the reduced flats.
+        With ``results`` (the last round of single-round parcels), a flat whose parcels decode at
+        once is decoded into it instead (:meth:`_decompress_flat`)."""
         for segments, handle in launched:
             flat = self.backend.wait(handle)
+            if results is not None and self._decompress_flat(segments, flat, results):
+                continue
             offset = 0
             for parcel, i in segments:
                 template = self._reduced[id(parcel)][i]
                 self._reduced[id(parcel)][i] = flat[offset: offset + template.numel()].view(template.shape)
                 offset += template.numel()
+
+    def _decompress_flat(self, segments: list[tuple[Parcel, int]], flat: torch.Tensor,
+                         results: dict[str, torch.Tensor]) -> bool:
+        """Decode a flat of one-part payloads of one compressor at once
+        (:meth:`~grace_legacy.core.compressor.Compressor.decompress_flat`) into ``results``, and look
+        at it whole for infs and NaNs; ``False`` where the compressor decodes tensor by tensor."""
+        compressor = segments[0][0].compressor
+        if not all(parcel.compressor is compressor and len(parcel.payload) == 1 for parcel, _ in segments):
+            return False
+        whole = len(segments) == len(self.parcels) and all(
+            parcel is mine for (parcel, _), mine in zip(segments, self.parcels, strict=True))
+        out = compressor.decompress_flat(flat, [parcel.ctx for parcel, _ in segments],
+                                         self.into if whole else None)
+        if out is None:
+            return False
+        offset = 0
+        for parcel, _ in segments:
+            shape = parcel.payload[0].shape
+            results[parcel.name] = out[offset: offset + shape.numel()].view(shape)
+            offset += shape.numel()
+        # A finite sum has only finite terms (an overflowing one just sends every tensor to be looked
+        # at alone); then nobody needs to look at the parcels' results again (Pending.finite).
+        if out.is_floating_point() and bool(torch.isfinite(
+                out.sum(dtype=torch.float32 if out.element_size() < 4 else None))):
+            for parcel, _ in segments:
+                parcel.pending.finite = True
+        return True
+
+    def advance(self) -> bool:
+        """Wait for the allreduces of the round in flight and launch the next round's (``True``), or
+        do nothing when the round in flight is the last (``False``). A caller with several flights
+        advances each in turn, so that one flight's round travels while another's is computed;
+        waiting for a parcel finishes whatever rounds are left."""
+        if self._failure is not None:
+            raise self._failure
+        if self._round + 1 >= self.rounds:
+            return False
+        try:
+            self._wait_reduce(self._reduce)
+            self._round += 1
+            round_index = self._round
+            active = [m for m in self._reducing if m.compressor.rounds > round_index]
+            for parcel in active:
+                local, parcel.ctx = parcel.compressor.next_round(self._reduced[id(parcel)], parcel.ctx)
+                parcel.pending.bytes_sent += nbytes(local)
+                parcel.pending.wire_bytes += ring_allreduce_bytes(nbytes(local), self.backend.size())
+                if round_index == parcel.compressor.rounds - 1 and parcel.update_memory is not None:
+                    parcel.update_memory(local, parcel.ctx)
+                self._reduced[id(parcel)] = list(local)
+            self._reduce = self._launch_reduce(active, round_index)
+        except BaseException as error:
+            self._failure = error  # every parcel of the exchange raises it: its handles are spent
+            raise
+        return True
 
     def _finisher(self, name: str) -> Callable[[], torch.Tensor]:
         def finish() -> torch.Tensor:
@@ -175,20 +247,13 @@ class BucketExchange:
             results.update(self._aggregate_gathered(*self._gather))
             self._count_gathered(*self._gather)
 
-        self._wait_reduce(self._reduce)
-        reducing = [m for m in self.parcels if not m.gathered]
-        rounds = max((m.compressor.rounds for m in reducing), default=1)
-        for round_index in range(1, rounds):
-            active = [m for m in reducing if m.compressor.rounds > round_index]
-            for parcel in active:
-                local, parcel.ctx = parcel.compressor.next_round(self._reduced[id(parcel)], parcel.ctx)
-                parcel.pending.bytes_sent += nbytes(local)
-                parcel.pending.wire_bytes += ring_allreduce_bytes(nbytes(local), self.backend.size())
-                if round_index == parcel.compressor.rounds - 1 and parcel.update_memory is not None:
-                    parcel.update_memory(local, parcel.ctx)
-                self._reduced[id(parcel)] = list(local)
-            self._wait_reduce(self._launch_reduce(active, round_index))
-        for parcel in reducing:
+        while self.advance():
+            pass
+        # With one round, each dtype's flat holds its parcels' whole payloads.
+        self._wait_reduce(self._reduce, results if self.rounds == 1 else None)
+        for parcel in self._reducing:
+            if parcel.name in results:
+                continue
             reduced = self._reduced[id(parcel)]
             if parcel.compressor.rounds > 1:
                 parcel.compressor.end_exchange(reduced, parcel.ctx)

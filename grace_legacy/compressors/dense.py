@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import torch
@@ -25,6 +26,12 @@ class NoCompression(Compressor):
 
     def decompress(self, payload: Payload, ctx: Any) -> torch.Tensor:
         return payload[0]
+
+    def decompress_flat(self, flat: torch.Tensor, contexts: Sequence[Any],
+                        out: torch.Tensor | None = None) -> torch.Tensor:
+        if out is not None and out.dtype == flat.dtype and out.numel() == flat.numel():
+            return out.copy_(flat)
+        return flat
 
     def payload_spec(self, numel: int, dtype: torch.dtype) -> list[tuple[int, torch.dtype]]:
         return [(numel, dtype)]
@@ -54,6 +61,18 @@ class _WireCast(Compressor):
             return _CAST_TO[ctx](wire)
         out = self._outputs.empty((wire.numel(), ctx), wire.numel(), ctx, wire.device)
         return out.view(wire.shape).copy_(wire)
+
+    def decompress_flat(self, flat: torch.Tensor, contexts: Sequence[Any],
+                        out: torch.Tensor | None = None) -> torch.Tensor | None:
+        """One cast of the whole ``flat`` when every tensor has one dtype (into ``out`` when it has
+        that dtype): elementwise, so each piece is that tensor's own cast."""
+        dtypes = set(contexts)
+        if len(dtypes) != 1:
+            return None
+        dtype = dtypes.pop()
+        if out is not None and out.dtype == dtype and out.numel() == flat.numel():
+            return out.copy_(flat)
+        return self.decompress([flat], dtype)
 
     def payload_spec(self, numel: int, dtype: torch.dtype) -> list[tuple[int, torch.dtype]]:
         return [(numel, self.wire_dtype)]

@@ -113,6 +113,15 @@ class Compressor(_EarlierNames, Stateful, ABC):
     def decompress(self, payload: Payload, ctx: Any) -> torch.Tensor:
         """Decode one payload into a tensor of the original shape and dtype."""
 
+    def decompress_flat(self, flat: torch.Tensor, contexts: Sequence[Any],
+                        out: torch.Tensor | None = None) -> torch.Tensor | None:
+        """Optional: the payloads of several tensors of one-part payloads, lying back to back in the
+        1-D ``flat`` (as a fused allreduce delivers them), decoded at once into one 1-D tensor whose
+        consecutive pieces are the tensors' :meth:`decompress` bit for bit; ``None`` (the default)
+        where this compressor decodes tensor by tensor only. ``out``: a 1-D tensor of ``flat``'s
+        length to decode into when it has the results' dtype (it is then returned), else ignored."""
+        return None
+
     def aggregate(self, payloads: Sequence[Payload], ctx: Any, average: bool) -> torch.Tensor:
         """``sum_r D(p_r)``, divided by the number of ranks when ``average``; override for a faster
         exact sum or another rule (a vote)."""

@@ -1,0 +1,46 @@
+"""The fast-link benchmark (``benchmarks/performance/fast_links.py``): its quick run completes with
+four real torchrun ranks and writes its table and plot; its per-part profile puts each piece of
+grace_legacy's code in the part it names. The numbers are measured, not asserted."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks.performance.fast_links import PAIRS, WAYS, part_of
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_each_part_of_the_hook_is_named_by_where_the_code_lives():
+    root = os.sep.join(("", "src", "grace_legacy", ""))
+    assert part_of(root + "ddp.py", "exchange") == "hook entry and exit"
+    assert part_of(root + "grace.py", "_watch") == "non-finite checks"
+    assert part_of(root + "grace.py", "start") == "bundle (per-tensor bookkeeping)"
+    assert part_of(root + os.path.join("backends", "torch_distributed.py"), "wait") == "collective wait"
+    assert part_of(root + os.path.join("backends", "torch_distributed.py"), "_issue") == "collective launch"
+    assert part_of(root + os.path.join("compressors", "dense.py"), "decompress") == "decompress"
+    assert part_of(root + os.path.join("compressors", "powersgd.py"), "compress") == "compress"
+    assert part_of(root + os.path.join("communicators", "exchange.py"), "_launch") == \
+        "fusion (pack, concatenate, split)"
+    assert part_of(os.sep.join(("", "torch", "nn", "parallel", "distributed.py")), "forward") is None
+
+
+@pytest.mark.distributed
+def test_fast_links_quick(tmp_path):
+    subprocess.run([sys.executable, "-m", "benchmarks.performance.fast_links", "--quick", "--results",
+                    str(tmp_path)], cwd=REPO, check=True, timeout=600)
+    text = (tmp_path / "performance.md").read_text()
+    assert "## DDP hooks on a fast link" in text and "`uptime` before:" in text
+    for pair in PAIRS:
+        assert f"- **{pair}**:" in text
+    result = json.loads((tmp_path / "fast_links.json").read_text())
+    assert set(result["times_s"]) == set(WAYS) and result["workers"] == 4
+    assert all(len(times) == result["steps"] for times in result["times_s"].values())
+    # Every way was profiled; the hooks' own parts add up to something.
+    assert set(result["profile"]["ops"]) == set(WAYS)
+    assert all(sum(parts.values()) > 0 for parts in result["profile"]["parts_s"].values())
+    assert (tmp_path / "fast_links.png").stat().st_size > 1000
