@@ -36,8 +36,11 @@ class _Step:
     """One backward pass: the gradients on their way and each bucket's promise."""
 
     def __init__(self) -> None:
+        #: the gradients started one by one
         self.pending: dict[str, Pending] = {}
-        self.buckets: list[tuple[torch.Tensor, list[str], torch.futures.Future]] = []
+        #: each bucket's buffer, its parameters' names, its promise to DDP, and the pending buffer
+        #: itself when the bucket went as one tensor (GraceState.exchange)
+        self.buckets: list[tuple[torch.Tensor, list[str], torch.futures.Future, Pending | None]] = []
 
 
 def _refuse_options(ddp_model: DistributedDataParallel) -> None:
@@ -130,38 +133,46 @@ class GraceState:
             if buffer.is_sparse:
                 raise ValueError("grace_legacy.ddp: DDP handed over a sparse gradient: grace_legacy compresses "
                                  "dense gradients")
-            for parameter, gradient in zip(bucket.parameters(), bucket.gradients(), strict=True):
+            gradients = bucket.gradients()
+            for parameter in bucket.parameters():
                 name = self._names.get(id(parameter))
                 if name is None:
                     raise RuntimeError("grace_legacy.ddp: DDP handed over a parameter that was not in the model "
                                        "when the hook was registered")
-                # Fused as DDP fused them: each bucket launches as it arrives, overlapping the rest
-                # of the backward pass as DDP's own allreduce does.
-                step.pending[name] = self.grace.start(gradient, name, self.backend, average=True, hold=True)
                 names.append(name)
-            # The bucket's gradients are compressed by now: its results may be decoded into it.
-            self.grace.launch_held(f"ddp{index}", self.backend, average=True,
-                                   into=buffer if buffer.is_contiguous() else None)
+            # Fused as DDP fused them: each bucket launches as it arrives, overlapping the rest of
+            # the backward pass as DDP's own allreduce does; as one tensor where that is the same.
+            whole = self.grace.start_whole(f"ddp{index}", buffer, gradients, names, self.backend, average=True)
+            if whole is None:
+                for name, gradient in zip(names, gradients, strict=True):
+                    step.pending[name] = self.grace.start(gradient, name, self.backend, average=True, hold=True)
+                # The bucket's gradients are compressed by now: its results may be decoded into it.
+                self.grace.launch_held(f"ddp{index}", self.backend, average=True,
+                                       into=buffer if buffer.is_contiguous() else None)
         except BaseException:
             self._step = None  # the backward pass fails with the error; the next one starts afresh
             self._abandoned = True
             raise
         future: torch.futures.Future = torch.futures.Future(
             devices=[buffer.device] if buffer.device.type == "cuda" else None)
-        step.buckets.append((buffer, names, future))
+        step.buckets.append((buffer, names, future, whole))
         if bucket.is_last():
             self._finish_step(step)
         return future
 
     def _finish_step(self, step: _Step) -> None:
         try:
-            missing = [name for name in self._order if name not in step.pending]
+            arrived = set(step.pending).union(*(names for _, names, _, whole in step.buckets if whole is not None))
+            missing = [name for name in self._order if name not in arrived]
             if missing:
                 raise RuntimeError(f"grace_legacy.ddp: the buckets of this backward pass lacked {missing}")
             self.grace.advance_held()  # every bucket's later rounds in flight together
-            results = {name: step.pending[name]() for name in self._order}
+            results = {name: pending() for name, pending in step.pending.items()}
+            for _, _, _, whole in step.buckets:
+                if whole is not None:
+                    whole()  # decoded into the bucket itself, where an inf or NaN of any rank shows
             flagged = self.grace.nonfinite_names(sorted(self._order), self.backend)
-            for name in flagged:
+            for name in flagged.intersection(results):
                 # A compressor may have dropped the inf; GradScaler must see it on every rank.
                 if bool(torch.isfinite(results[name]).all()):
                     results[name] = torch.full_like(results[name], float("nan"))
@@ -171,24 +182,25 @@ class GraceState:
                     self.grace.undo(name)
             self.grace.end_step(self.backend)
         except BaseException as error:
-            for _, _, future in step.buckets:
+            for _, _, future, _ in step.buckets:
                 future.set_exception(error)
             self._step = None
             self._abandoned = True
             raise
-        for buffer, names, future in step.buckets:
-            # Into the bucket itself, as PyTorch's hooks do: no bucket-sized tensor per step.
-            pieces = [results[name] for name in names]
-            whole = _back_to_back(pieces, buffer.numel())
-            if whole is not None:  # decoded as one flat in the bucket's order: one copy, or none
-                if whole.data_ptr() != buffer.data_ptr() or whole.dtype != buffer.dtype:
-                    buffer.copy_(whole)
-            else:
-                offset = 0
-                for piece in pieces:
-                    result = piece.reshape(-1)
-                    buffer[offset:offset + result.numel()].copy_(result)
-                    offset += result.numel()
+        for buffer, names, future, whole in step.buckets:
+            if whole is None:
+                # Into the bucket itself, as PyTorch's hooks do: no bucket-sized tensor per step.
+                pieces = [results[name] for name in names]
+                joined = _back_to_back(pieces, buffer.numel())
+                if joined is not None:  # decoded as one flat in the bucket's order: one copy, or none
+                    if joined.data_ptr() != buffer.data_ptr() or joined.dtype != buffer.dtype:
+                        buffer.copy_(joined)
+                else:
+                    offset = 0
+                    for piece in pieces:
+                        result = piece.reshape(-1)
+                        buffer[offset:offset + result.numel()].copy_(result)
+                        offset += result.numel()
             future.set_result(buffer)
         self._step = None
         self.steps += 1

@@ -19,7 +19,7 @@ from grace_legacy.core.memory import Memory, NoMemory
 from grace_legacy.core.seeds import derived_seed
 from grace_legacy.core.state import refuse_other_configuration, saved_configuration
 from grace_legacy.memories import Residual
-from grace_legacy.runtime.buffers import BufferPool
+from grace_legacy.runtime.buffers import BufferPool, views_of
 from grace_legacy.runtime.cost import choose_route, ring_allreduce_bytes
 from grace_legacy.runtime.stall import RanksStalled, resolve_stall_timeout
 from grace_legacy.runtime.traffic import TrafficStats
@@ -78,6 +78,8 @@ class Grace:
         self.bucket_bytes = default_bucket_bytes() if bucket_bytes is None else bucket_bytes
         self._filler: BucketFiller | None = None
         self._routes: dict[tuple, str] = {}
+        # Whether a caller's bucket (names, dtype, ranks) goes as one tensor (start_whole).
+        self._whole: dict[tuple, bool] = {}
         # Parcels started with hold=True, launched together by launch_held, and their buffers.
         self._held: list[Parcel] = []
         # The held buckets of this step with rounds still to run (advance_held).
@@ -197,6 +199,68 @@ class Grace:
 
         self._started[name] = inner
         return Pending(finish, inner.bytes_sent)
+
+    def start_whole(self, label: str, flat: torch.Tensor, tensors: Sequence[torch.Tensor], names: Sequence[str],
+                    backend: Backend, average: bool) -> Pending | None:
+        """Compress and launch a caller's fused bucket ``flat`` (1-D; ``tensors``, named ``names``,
+        lie back to back in it) as one tensor, where that computes what :meth:`start` of each would,
+        bit for bit: an :attr:`~grace_legacy.core.compressor.Compressor.elementwise` compressor,
+        no memory and no schedule (nothing kept per tensor), every tensor on the allreduce route.
+        One cast of the bucket instead of one per tensor is what PyTorch's ``fp16_compress_hook``
+        does; on a fast link the per-tensor work is what a step waits for. The pending result is
+        ``flat`` itself, decoded in place; ``None``: start the tensors one by one."""
+        self.join_world(backend)
+        world_size = backend.size()
+        key = (tuple(names), flat.dtype, world_size)
+        whole = self._whole.get(key)
+        if whole is None:
+            whole = self._whole[key] = self._goes_whole(flat, tensors, names, world_size)
+        if not whole:
+            return None
+        payload, ctx = self.compressor.compress(flat, label)
+        (part,) = payload
+        # The cast is a tensor nobody else holds: a backend that can reduce it in place is given it.
+        reduce = backend.allreduce_async if part is flat else \
+            getattr(backend, "allreduce_owned_async", backend.allreduce_async)
+        handle = reduce(part, f"{label}.r0.0", average)  # the name a one-allreduce bucket's exchange gives
+        wire_size = part.element_size()
+
+        def finish() -> torch.Tensor:
+            try:
+                reduced = backend.wait(handle)
+            except RanksStalled as err:
+                raise err.carrying(list(names)) from None
+            out = self.compressor.decompress_flat(reduced, (ctx,), flat)
+            if out is None or out.data_ptr() != flat.data_ptr():
+                raise RuntimeError(f"{self.compressor!r} is elementwise but did not decode a flat into its place")
+            # A finite sum has only finite terms; otherwise each tensor is looked at alone.
+            if not bool(torch.isfinite(flat.sum(dtype=torch.float32 if flat.element_size() < 4 else None))):
+                for name, tensor in zip(names, views_of(flat, tensors), strict=True):
+                    self._watch(name, tensor)
+            for name, tensor in zip(names, tensors, strict=True):
+                sent = tensor.numel() * wire_size
+                self.record_traffic(name, tensor, sent, "allreduce", ring_allreduce_bytes(sent, world_size),
+                                    world_size)
+            return flat
+
+        pending = Pending(finish, part.numel() * wire_size)
+        for name in names:
+            self._started[name] = pending
+        return pending
+
+    def _goes_whole(self, flat: torch.Tensor, tensors: Sequence[torch.Tensor], names: Sequence[str],
+                    world_size: int) -> bool:
+        """Whether :meth:`start_whole` may send ``flat`` as one tensor (decided from what every rank
+        shares: the configuration, the names, shapes and dtypes, the number of ranks)."""
+        compressor = self.compressor
+        if not (compressor.elementwise and self._schedule is None and type(self.memory) is NoMemory
+                and self._flags_from_results and flat.dim() == 1 and flat.is_contiguous()):
+            return False
+        if sum(t.numel() for t in tensors) != flat.numel():
+            return False
+        return all(t.numel() and t.dtype == flat.dtype and compressor.compressor_for(t, n) is compressor
+                   and self.route_of(compressor, t.shape, t.dtype, world_size) == "allreduce"
+                   for t, n in zip(tensors, names, strict=True))
 
     def launch_held(self, label: str, backend: Backend, average: bool, into: torch.Tensor | None = None) -> None:
         """Launch the tensors started with ``hold=True`` since the last launch as one bucket

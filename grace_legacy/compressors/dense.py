@@ -19,6 +19,7 @@ class NoCompression(Compressor):
     additive = True
     lossless = True
     delivers_nonfinite = True  # a sum keeps every inf and NaN
+    elementwise = True
 
     def compress(self, tensor: torch.Tensor, name: str) -> tuple[Payload, Any]:
         check_gradient(tensor, "NoCompression")
@@ -43,6 +44,7 @@ class _WireCast(Compressor):
 
     additive = True
     delivers_nonfinite = True  # the cast keeps inf and NaN (and makes inf of what overflows); a sum keeps them
+    elementwise = True
     #: the 2-byte floating type the payload travels in
     wire_dtype: ClassVar[torch.dtype]
 

@@ -94,6 +94,10 @@ class Compressor(_EarlierNames, Stateful, ABC):
     aggregates_by_mean: ClassVar[bool] = True
     #: allreduces of an additive payload; :meth:`next_round` makes each next one (PowerSGD: P, Q)
     rounds: ClassVar[int] = 1
+    #: entry by entry and stateless: the payload is one part, ctx a function of the input's dtype alone, and compressing
+    #: tensors back to back in one flat gives their payloads back to back (:meth:`decompress_flat`
+    #: decodes them at once), so a caller's whole bucket can go as one tensor (FP16, BF16, none)
+    elementwise: ClassVar[bool] = False
 
     #: set by the bundle that runs this compressor: what :attr:`stats` reports
     ledger: Ledger | None = None

@@ -12,7 +12,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import sys
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 
 import torch
 
@@ -48,6 +48,15 @@ def zeroed(buffer: torch.Tensor) -> torch.Tensor:
 LARGE = 4 * 1024 * 1024
 #: glibc's largest mmap threshold on 64-bit: a buffer above it is always a new mapping.
 MMAP_CEILING = 32 * 1024 * 1024
+
+
+def views_of(flat: torch.Tensor, like: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """``flat`` (1-D) cut into views shaped as ``like``'s tensors, back to back from its start."""
+    views, offset = [], 0
+    for tensor in like:
+        views.append(flat[offset:offset + tensor.numel()].view(tensor.shape))
+        offset += tensor.numel()
+    return views
 
 
 def _references(buffer: torch.Tensor) -> tuple[int, int] | None:

@@ -1,0 +1,98 @@
+"""A caller's bucket sent as one tensor (``Grace.start_whole``, the DDP hook's path for FP16, BF16
+and no compression): the same bits, counts and skipped steps as the tensors started one by one,
+and only where that holds."""
+
+import pytest
+import torch
+
+from grace_legacy import BF16, FP16, Allgather, Grace, Legacy, Residual, TopK
+from grace_legacy.compressors import NoCompression
+from tests.helpers import run_ranks
+
+SHAPES = {"conv.weight": (8, 3, 3, 3), "conv.bias": (8,), "fc.weight": (10, 40), "fc.bias": (10,)}
+
+
+def gradients(rank: int, dtype: torch.dtype = torch.float32, poison: tuple[int, str] | None = None):
+    grads = [torch.randn(shape, generator=torch.Generator().manual_seed(100 * rank + i)).to(dtype)
+             for i, shape in enumerate(SHAPES.values())]
+    if poison is not None and poison[0] == rank:
+        grads[list(SHAPES).index(poison[1])].view(-1)[3] = float(poison[1] == "fc.bias" and "nan" or "inf")
+    return grads
+
+
+def bucket_of(grads):
+    """The gradients back to back in one flat, and views of them in it (as DDP's bucket holds them)."""
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    views, offset = [], 0
+    for g in grads:
+        views.append(flat[offset:offset + g.numel()].view(g.shape))
+        offset += g.numel()
+    return flat, views
+
+
+def one_step(backend, bundle: Grace, whole: bool, dtype=torch.float32, poison=None):
+    """One bucket's step through ``bundle``: (results by name, flagged names, stats)."""
+    names = list(SHAPES)
+    flat, views = bucket_of(gradients(backend.rank(), dtype, poison))
+    if whole:
+        pending = bundle.start_whole("b0", flat, views, names, backend, average=True)
+        if pending is None:
+            return None  # started one by one
+        assert pending() is flat
+        results = {n: v.clone() for n, v in zip(names, views, strict=True)}
+    else:
+        started = {n: bundle.start(v, n, backend, average=True, hold=True) for n, v in zip(names, views, strict=True)}
+        bundle.launch_held("b0", backend, average=True, into=flat)
+        results = {n: p().clone() for n, p in started.items()}
+    flagged = bundle.nonfinite_names(sorted(names), backend)
+    bundle.end_step(backend)
+    return results, flagged, bundle.stats
+
+
+@pytest.mark.parametrize("make", [FP16, BF16, NoCompression], ids=["FP16", "BF16", "none"])
+@pytest.mark.parametrize("world", [1, 2, 3])
+@pytest.mark.parametrize("poison", [None, (1, "fc.weight"), (0, "fc.bias")], ids=["finite", "inf", "nan"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16],
+                         ids=["fp32", "fp64", "fp16", "bf16"])
+def test_a_bucket_sent_whole_equals_its_tensors_sent_one_by_one(make, world, poison, dtype):
+    if poison is not None and poison[0] >= world:
+        pytest.skip("the poisoned rank is not in this world")
+
+    def body(backend):
+        return [one_step(backend, Grace(make()), whole, dtype, poison) for whole in (True, False)]
+
+    for (whole, one_by_one) in run_ranks(world, body):
+        assert whole is not None  # every gradient dtype these casts take goes whole
+        results, flagged, stats = whole
+        want_results, want_flagged, want_stats = one_by_one
+        assert results.keys() == want_results.keys()
+        for name in results:
+            assert torch.equal(results[name], want_results[name]) or (
+                torch.equal(results[name].isnan(), want_results[name].isnan())
+                and torch.equal(results[name].nan_to_num(), want_results[name].nan_to_num())), name
+        assert flagged == want_flagged
+        assert flagged == (set() if poison is None else {poison[1]})
+        assert stats == want_stats  # bytes handed over, wire bytes, tensors by route
+
+
+@pytest.mark.parametrize("bundle", [
+    lambda: Grace(TopK(0.1)),                                   # not elementwise
+    lambda: Grace(FP16(), memory=Residual()),                   # a memory keeps per-tensor state
+    lambda: Grace(FP16(), communicator=Allgather()),            # another route
+    lambda: Grace(Legacy(TopK(), by="layer", values=[0.5, 0.1], splits=[100])),  # a schedule
+], ids=["topk", "residual", "allgather", "legacy"])
+def test_what_cannot_go_whole_is_started_one_by_one(bundle):
+    def body(backend):
+        flat, views = bucket_of(gradients(backend.rank()))
+        return bundle().start_whole("b0", flat, views, list(SHAPES), backend, average=True)
+
+    assert run_ranks(2, body) == [None, None]
+
+
+def test_a_flat_that_does_not_hold_exactly_its_tensors_is_started_one_by_one():
+    def body(backend):
+        flat, views = bucket_of(gradients(backend.rank()))
+        longer = torch.cat([flat, torch.zeros(3)])
+        return Grace(FP16()).start_whole("b0", longer, views, list(SHAPES), backend, average=True)
+
+    assert run_ranks(2, body) == [None, None]
