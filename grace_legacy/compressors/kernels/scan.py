@@ -133,18 +133,22 @@ def _kernels() -> SimpleNamespace:
     big = _compiled.BLOCK
     parallel = _compiled.parallel_loop()
 
+    # Each range pass loops over a slice of its range from 0 (compiled.py: why); positions are
+    # the slice's plus ``start``.
     @compiled
     def count_range(bits, mask, lower, start, end):  # pragma: no cover - compiled
+        bits = bits[start:end]
         hits = 0
-        for i in range(start, end):  # no branch: vectorized
+        for i in range(bits.size):  # no branch: vectorized
             hits += (bits[i] & mask) >= lower
         return hits
 
     @compiled
     def write_range(bits, mask, lower, positions, magnitudes, at, start, end, sparse):  # pragma: no cover
+        bits, n = bits[start:end], end - start
         found = at
-        whole = start + (end - start) // BLOCK * BLOCK if sparse else start
-        for first in range(start, whole, BLOCK):
+        whole = n // BLOCK * BLOCK if sparse else 0
+        for first in range(0, whole, BLOCK):
             hits = 0
             for i in range(first, first + BLOCK):
                 hits += (bits[i] & mask) >= lower
@@ -152,13 +156,13 @@ def _kernels() -> SimpleNamespace:
                 for i in range(first, first + BLOCK):
                     magnitude = bits[i] & mask
                     if magnitude >= lower:
-                        positions[found] = i
+                        positions[found] = start + i
                         magnitudes[found] = magnitude
                         found += 1
-        for i in range(whole, end):
+        for i in range(whole, n):
             magnitude = bits[i] & mask
             if magnitude >= lower:
-                positions[found] = i
+                positions[found] = start + i
                 magnitudes[found] = magnitude
                 found += 1
 
@@ -190,8 +194,9 @@ def _kernels() -> SimpleNamespace:
 
     @compiled
     def count_in_range(bits, mask, lower, upper, start, end):  # pragma: no cover - compiled
+        bits = bits[start:end]
         hits = 0
-        for i in range(start, end):  # no branch: vectorized
+        for i in range(bits.size):  # no branch: vectorized
             magnitude = bits[i] & mask
             hits += (magnitude >= lower) & (magnitude <= upper)
         return hits
@@ -206,13 +211,14 @@ def _kernels() -> SimpleNamespace:
     def write_in_range(bits, mask, lower, upper, positions, kept, at, limit, start, end):  # pragma: no cover
         # As in_range, from the block's own offset; it stops once its last entry is written, since
         # the next (unkept) store would land on the next block's first slot.
+        bits = bits[start:end]
         found = at
-        for i in range(start, end):
+        for i in range(bits.size):
             if found == limit:
                 break
             entry = bits[i]
             magnitude = entry & mask
-            positions[found] = i
+            positions[found] = start + i
             kept[found] = entry
             found += (magnitude >= lower) & (magnitude <= upper)
 

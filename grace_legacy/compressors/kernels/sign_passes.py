@@ -34,20 +34,22 @@ def _kernels() -> SimpleNamespace:
     block = _compiled.BLOCK  # a multiple of 8: blocks split no byte
 
     # A `*_range` loop does elements start .. end - 1 (start a multiple of 8); the drivers run one
-    # over everything on the calling thread, or one block per prange iteration.
+    # over everything on the calling thread, or one block per prange iteration. Each loops over
+    # slices of its range from 0 (compiled.py: why).
 
     @compiled
     def pack_range(x, out, start, end):  # pragma: no cover - compiled
-        for b in range(start // 8, end // 8):
+        x, out, n = x[start:end], out[start // 8:], end - start
+        for b in range(n // 8):
             byte = 0
             for k in range(8):
                 byte |= (1 if x[8 * b + k] >= 0 else 0) << k
             out[b] = byte
-        if end % 8:
+        if n % 8:
             byte = 0
-            for i in range(end - end % 8, end):
+            for i in range(n - n % 8, n):
                 byte |= (1 if x[i] >= 0 else 0) << (i % 8)
-            out[end // 8] = byte
+            out[n // 8] = byte
 
     @compiled
     def sides_range(x, out, exact, start, end):  # pragma: no cover - compiled
@@ -55,12 +57,13 @@ def _kernels() -> SimpleNamespace:
         # `exact` the sides come from value +- |value| (twice the value on its side, 0 on the
         # other, both exact), with no select, which numba compiles to a slow branch; that holds
         # for finite sums only, so a non-finite result is retaken with `exact`, which selects.
+        x, out, n = x[start:end], out[start // 8:], end - start
         up_total = down_total = 0.0
         count = 0
-        for b in range(start // 8, (end + 7) // 8):
+        for b in range((n + 7) // 8):
             byte = 0
             up = down = 0.0
-            for i in range(8 * b, min(8 * b + 8, end)):
+            for i in range(8 * b, min(8 * b + 8, n)):
                 value = np.float64(x[i])
                 nonnegative = value >= 0  # NaN is negative, as in pack
                 byte |= (1 if nonnegative else 0) << (i % 8)
@@ -84,28 +87,31 @@ def _kernels() -> SimpleNamespace:
         # it (each product, then the sum; no fused multiply-add), and its signs packed.
         # Whole bytes first, with a fixed inner trip count (as in `pack_range`), which numba
         # unrolls; a bound that depends on n in the inner loop kept it a slow scalar loop.
-        for b in range(start // 8, end // 8):
+        previous, gradient, out, packed = previous[start:end], gradient[start:end], out[start:end], packed[start // 8:]
+        n = end - start
+        for b in range(n // 8):
             byte = 0
             for k in range(8):
                 value = previous[8 * b + k] * keep + out.dtype.type(gradient[8 * b + k]) * take
                 out[8 * b + k] = value
                 byte |= (1 if value >= 0 else 0) << k
             packed[b] = byte
-        if end % 8:
+        if n % 8:
             byte = 0
-            for i in range(end - end % 8, end):
+            for i in range(n - n % 8, n):
                 value = previous[i] * keep + out.dtype.type(gradient[i]) * take
                 out[i] = value
                 byte |= (1 if value >= 0 else 0) << (i % 8)
-            packed[end // 8] = byte
+            packed[n // 8] = byte
 
     @compiled
     def choose_range(packed, if_set, if_clear, out, start, end):  # pragma: no cover - compiled
-        for b in range(start // 8, end // 8):
+        packed, out, n = packed[start // 8:], out[start:end], end - start
+        for b in range(n // 8):
             byte = packed[b]
             for k in range(8):
                 out[8 * b + k] = if_set if (byte >> k) & 1 else if_clear
-        for i in range(end - end % 8, end):
+        for i in range(n - n % 8, n):
             out[i] = if_set if (packed[i // 8] >> (i % 8)) & 1 else if_clear
 
     @compiled

@@ -69,7 +69,8 @@ def _kernels():
     # element of an odd count: a bounds test inside the loop halves its speed. A `*_range` loop does
     # elements start .. end - 1 (start even: blocks are); `serial` drivers run one over everything
     # (or block by block, where partial sums make the order matter) and `parallel` ones run one
-    # block per prange iteration, combining blocks' partial results in block order.
+    # block per prange iteration, combining blocks' partial results in block order. Each loops
+    # over slices of its range from 0 (compiled.py: why); draws take the element's own index.
     block = _compiled.BLOCK
     parallel = _compiled.parallel_loop()
 
@@ -77,9 +78,11 @@ def _kernels():
     def squares_range(x, start, end):  # pragma: no cover - compiled
         # Four interleaved partial sums, so that the loop vectorizes: the order is part of the
         # result, and documented in sum_of_squares below.
+        x = x[start:end]
         s0 = s1 = s2 = s3 = 0.0
-        whole = end - (end - start) % 4
-        for i in range(start, whole, 4):
+        end = x.size
+        whole = end - end % 4
+        for i in range(0, whole, 4):
             v0, v1, v2, v3 = np.float64(x[i]), np.float64(x[i + 1]), np.float64(x[i + 2]), np.float64(x[i + 3])
             s0 += v0 * v0
             s1 += v1 * v1
@@ -110,10 +113,12 @@ def _kernels():
 
     @compiled
     def sum_and_extremes_range(x, start, end):  # pragma: no cover - compiled
-        whole = end - (end - start) % 4
+        x = x[start:end]
+        end = x.size
+        whole = end - end % 4
         s0 = s1 = s2 = s3 = 0.0
-        lowest = highest = np.float64(x[start])
-        for i in range(start, whole, 4):
+        lowest = highest = np.float64(x[0])
+        for i in range(0, whole, 4):
             v0, v1, v2, v3 = np.float64(x[i]), np.float64(x[i + 1]), np.float64(x[i + 2]), np.float64(x[i + 3])
             s0 += v0
             s1 += v1
@@ -136,9 +141,11 @@ def _kernels():
 
     @compiled
     def deviations_range(x, mean, start, end):  # pragma: no cover - compiled
-        whole = end - (end - start) % 4
+        x = x[start:end]
+        end = x.size
+        whole = end - end % 4
         s0 = s1 = s2 = s3 = 0.0
-        for i in range(start, whole, 4):
+        for i in range(0, whole, 4):
             d0, d1 = np.float64(x[i]) - mean, np.float64(x[i + 1]) - mean
             d2, d3 = np.float64(x[i + 2]) - mean, np.float64(x[i + 3]) - mean
             s0 += d0 * d0
@@ -205,12 +212,14 @@ def _kernels():
     @compiled
     def qsgd_range(x, norm, s, key, out, start, end):  # pragma: no cover - compiled
         one = x.dtype.type(1)
-        for j in range(start // 2, end // 2):
-            u0, u1 = draws(key, j, x)
+        first = start // 2
+        x, out, n = x[start:end], out[start:end], end - start
+        for j in range(n // 2):
+            u0, u1 = draws(key, first + j, x)
             out[2 * j] = qsgd_level(x[2 * j], u0, norm, s, one)
             out[2 * j + 1] = qsgd_level(x[2 * j + 1], u1, norm, s, one)
-        if end % 2:
-            out[end - 1] = qsgd_level(x[end - 1], draws(key, end // 2, x)[0], norm, s, one)
+        if n % 2:
+            out[n - 1] = qsgd_level(x[n - 1], draws(key, first + n // 2, x)[0], norm, s, one)
 
     @numba.njit(inline="always")
     def ternary(value, u, bound, scale):  # pragma: no cover - compiled
@@ -225,16 +234,19 @@ def _kernels():
 
     @compiled
     def terngrad_range(x, bound, scale, key, out, start, end):  # pragma: no cover - compiled
-        for j in range(start // 2, end // 2):
-            u0, u1 = draws(key, j, x)
+        first = start // 2
+        x, out, n = x[start:end], out[start:end], end - start
+        for j in range(n // 2):
+            u0, u1 = draws(key, first + j, x)
             out[2 * j] = ternary(x[2 * j], u0, bound, scale)
             out[2 * j + 1] = ternary(x[2 * j + 1], u1, bound, scale)
-        if end % 2:
-            out[end - 1] = ternary(x[end - 1], draws(key, end // 2, x)[0], bound, scale)
+        if n % 2:
+            out[n - 1] = ternary(x[n - 1], draws(key, first + n // 2, x)[0], bound, scale)
 
     @compiled
     def scaled_range(codes, scale, divisor, out, start, end):  # pragma: no cover - compiled
-        for i in range(start, end):
+        codes, out = codes[start:end], out[start:end]
+        for i in range(out.size):
             out[i] = scale * (out.dtype.type(codes[i]) / divisor)
 
     @numba.njit(inline="always")
@@ -251,7 +263,8 @@ def _kernels():
         sign, exponents, _, _, _ = layout(x)
         magnitude_mask = (np.uint64(1) << sign) - np.uint64(1)
         largest = np.uint64(0)
-        for i in range(start, end):
+        bits = bits[start:end]
+        for i in range(bits.size):
             magnitude = np.uint64(bits[i]) & magnitude_mask
             if magnitude < exponents:  # finite
                 largest = max(largest, magnitude)
@@ -317,7 +330,8 @@ def _kernels():
 
     @compiled
     def look_up_range(codes, table, out, start, end):  # pragma: no cover - compiled
-        for i in range(start, end):
+        codes, out = codes[start:end], out[start:end]
+        for i in range(out.size):
             out[i] = table[codes[i]]
 
     # The drivers: `serial` runs a range loop over everything on the calling thread, `parallel`
