@@ -44,6 +44,12 @@ class FaultInjector:
         self.point("launch")
         return self._track(self.inner.allreduce_async(tensor, name, average))
 
+    def allreduce_owned_async(self, tensor: Any, name: str, average: bool) -> Any:
+        # The in-place allreduce of a tensor the caller gives up (a fused flat, a DDP bucket's cast).
+        self.point("launch")
+        reduce = getattr(self.inner, "allreduce_owned_async", self.inner.allreduce_async)
+        return self._track(reduce(tensor, name, average))
+
     def allgather_async(self, tensor: Any, name: str) -> Any:
         self.point("launch")
         return self._track(self.inner.allgather_async(tensor, name))
@@ -95,17 +101,17 @@ class FaultInjector:
 
     @contextlib.contextmanager
     def watching(self, compressors: list[Any], memories: list[Any]) -> Iterator[None]:
-        """Count (and fail at) ``compress``/``decompress`` of these compressors' classes and
-        ``update`` of these memories' classes while inside (each method patched where the class
-        defines it)."""
+        """Count (and fail at) ``compress``/``decompress`` of these compressors' classes (a flat's
+        ``decompress_flat`` counts as a decompress) and ``update`` of these memories' classes while
+        inside (each method patched where the class defines it)."""
+        methods_of = ((compressors, ("compress", "decompress", "decompress_flat")), (memories, ("update",)))
         targets = {(first_definer(obj, method), method)
-                   for objects, methods in ((compressors, ("compress", "decompress")), (memories, ("update",)))
-                   for obj in objects for method in methods}
+                   for objects, methods in methods_of for obj in objects for method in methods}
         patched = []
         for cls, method in sorted(targets, key=lambda target: (target[0].__qualname__, target[1])):
             original = cls.__dict__[method]
             patched.append((cls, method, original))
-            setattr(cls, method, self._counting(method, original))
+            setattr(cls, method, self._counting(method.removesuffix("_flat"), original))
         try:
             yield
         finally:

@@ -72,6 +72,7 @@ from benchmarks.common.limited_link import (
     ring_allreduce_bytes,
     timed_on_link,
 )
+from benchmarks.common.worker_exit import end_worker
 
 WORKERS = 4
 DENSITY = 0.001
@@ -300,7 +301,7 @@ def worker(args: argparse.Namespace) -> None:
         gc.collect()
     if rank == 0:
         Path(args.json).write_text(json.dumps(results))
-    dist.destroy_process_group()
+    end_worker()  # PyTorch's own DDP collectives can abort a finalizing interpreter
 
 
 # -- the driver -------------------------------------------------------------------------------------------

@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common.report import REPO, load_average, machine, median_interval, write_report
+from benchmarks.common.worker_exit import end_worker
 
 WORKERS = 4
 POWERSGD_RANK = 2
@@ -166,7 +167,7 @@ def worker(args: argparse.Namespace) -> None:
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
     if rank == 0:
         Path(args.json).write_text(json.dumps({name: row for name, row in zip(WAYS, slowest.tolist(), strict=True)}))
-    dist.destroy_process_group()
+    end_worker()  # PyTorch's own DDP collectives can abort a finalizing interpreter
 
 
 # -- the profile on one rank ------------------------------------------------------------------------------
@@ -254,7 +255,7 @@ def profile_worker(args: argparse.Namespace) -> None:
     result["step_s"] = {name: statistics.median(row) for name, row in times.items()}
     result["hook_cpu_s"] = {name: statistics.median(row) for name, row in hook.items()}
     Path(args.json).write_text(json.dumps(result))
-    dist.destroy_process_group()
+    end_worker()
 
 
 # -- the driver -------------------------------------------------------------------------------------------

@@ -76,6 +76,9 @@ CONFIGS = {
 ALIGNED_ONLY = {"two-phase topk+residual": ("launch", "wait")}
 #: Configurations whose segments are cut by bucket (see ``sweep_ddp``).
 BY_BUCKET = {"two-phase topk+residual"}
+#: Configurations the DDP hook sends a bucket at a time, as one tensor (``Grace.start_whole``:
+#: an elementwise compressor and no memory), so their steps have no memory update to fault.
+WHOLE_ON_DDP = {"allreduce fp16"}
 
 
 def digest(model: torch.nn.Module) -> str:
