@@ -116,20 +116,24 @@ def test_the_blocked_pass_finds_what_the_plain_pass_finds(n, expected):
     np.testing.assert_array_equal(magnitudes, np.bitwise_and(bits[positions], 0x7FFF_FFFF))
 
 
-@pytest.mark.parametrize("kept", ["none", "every", "half", "first of each block", "last of each block"])
+@pytest.mark.parametrize("kept", ["none", "every", "half", "first of each block", "last of each block", "few",
+                                  "only the first of each block", "only the last of each block"])
 def test_the_range_pass_on_several_threads_is_numpys_mask_and_gather(kept):
     """On several threads each block writes its entries at its own offset and stops at its last
-    one (the next store would land on the next block's first slot): the output is still exactly
-    the mask's, whichever entries open or close the blocks."""
+    one (the next store would land on the next block's first slot), or, with few entries, writes
+    only those of its sub-blocks that hold one: the output is still exactly the mask's, whichever
+    entries open or close the blocks."""
     n = 3 * compiled.PER_THREAD + 37  # several blocks, the last one partial
     mask, bits = 0x7FFF_FFFF, random_bits(np.int32, n, 5)
     magnitudes = np.bitwise_and(bits, mask)
-    lower, upper = {"none": (mask, mask - 1), "every": (0, mask)}.get(kept, (mask // 2, mask))
+    lower, upper = {"none": (mask, mask - 1), "every": (0, mask), "few": (mask - mask // 2000, mask),
+                    "only the first of each block": (mask, mask),
+                    "only the last of each block": (mask, mask)}.get(kept, (mask // 2, mask))
     starts = np.arange(0, n, compiled.BLOCK)
-    if kept == "first of each block":
+    if kept.endswith("first of each block"):
         bits[starts] = mask  # kept
         bits[starts[1:] - 1] = 0  # and the entry before each not
-    elif kept == "last of each block":
+    elif kept.endswith("last of each block"):
         bits[np.minimum(starts[1:], n) - 1] = mask
         bits[-1] = mask
     magnitudes = np.bitwise_and(bits, mask)
@@ -141,5 +145,7 @@ def test_the_range_pass_on_several_threads_is_numpys_mask_and_gather(kept):
     finally:
         torch.set_num_threads(before)
     expected = np.flatnonzero((magnitudes >= lower) & (magnitudes <= upper))
+    if kept.startswith(("few", "only")):
+        assert 0 < expected.size * scan.SPARSE_BLOCKS < n  # the sparse write
     np.testing.assert_array_equal(positions, expected)
     np.testing.assert_array_equal(entries, bits[expected])

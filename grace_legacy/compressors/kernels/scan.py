@@ -222,12 +222,47 @@ def _kernels() -> SimpleNamespace:
             kept[found] = entry
             found += (magnitude >= lower) & (magnitude <= upper)
 
+    @compiled
+    def write_in_range_sparse(bits, mask, lower, upper, positions, kept, at, start, end):  # pragma: no cover
+        # For few entries: each sub-block of BLOCK entries is counted without a branch, and only
+        # those holding an entry are read again to write it.
+        bits = bits[start:end]
+        n = bits.size
+        found = at
+        whole = n - n % BLOCK
+        for first in range(0, whole, BLOCK):
+            hits = 0
+            for i in range(first, first + BLOCK):
+                magnitude = bits[i] & mask
+                hits += (magnitude >= lower) & (magnitude <= upper)
+            if hits:
+                for i in range(first, first + BLOCK):
+                    entry = bits[i]
+                    magnitude = entry & mask
+                    if (magnitude >= lower) & (magnitude <= upper):
+                        positions[found] = start + i
+                        kept[found] = entry
+                        found += 1
+        for i in range(whole, n):
+            entry = bits[i]
+            magnitude = entry & mask
+            if (magnitude >= lower) & (magnitude <= upper):
+                positions[found] = start + i
+                kept[found] = entry
+                found += 1
+
     @parallel
-    def write_in_range_parallel(bits, mask, lower, upper, positions, kept, offsets, counts):  # pragma: no cover
+    def write_in_range_parallel(bits, mask, lower, upper, positions, kept, offsets, counts, sparse):  # pragma: no cover
         n = bits.size
         for b in numba.prange(counts.size):
-            write_in_range(bits, mask, lower, upper, positions, kept, offsets[b], offsets[b] + counts[b], b * big,
-                           min(n, (b + 1) * big))
+            if not counts[b]:
+                continue
+            if sparse:
+                write_in_range_sparse(bits, mask, lower, upper, positions, kept, offsets[b], b * big,
+                                      min(n, (b + 1) * big))
+            else:
+                write_in_range(bits, mask, lower, upper, positions, kept, offsets[b], offsets[b] + counts[b],
+                               b * big, min(n, (b + 1) * big))
 
     return SimpleNamespace(candidates=candidates, candidates_parallel=candidates_parallel, largest=largest,
                            in_range=in_range, count_in_range_parallel=count_in_range_parallel,
@@ -297,5 +332,7 @@ def entries_in_range(bits: np.ndarray, mask: int, lower: int, upper: int,
         offsets = np.cumsum(counts) - counts
         found = int(counts.sum())
         positions, kept = np.empty(found, dtype=index_dtype), np.empty(found, dtype=bits.dtype)
-        kernels.write_in_range_parallel(bits, mask, lower, upper, positions, kept, offsets, counts)
+        # Few entries: only the sub-blocks that hold one are read twice (the rule of the candidates).
+        sparse = found * SPARSE_BLOCKS < bits.size
+        kernels.write_in_range_parallel(bits, mask, lower, upper, positions, kept, offsets, counts, sparse)
     return kept, positions
