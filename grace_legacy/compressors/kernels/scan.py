@@ -223,6 +223,18 @@ def _kernels() -> SimpleNamespace:
             found += (magnitude >= lower) & (magnitude <= upper)
 
     @compiled
+    def write_hits(bits, mask, lower, upper, positions, kept, found, start, first, last):  # pragma: no cover
+        # The entries of bits[first:last] in the range, from slot `found`; the next free slot.
+        for i in range(first, last):
+            entry = bits[i]
+            magnitude = entry & mask
+            if (magnitude >= lower) & (magnitude <= upper):
+                positions[found] = start + i
+                kept[found] = entry
+                found += 1
+        return found
+
+    @compiled
     def write_in_range_sparse(bits, mask, lower, upper, positions, kept, at, start, end):  # pragma: no cover
         # For few entries: each sub-block of BLOCK entries is counted without a branch, and only
         # those holding an entry are read again to write it.
@@ -236,20 +248,8 @@ def _kernels() -> SimpleNamespace:
                 magnitude = bits[i] & mask
                 hits += (magnitude >= lower) & (magnitude <= upper)
             if hits:
-                for i in range(first, first + BLOCK):
-                    entry = bits[i]
-                    magnitude = entry & mask
-                    if (magnitude >= lower) & (magnitude <= upper):
-                        positions[found] = start + i
-                        kept[found] = entry
-                        found += 1
-        for i in range(whole, n):
-            entry = bits[i]
-            magnitude = entry & mask
-            if (magnitude >= lower) & (magnitude <= upper):
-                positions[found] = start + i
-                kept[found] = entry
-                found += 1
+                found = write_hits(bits, mask, lower, upper, positions, kept, found, start, first, first + BLOCK)
+        write_hits(bits, mask, lower, upper, positions, kept, found, start, whole, n)
 
     @parallel
     def write_in_range_parallel(bits, mask, lower, upper, positions, kept, offsets, counts, sparse):  # pragma: no cover
