@@ -6,8 +6,9 @@ and its loss is ``sum_p (p * x_p).sum()``, so each parameter's local gradient is
 ``x_p`` fed to it: the made-up gradient :func:`tests.zoo_in_process.gradient` of this rank and step.
 The hook's synchronized gradient (``p.grad`` after the backward pass) must then equal the case's
 rule over every rank's twin contribution (:func:`tests.zoo_in_process.twin_step_sent`, gathered
-with a plain ``all_gather``), within the case's tolerances (or, where the process group sums in
-16 bits, within that sum's rounding: :func:`tests.reference.expected_and_bound`), and be
+through the library's backend: a plain ``all_gather`` as the last collective can abort the worker
+at exit, docs/GUARANTEES.md#clean-exit), within the case's tolerances (or, where the process group
+sums in 16 bits, within that sum's rounding: :func:`tests.reference.expected_and_bound`), and be
 bit-identical on every rank; the bytes the hook counts must be the twin's. Each rank writes
 ``rank<r>.json`` with its failed checks to ``--out``.
 
@@ -32,6 +33,7 @@ from torch.nn.parallel import DistributedDataParallel
 import grace_legacy.ddp
 from tests.reference import expected_and_bound, mean_rule, mismatch
 from tests.registry import zoo_cases
+from tests.torch_gather import torch_gather_from_ranks
 from tests.zoo_in_process import TENSORS, gradient, twin_step_sent
 
 #: DDP's bucket cap in MB: small, so that the parameters span several buckets.
@@ -56,12 +58,6 @@ class GradientModel(nn.Module):
         return sum((p * inputs[name]).sum() for name, p in self.named_parameters())
 
 
-def gathered(tensor: torch.Tensor) -> list[torch.Tensor]:
-    out = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]
-    dist.all_gather(out, tensor.detach().contiguous())
-    return out
-
-
 def run_case(case, names: list[str], device: torch.device, steps: int) -> list[str]:
     rank, world = dist.get_rank(), dist.get_world_size()
     failures = []
@@ -82,7 +78,7 @@ def run_case(case, names: list[str], device: torch.device, steps: int) -> list[s
             contribution, sent, route, dtypes = twin_step_sent(twin, twin_memory, inputs[key], key, communicator,
                                                                getattr(compression, "dense_fallback", True), world)
             expected_bytes += sent
-            contributions = gathered(contribution)
+            contributions = torch_gather_from_ranks(contribution)
             combined = mean_rule(contributions) if route.startswith("dense") else case.rule(contributions)
             expected, bound = expected_and_bound(combined, twin_memory, key, route, [inputs[key].dtype, *dtypes],
                                                  contributions, step)
@@ -94,7 +90,7 @@ def run_case(case, names: list[str], device: torch.device, steps: int) -> list[s
             why = mismatch(got, expected, bound, case.rtol, case.atol)
             if why is not None:
                 failures.append(f"{where}: {why}")
-            if not all(torch.equal(g, got) for g in gathered(got)):
+            if not all(torch.equal(g, got) for g in torch_gather_from_ranks(got)):
                 failures.append(f"{where}: not bit-identical on every rank")
         twin.end_step()
     if state.stats["bytes_sent"] != expected_bytes:

@@ -18,8 +18,6 @@ from pathlib import Path
 import horovod.torch as hvd
 import torch
 
-from grace_legacy.backends.torch_distributed import TorchDistributedBackend
-
 
 def parse_args(extra=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
@@ -83,15 +81,6 @@ def gather_from_ranks(tensor: torch.Tensor, process_set=None) -> list[torch.Tens
     stacked = hvd.allgather(rows.view(torch.int16) if bits else rows, name=f"reference.{next(_reference_calls)}",
                             process_set=process_set)
     return [(row.view(torch.bfloat16) if bits else row).view(tensor.shape) for row in stacked]
-
-
-def torch_gather_from_ranks(tensor: torch.Tensor) -> list[torch.Tensor]:
-    """Every rank's copy of ``tensor`` under ``torch.distributed``, through grace_legacy's backend,
-    which keeps what it hands a collective until no work holds it: a plain ``dist.all_gather`` as a
-    worker's last collective can abort the process at exit (docs/GUARANTEES.md#clean-exit)."""
-    backend = TorchDistributedBackend()
-    rows = backend.wait(backend.allgather_async(tensor.detach().reshape(1, -1).clone(), "reference"))
-    return [row.view(tensor.shape) for row in rows]
 
 
 def kept(ratio: float, numel: int) -> int:

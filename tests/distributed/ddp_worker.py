@@ -44,7 +44,7 @@ import grace_legacy.ddp
 from benchmarks.performance.memory import structure_size
 from grace_legacy import Allgather, Grace, Legacy, NoCompression, NoMemory, PowerSGD, TopK
 from grace_legacy.backends.torch_distributed import VARIABLE_GATHERS, TorchDistributedBackend
-from tests.distributed.checks import Recorder, parse_args, topk_contribution, torch_gather_from_ranks
+from tests.distributed.checks import Recorder, parse_args, topk_contribution
 from tests.distributed.every_pair_worker import INIT_SCALE, parameter_digest, poisons, tensors_in
 from tests.distributed.faults_worker import Branchy, expect_disagreement, takes_branch
 from tests.distributed.harness import STEPS, Net, batch, loss_of
@@ -52,6 +52,7 @@ from tests.distributed.resume_worker import differences
 from tests.distributed.zoo import Observation, cases, mean_rule
 from tests.distributed.zoo_worker import compare_with_rule, twin_step_sent
 from tests.registry import LR, RESUME_AT, RESUME_SETUPS, RESUME_STEPS, every_pair
+from tests.torch_gather import torch_gather_from_ranks
 
 #: DDP's bucket cap in MB: small, so the test model's 8 parameters span several buckets.
 BUCKET_MB = 0.002

@@ -43,9 +43,10 @@ from grace_legacy import (
     TopK,
 )
 from grace_legacy.schedules.base import Schedule
-from tests.distributed.checks import Recorder, gather_from_ranks, parse_args, torch_gather_from_ranks
+from tests.distributed.checks import Recorder, gather_from_ranks, parse_args
 from tests.distributed.harness import Net, batch, loss_of
 from tests.faults import KINDS, FaultInjector
+from tests.torch_gather import torch_gather_from_ranks
 
 #: Small buckets, so that a step launches several exchanges (ours, and DDP's in MB).
 BUCKET = 1024

@@ -21,9 +21,10 @@ from grace_legacy import Grace, ScatterGather, TopK
 from grace_legacy.backends.horovod import HorovodBackend
 from grace_legacy.backends.torch_distributed import TorchDistributedBackend
 from grace_legacy.runtime import paths
-from tests.distributed.checks import Recorder, parse_args, torch_gather_from_ranks
+from tests.distributed.checks import Recorder, parse_args
 from tests.distributed.harness import Net, batch, loss_of
 from tests.helpers import bits
+from tests.torch_gather import torch_gather_from_ranks
 from tests.two_phase import SETUPS, SIZES, STEPS, gradients, reference
 
 # What each rank compares against the reference.
