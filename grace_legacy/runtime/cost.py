@@ -102,18 +102,23 @@ def segment_bytes(concrete: Compressor, numel: int, dtype: torch.dtype) -> tuple
     return first, second
 
 
-def scatter_gather_bytes(concrete: Compressor, numel: int, dtype: torch.dtype, world_size: int) -> float:
+def scatter_gather_bytes(concrete: Compressor, numel: int, dtype: torch.dtype, world_size: int, *,
+                         busiest: bool = False) -> float:
     """Link bytes per rank (the mean over the ranks) of a scatter-gather of one tensor of ``numel``
     elements cut into ``world_size`` shards: each segment's payload leaves its rank for its owner
     and the owner's payload reaches the other ranks, so ``(P - 1) / P`` of every segment's two
-    payloads. Exact for a tensor sent alone; in a bucket a tensor is cut into no more segments."""
+    payloads. Exact for a tensor sent alone; in a bucket a tensor is cut into no more segments.
+    ``busiest``: the bytes of the busiest rank's link instead, the owner of the smallest shard
+    (it carries every other segment's payloads), which routing compares with dense."""
     if world_size < 2:
         return 0.0
     base, extra = divmod(numel, world_size)
-    total = 0
-    for size, count in ((base + 1, extra), (base, world_size - extra)):
-        if size and count:
-            total += count * sum(segment_bytes(concrete, size, dtype))
+    # ``extra`` segments of ``base + 1`` elements, the others of ``base`` (none where ``base`` is 0).
+    larger = sum(segment_bytes(concrete, base + 1, dtype))
+    smaller = sum(segment_bytes(concrete, base, dtype)) if base else 0
+    total = extra * larger + (world_size - extra) * smaller
+    if busiest:  # the owner of a ``base``-element shard (``extra`` < ``world_size``)
+        return float(total - smaller)
     return (world_size - 1) / world_size * total
 
 
@@ -127,12 +132,18 @@ def cheapest_route(costs: dict[str, float]) -> str:
 def choose_route(concrete: Compressor, shape: int | Sequence[int], dtype: torch.dtype, world_size: int, *,
                  forced: str | None = None, dense_fallback: bool = True) -> str:
     """The route a bundle takes for a tensor that ``concrete`` compresses, at ``world_size`` ranks:
-    the fewest link bytes (:func:`route_link_bytes`; one rank decides as two; the scatter-gather
-    from three ranks) among the routes ``forced`` leaves (a communicator's route: ``"allreduce"``,
-    ``"allgather"``, ``"broadcast"`` or ``"scattergather"``; ``None``: any), ``"dense"`` where
+    the fewest link bytes (:func:`route_link_bytes`, the scatter-gather's of its busiest rank; one
+    rank decides as two; the scatter-gather from three ranks) among the routes ``forced`` leaves
+    (a communicator's route: ``"allreduce"``, ``"allgather"``, ``"broadcast"`` or
+    ``"scattergather"``; ``None``: any), ``"dense"`` where
     sending the tensor uncompressed costs no more, unless ``dense_fallback`` is off. A function of
     the configuration, the shape and the number of ranks alone, so every rank takes the same."""
     costs = route_link_bytes(concrete, shape, dtype, max(world_size, 2))
+    if "scattergather" in costs:
+        # The busiest link, not the mean: a rank owning a small shard of a small tensor carries more
+        # than the mean, and no rank should carry more than a dense allreduce puts on its link.
+        costs["scattergather"] = scatter_gather_bytes(concrete, torch.Size(
+            [shape] if isinstance(shape, int) else shape).numel(), dtype, max(world_size, 2), busiest=True)
     if forced is not None and forced != "allreduce":
         via = "scattergather" if forced == "scattergather" else "allgather"
         candidates = {r: c for r, c in costs.items() if r in (via, "dense")}

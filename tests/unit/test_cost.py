@@ -4,11 +4,11 @@ bytes than a dense send, and the fallback is recorded and can be turned off."""
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from grace_legacy import Grace, TopK
-from grace_legacy.runtime.cost import gather_costs_more
+from grace_legacy import Grace, ScatterGather, TopK
+from grace_legacy.runtime.cost import gather_costs_more, scatter_gather_bytes
 from tests.helpers import run_ranks
 
 
@@ -21,6 +21,7 @@ def test_gather_costs_more_at_its_boundary(packed, dense, world, expected):
 
 @given(world=st.integers(1, 5), ratio=st.floats(0.001, 1.0), numel=st.integers(1, 3000))
 @settings(max_examples=40, deadline=None)
+@example(world=4, ratio=0.5, numel=15)  # the owner of the smallest shard carries more than the mean
 def test_a_rank_never_hands_over_more_than_dense(world, ratio, numel):
     def body(backend):
         bundle = Grace(TopK(ratio), bucket_bytes=0)
@@ -43,3 +44,18 @@ def test_fallback_is_recorded_and_can_be_turned_off():
 
     assert run_ranks(4, lambda b: body(b, True))[0] == {"dense-fallback": 1}
     assert run_ranks(4, lambda b: body(b, False))[0] == {"scattergather": 1}
+
+
+@pytest.mark.parametrize("world,numel,ratio", [(3, 10, 0.5), (4, 15, 0.5), (5, 3, 0.5), (4, 1001, 0.1), (3, 7, 0.3)])
+def test_the_busiest_scatter_gather_link_is_the_model_s(world, numel, ratio):
+    """The scatter-gather's link bytes, measured per rank, have the model's mean and maximum."""
+    def body(backend):
+        bundle = Grace(TopK(ratio), bucket_bytes=0, communicator=ScatterGather(), dense_fallback=False)
+        bundle.start(torch.randn(numel, generator=torch.Generator().manual_seed(backend.rank())), "w", backend,
+                     True)()
+        assert bundle.stats["tensors_by_route"] == {"scattergather": 1}
+        return bundle.stats["wire_bytes"]
+
+    wires = run_ranks(world, body)
+    assert max(wires) == scatter_gather_bytes(TopK(ratio), numel, torch.float32, world, busiest=True)
+    assert sum(wires) / world == pytest.approx(scatter_gather_bytes(TopK(ratio), numel, torch.float32, world))
