@@ -103,6 +103,7 @@ def child() -> None:
         report["launched"][threads] = max(launched, default=1)
         with original(threads):
             report["ran_on"][threads] = len(set(thread_ids(4096).tolist()))
+    report["layer"] = numba.threading_layer()
     print(json.dumps(report))
 
 
@@ -114,6 +115,7 @@ def test_every_compressor_gives_the_same_bits_at_any_thread_count():
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report["pool"] == max(THREADS)
+    assert report["layer"] == ("omp" if compiled._openmp_loads() else "workqueue")
     for threads in THREADS:
         # The largest tensor gets every thread asked for; one thread launches nothing in parallel.
         assert report["launched"][str(threads)] == threads
@@ -149,3 +151,39 @@ def test_workers_launched_with_one_omp_thread_run_every_pass_on_one_thread():
                             timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split() == ["1", "1"]
+
+
+#: A parent that ran a pass on two threads forks; the child runs the same pass.
+FORK = """
+import hashlib, os, torch
+from grace_legacy import QSGD
+from grace_legacy.compressors.kernels import compiled
+torch.set_num_threads(2)
+x = torch.randn(4 * compiled.PER_THREAD, generator=torch.Generator().manual_seed(0))
+def digest():
+    compressor = QSGD(16)
+    payload, ctx = compressor.compress(x, "w")
+    return hashlib.sha256(compressor.decompress(payload, ctx).numpy().tobytes()).hexdigest()
+parent = digest()
+read, write = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.write(write, f"{compiled.threads_for(x.numel())} {digest()}".encode())
+    os._exit(0)
+os.close(write)
+_, status = os.waitpid(pid, 0)
+print(compiled.threads_for(x.numel()), parent, os.read(read, 200).decode(), os.waitstatus_to_exitcode(status))
+"""
+
+
+def test_a_forked_child_runs_its_passes_on_one_thread_with_the_same_bits():
+    """GNU OpenMP, numba's threading layer where it loads, ends a forked child that launches a
+    parallel loop after its parent did (as a DataLoader worker forked mid-training might): the
+    child's passes run on one thread instead, with the same results."""
+    env = {**os.environ, "NUMBA_NUM_THREADS": "2", "OMP_NUM_THREADS": "2", "PYTHONPATH": str(REPO)}
+    result = subprocess.run([sys.executable, "-c", FORK], capture_output=True, text=True, cwd=REPO, env=env,
+                            timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    parent_threads, parent, child_threads, child, status = result.stdout.split()
+    assert (parent_threads, child_threads, status) == ("2", "1", "0")
+    assert child == parent

@@ -5,10 +5,10 @@ directly. The wider switch, :mod:`grace_legacy.runtime.paths`, sends every CPU t
 device path.
 
 A pass over ``n`` elements runs on :func:`threads_for` ``(n)`` threads: at most
-``torch.get_num_threads()``, numba's pool, and one per :data:`PER_THREAD` elements. On several
-threads it goes over fixed blocks of :data:`BLOCK` elements whose partial results are combined in
-block order, so every result is bit for bit the same whatever the thread count
-(docs/DESIGN.md#threads).
+``torch.get_num_threads()``, numba's pool, and one per :data:`PER_THREAD` elements (one in a
+forked child). On several threads it goes over fixed blocks of :data:`BLOCK` elements whose
+partial results are combined in block order, so every result is bit for bit the same whatever the
+thread count (docs/DESIGN.md#threads).
 
 A loop over a block slices its arrays to the block and counts from 0, adding the block's start
 only where an element's own index is needed (a position, a random draw). Indexing from an
@@ -50,14 +50,28 @@ def applies(tensor: torch.Tensor, dtypes: Collection[torch.dtype] | None = None)
     return ENABLED and paths.cpu_path(tensor) and (dtypes is None or tensor.dtype in dtypes)
 
 
+#: Whether this process is a fork's child: its passes run on one thread (see :func:`threads_for`).
+_FORKED = False
+
+
 @functools.cache
 def _numba() -> Any:
-    """numba, with its threading layer chosen (docs/DESIGN.md#threads) before any parallel loop runs."""
+    """numba, with its threading layer chosen (docs/DESIGN.md#threads) before any parallel loop runs:
+    GNU OpenMP where numba can load it, else numba's own ``workqueue``; ``NUMBA_THREADING_LAYER``
+    overrides both."""
     import numba
 
     if not os.environ.get("NUMBA_THREADING_LAYER"):
-        numba.config.THREADING_LAYER = "workqueue"
+        numba.config.THREADING_LAYER = "omp" if _openmp_loads() else "workqueue"
     return numba
+
+
+def _openmp_loads() -> bool:
+    try:
+        from numba.np.ufunc import omppool  # noqa: F401  (needs the system's libgomp)
+    except (ImportError, OSError):
+        return False
+    return True
 
 
 def loop() -> Callable:
@@ -84,6 +98,8 @@ def pool_size() -> int:
 
 def threads_for(n: int) -> int:
     """How many threads a pass over ``n`` elements runs on (see the module docstring): at least 1."""
+    if _FORKED:
+        return 1
     wanted = min(torch.get_num_threads(), n // PER_THREAD)
     return max(1, min(wanted, pool_size())) if wanted > 1 else 1
 
@@ -102,7 +118,7 @@ def run(serial: Callable, parallel: Callable, n: int, *args: Any) -> Any:
 @contextmanager
 def launched(threads: int) -> Iterator[None]:
     """Within the block, this thread's parallel loops run on ``threads`` threads, and no other
-    thread launches any (the workqueue layer must not be entered twice at once)."""
+    thread launches any (numba's workqueue layer, the fallback, must not be entered twice at once)."""
     numba = _numba()
     with _LAUNCH:
         before = numba.get_num_threads()  # this thread's own setting, which other numba code may rely on
@@ -113,10 +129,13 @@ def launched(threads: int) -> Iterator[None]:
             numba.set_num_threads(before)
 
 
-def _unlock_in_child() -> None:
-    # A fork while another thread held the lock would leave the child's copy locked for good.
-    global _LAUNCH
+def _enter_child() -> None:
+    # GNU OpenMP ends a forked child that launches a parallel loop after its parent did, so a
+    # child's passes stay on one thread. And a fork while another thread held the lock would
+    # leave the child's copy locked for good.
+    global _LAUNCH, _FORKED
+    _FORKED = True
     _LAUNCH = threading.Lock()
 
 
-os.register_at_fork(after_in_child=_unlock_in_child)
+os.register_at_fork(after_in_child=_enter_child)
