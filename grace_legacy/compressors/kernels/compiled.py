@@ -10,10 +10,11 @@ forked child). On several threads it goes over fixed blocks of :data:`BLOCK` ele
 partial results are combined in block order, so every result is bit for bit the same whatever the
 thread count (docs/DESIGN.md#threads).
 
-A loop over a block slices its arrays to the block and counts from 0, adding the block's start
-only where an element's own index is needed (a position, a random draw). Indexing from an
-unknown start keeps numba's negative-index wraparound in the loop, which stops LLVM from
-vectorizing it: such a loop took several times the serial loop's time per element.
+A loop over a block slices its arrays to the block (an output from the block's first slot) and
+counts from 0, adding the block's start only where an element's own index is needed (a
+position, a random draw). Indexing from an unknown start, an input's or an output's, keeps
+numba's negative-index wraparound in the loop, which stops LLVM from vectorizing it: such a loop
+took several times the serial loop's time per element.
 """
 
 from __future__ import annotations

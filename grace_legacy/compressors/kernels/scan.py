@@ -133,8 +133,9 @@ def _kernels() -> SimpleNamespace:
     big = _compiled.BLOCK
     parallel = _compiled.parallel_loop()
 
-    # Each range pass loops over a slice of its range from 0 (compiled.py: why); positions are
-    # the slice's plus ``start``.
+    # Each range pass loops over a slice of its range from 0 and writes into its outputs sliced
+    # from its first slot, counting those from 0 too (compiled.py: why); positions are the slice's
+    # plus ``start``.
     @compiled
     def count_range(bits, mask, lower, start, end):  # pragma: no cover - compiled
         bits = bits[start:end]
@@ -146,7 +147,8 @@ def _kernels() -> SimpleNamespace:
     @compiled
     def write_range(bits, mask, lower, positions, magnitudes, at, start, end, sparse):  # pragma: no cover
         bits, n = bits[start:end], end - start
-        found = at
+        positions, magnitudes = positions[at:], magnitudes[at:]
+        found = 0
         whole = n // BLOCK * BLOCK if sparse else 0
         for first in range(0, whole, BLOCK):
             hits = 0
@@ -212,7 +214,9 @@ def _kernels() -> SimpleNamespace:
         # As in_range, from the block's own offset; it stops once its last entry is written, since
         # the next (unkept) store would land on the next block's first slot.
         bits = bits[start:end]
-        found = at
+        positions, kept = positions[at:], kept[at:]
+        limit -= at
+        found = 0
         for i in range(bits.size):
             if found == limit:
                 break
@@ -239,8 +243,9 @@ def _kernels() -> SimpleNamespace:
         # For few entries: each sub-block of BLOCK entries is counted without a branch, and only
         # those holding an entry are read again to write it.
         bits = bits[start:end]
+        positions, kept = positions[at:], kept[at:]
         n = bits.size
-        found = at
+        found = 0
         whole = n - n % BLOCK
         for first in range(0, whole, BLOCK):
             hits = 0
