@@ -9,7 +9,8 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 VENV="$ROOT/.venv"
 cd "$ROOT"
 
-APT_PACKAGES=(libopenmpi-dev openmpi-bin cmake g++ make)
+# libgomp1: numba's OpenMP threading layer, which the compiled passes run on (docs/DESIGN.md#threads).
+APT_PACKAGES=(libopenmpi-dev openmpi-bin cmake g++ make libgomp1)
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do
     dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
