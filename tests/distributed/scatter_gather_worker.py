@@ -78,16 +78,18 @@ def default_route(rec: Recorder, engine: str) -> None:
         loss_of(trained, batch(step, rank)).backward()
         opt.step()
     routes = compression.stats["tensors_by_route"]
-    # Each tensor's route by the link-byte model, written out: (P - 1) * packed for the gather,
-    # (P - 1) / P of both phases' payloads of its P segments for the scatter-gather, the
-    # scatter-gather only from 3 ranks.
+    # Each tensor's route by the link-byte model, written out: (P - 1) * packed for the gather;
+    # for the scatter-gather its busiest link's, both phases' payloads of every segment but the
+    # one that link's rank owns (the owner of a smallest segment); the scatter-gather only from 3
+    # ranks.
     expected: dict[str, int] = {}
     for p in model.parameters():
         k = lambda n: max(1, int(0.05 * n))  # noqa: E731
         gather = (world - 1) * 8 * k(p.numel())
         base, extra = divmod(p.numel(), world)
         segments = [base + 1] * extra + [base] * (world - extra)
-        scatter = (world - 1) / world * sum(2 * 8 * k(s) for s in segments if s)
+        payloads = [2 * 8 * k(s) if s else 0 for s in segments]
+        scatter = sum(payloads) - min(payloads)
         route = "scattergather" if scatter < gather and world > 2 else "allgather"  # a choice from 3 ranks
         expected[route] = expected.get(route, 0) + 3
     rec.check(f"routes at {world} ranks are the link-byte model's", routes == expected, f"{routes} != {expected}")
