@@ -61,14 +61,15 @@ def ring_allreduce_bytes(nbytes: float, world_size: int) -> float:
 
 
 def route_link_bytes(concrete: Compressor | None, shape: int | Sequence[int], dtype: torch.dtype,
-                     world_size: int) -> dict[str, float]:
+                     world_size: int, *, busiest: bool = False) -> dict[str, float]:
     """Link bytes per rank for one tensor on every route it can take (``concrete`` ``None``: dense
     only). Additive payloads are allreduced (``2 (P - 1) / P`` of their raw parts, every round);
     a gathered payload of ``b`` packed bytes costs ``(P - 1) b`` gathered and about
     ``2 (P - 1) / P * b`` scattered and gathered again (an all-to-all of the shards, then the
     owners' re-compressed shards gathered); the dense route ``2 (P - 1) / P`` of the dense bytes.
     A payload whose size the data decides (Threshold) has only its gather; a majority vote no
-    dense route (a dense mean would change its update)."""
+    dense route (a dense mean would change its update). ``busiest``: the scatter-gather's bytes
+    on its busiest link instead of the mean over the ranks (:func:`scatter_gather_bytes`)."""
     shape = torch.Size([shape]) if isinstance(shape, int) else torch.Size(shape)
     dense = shape.numel() * dtype.itemsize
     costs = {"dense": ring_allreduce_bytes(dense, world_size)}
@@ -86,7 +87,7 @@ def route_link_bytes(concrete: Compressor | None, shape: int | Sequence[int], dt
     packed = wire.packed_size_of(spec, with_header=not concrete.uniform_payload)
     costs["allgather"] = float((world_size - 1) * packed)
     if concrete.rounds == 1:
-        costs["scattergather"] = scatter_gather_bytes(concrete, shape.numel(), dtype, world_size)
+        costs["scattergather"] = scatter_gather_bytes(concrete, shape.numel(), dtype, world_size, busiest=busiest)
     return costs
 
 
@@ -135,15 +136,12 @@ def choose_route(concrete: Compressor, shape: int | Sequence[int], dtype: torch.
     the fewest link bytes (:func:`route_link_bytes`, the scatter-gather's of its busiest rank; one
     rank decides as two; the scatter-gather from three ranks) among the routes ``forced`` leaves
     (a communicator's route: ``"allreduce"``, ``"allgather"``, ``"broadcast"`` or
-    ``"scattergather"``; ``None``: any), ``"dense"`` where
-    sending the tensor uncompressed costs no more, unless ``dense_fallback`` is off. A function of
-    the configuration, the shape and the number of ranks alone, so every rank takes the same."""
-    costs = route_link_bytes(concrete, shape, dtype, max(world_size, 2))
-    if "scattergather" in costs:
-        # The busiest link, not the mean: a rank owning a small shard of a small tensor carries more
-        # than the mean, and no rank should carry more than a dense allreduce puts on its link.
-        costs["scattergather"] = scatter_gather_bytes(concrete, torch.Size(
-            [shape] if isinstance(shape, int) else shape).numel(), dtype, max(world_size, 2), busiest=True)
+    ``"scattergather"``; ``None``: any), ``"dense"`` where sending the tensor uncompressed costs
+    no more, unless ``dense_fallback`` is off. A function of the configuration, the shape and the
+    number of ranks alone, so every rank takes the same."""
+    # The busiest link, not the mean: a rank owning a small shard of a small tensor carries more
+    # than the mean, and no rank should carry more than a dense allreduce puts on its link.
+    costs = route_link_bytes(concrete, shape, dtype, max(world_size, 2), busiest=True)
     if forced is not None and forced != "allreduce":
         via = "scattergather" if forced == "scattergather" else "allgather"
         candidates = {r: c for r, c in costs.items() if r in (via, "dense")}
