@@ -41,6 +41,8 @@ class _Step:
         #: each bucket's buffer, its parameters' names, its promise to DDP, and the pending buffer
         #: itself when the bucket went as one tensor (GraceState.exchange)
         self.buckets: list[tuple[torch.Tensor, list[str], torch.futures.Future, Pending | None]] = []
+        #: the buckets whose gradients are started but not launched (GraceState.fuse_rounds)
+        self.held: list[int] = []
 
 
 def _refuse_options(ddp_model: DistributedDataParallel) -> None:
@@ -67,7 +69,8 @@ class GraceState:
     their set-ups here and at the first backward pass. ``set_epoch``, ``stats``, ``scalars``,
     ``state_dict`` and ``load_state_dict`` are the bundle's (each rank saves and loads its own)."""
 
-    def __init__(self, ddp_model: DistributedDataParallel, compression: Compressor | Grace) -> None:
+    def __init__(self, ddp_model: DistributedDataParallel, compression: Compressor | Grace,
+                 fuse_rounds: bool = True) -> None:
         # The compression first: checking it needs no process group, so a wrong one is reported
         # with or without a DistributedDataParallel model.
         self.grace: Grace = as_bundle(compression, "grace_legacy.ddp")
@@ -77,6 +80,10 @@ class GraceState:
                             f"accelerator.prepare returns, which is wrapped only when more than one process runs; "
                             f"with Lightning use grace_legacy.lightning's strategies)")
         _refuse_options(ddp_model)
+        if not isinstance(fuse_rounds, bool):
+            raise TypeError(f"grace_legacy.ddp: fuse_rounds must be True or False, got {fuse_rounds!r}")
+        #: Whether a multi-round compressor's buckets wait for the last one and travel together.
+        self.fuse_rounds = fuse_rounds
         self.backend = TorchDistributedBackend(ddp_model.process_group)
         ignored = getattr(ddp_model, "parameters_to_ignore", set())
         # The module's own names, as Horovod users name parameters: seeds and LEGACY's rules use them.
@@ -87,6 +94,7 @@ class GraceState:
         # Reverse registration order: buckets fill while backward goes on; results are collected
         # in this order on every rank.
         self._order = [name for name, _ in reversed(named)]
+        self._sorted_names = sorted(self._order)  # the order the ranks' flags are compared in
 
         self._options = {option: str(getattr(ddp_model, option, None)) for option in
                          ("find_unused_parameters", "static_graph", "gradient_as_bucket_view")}
@@ -100,7 +108,8 @@ class GraceState:
     def _description(self) -> dict[str, str | list[str]]:
         return {"parameters": sorted(f"{name}{list(p.shape)} {str(p.dtype).removeprefix('torch.')}"
                                      for name, p in self._parameters.items()),
-                "op": "Average", **{f"DistributedDataParallel {k}": v for k, v in self._options.items()},
+                "op": "Average", "fuse_rounds": str(self.fuse_rounds),
+                **{f"DistributedDataParallel {k}": v for k, v in self._options.items()},
                 **self.grace.describe()}
 
     def _verify(self, when: str) -> None:
@@ -146,9 +155,13 @@ class GraceState:
             if whole is None:
                 for name, gradient in zip(names, gradients, strict=True):
                     step.pending[name] = self.grace.start(gradient, name, self.backend, average=True, hold=True)
-                # The bucket's gradients are compressed by now: its results may be decoded into it.
-                self.grace.launch_held(f"ddp{index}", self.backend, average=True,
-                                       into=buffer if buffer.is_contiguous() else None)
+                step.held.append(index)
+            if step.held and (bucket.is_last() or not (self.fuse_rounds and self.grace.holds_later_rounds())):
+                # Alone, the bucket's gradients are compressed by now: its results may be decoded into it.
+                alone = step.held == [index] and buffer.is_contiguous()
+                label = f"ddp{index}" if len(step.held) == 1 else f"ddp{step.held[0]}-{index}"
+                self.grace.launch_held(label, self.backend, average=True, into=buffer if alone else None)
+                step.held.clear()
         except BaseException:
             self._step = None  # the backward pass fails with the error; the next one starts afresh
             self._abandoned = True
@@ -171,7 +184,7 @@ class GraceState:
             for _, _, _, whole in step.buckets:
                 if whole is not None:
                     whole()  # decoded into the bucket itself, where an inf or NaN of any rank shows
-            flagged = self.grace.nonfinite_names(sorted(self._order), self.backend)
+            flagged = self.grace.nonfinite_names(self._sorted_names, self.backend)
             for name in flagged.intersection(results):
                 # A compressor may have dropped the inf; GradScaler must see it on every rank.
                 if bool(torch.isfinite(results[name]).all()):
@@ -260,9 +273,19 @@ def grace_hook(state: GraceState, bucket: dist.GradBucket) -> torch.futures.Futu
     return state.exchange(bucket)
 
 
-def register(ddp_model: DistributedDataParallel, compression: Compressor | Grace) -> GraceState:
+def register(ddp_model: DistributedDataParallel, compression: Compressor | Grace, *,
+             fuse_rounds: bool = True) -> GraceState:
     """Compress ``ddp_model``'s gradients with ``compression``; returns the hook's state. Every rank
-    of the model's process group must call it, before the first backward pass."""
-    state = GraceState(ddp_model, compression)
+    of the model's process group must call it, before the first backward pass.
+
+    ``fuse_rounds``: a compressor with several allreduce rounds (PowerSGD) holds each bucket's
+    payloads until DDP hands over the last bucket, so that each round is one allreduce for the
+    whole model rather than one per bucket. Its second round needs the first round of every
+    bucket anyway, so what is given up is only the first round's overlap with the rest of the
+    backward pass; what is won is one collective, and one wait for the slowest rank, per bucket
+    and round. On a fast link that wait is most of a collective's cost
+    (``benchmarks/results/performance.md``, section "fast_links", measures both). ``False``
+    launches each bucket's first round as it arrives. Single-round compressors are unaffected."""
+    state = GraceState(ddp_model, compression, fuse_rounds=fuse_rounds)
     ddp_model.register_comm_hook(state, grace_hook)
     return state

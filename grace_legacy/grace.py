@@ -78,8 +78,10 @@ class Grace:
         self.bucket_bytes = default_bucket_bytes() if bucket_bytes is None else bucket_bytes
         self._filler: BucketFiller | None = None
         self._routes: dict[tuple, str] = {}
-        # Whether a caller's bucket (names, dtype, ranks) goes as one tensor (start_whole).
+        # Whether a caller's bucket (names, dtype, ranks) goes as one tensor (start_whole), and its
+        # tensors' traffic rows once it went (the same every step).
         self._whole: dict[tuple, bool] = {}
+        self._whole_rows: dict[tuple, list[tuple[int, int, float, float]]] = {}
         # Parcels started with hold=True, launched together by launch_held, and their buffers.
         self._held: list[Parcel] = []
         # The held buckets of this step with rounds still to run (advance_held).
@@ -237,10 +239,12 @@ class Grace:
             if not bool(torch.isfinite(flat.sum(dtype=torch.float32 if flat.element_size() < 4 else None))):
                 for name, tensor in zip(names, views_of(flat, tensors), strict=True):
                     self._watch(name, tensor)
-            for name, tensor in zip(names, tensors, strict=True):
-                sent = tensor.numel() * wire_size
-                self.record_traffic(name, tensor, sent, "allreduce", ring_allreduce_bytes(sent, world_size),
-                                    world_size)
+            rows = self._whole_rows.get((key, wire_size))
+            if rows is None:  # what record_traffic would count for each tensor (no schedule: no labels)
+                rows = self._whole_rows[(key, wire_size)] = [
+                    (sent, dense, ring_allreduce_bytes(sent, world_size), ring_allreduce_bytes(dense, world_size))
+                    for sent, dense in ((t.numel() * wire_size, t.numel() * t.element_size()) for t in tensors)]
+            self.traffic.record_each(rows, "allreduce")
             return flat
 
         pending = Pending(finish, part.numel() * wire_size)
@@ -271,6 +275,11 @@ class Grace:
         exchange = launch_bucket(label, held, backend, average, self._held_pool, self.owner_memory, into)
         if exchange is not None and exchange.rounds > 1:
             self._held_flights.append(exchange)
+
+    def holds_later_rounds(self) -> bool:
+        """Whether a tensor started with ``hold=True`` and not launched yet needs more than one
+        allreduce round (PowerSGD): the same answer on every rank, which shares the configuration."""
+        return any(parcel.compressor.rounds > 1 for parcel in self._held)
 
     def advance_held(self) -> None:
         """Run the later allreduce rounds (PowerSGD's second) of every bucket launched by
@@ -359,6 +368,8 @@ class Grace:
             extremes.extend(found)
             owners.extend([index] * len(found))
         self._extremes.clear()
+        if not extremes and self._flags_from_results:
+            return set()  # nothing looked non-finite, and no rank's flags need hearing
         flags = torch.zeros(len(names))
         if extremes:
             nonfinite = ~torch.isfinite(torch.stack(extremes))  # stack promotes mixed dtypes exactly

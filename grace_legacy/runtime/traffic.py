@@ -18,7 +18,7 @@ rank nothing crosses a link, and ``volume`` is the handed ratio ``bytes_sent / b
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable, Mapping, Sequence
 from numbers import Real
 from typing import Any
 
@@ -67,6 +67,14 @@ class TrafficStats:
         self._routes[route] += 1
         for dimension, key in (labels or {}).items():
             self._breakdowns.setdefault(dimension, {}).setdefault(key, _Tally()).add(*counts)
+
+    def record_each(self, rows: Sequence[tuple[int, int, float, float]], route: str) -> None:
+        """:meth:`record` of each ``(sent_bytes, dense_bytes, wire_bytes, wire_dense)`` in ``rows``, in
+        order, all on ``route`` and unlabelled: the same sums, without a call per tensor."""
+        add = self._total.add
+        for row in rows:
+            add(*row)
+        self._routes[route] += len(rows)
 
     def as_dict(self) -> dict[str, Any]:
         out = self._total.as_dict()

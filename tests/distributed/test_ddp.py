@@ -77,3 +77,10 @@ def test_the_digits_example_trains_with_the_ddp_hook(tmp_path):
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     assert re.search(r"test accuracy \d+\.\d+% \| 2 workers \(DDP\) \| rank 0 sent \d+\.\d+ MB vs \d+\.\d+ MB dense",
                      result.stdout), result.stdout[-4000:]
+
+
+def test_powersgd_rounds_go_once_for_all_buckets_and_give_the_same_gradients(tmp_path):
+    """``fuse_rounds`` (the default): each of PowerSGD's rounds is one allreduce for every bucket;
+    ``fuse_rounds=False``: one per bucket and round; the same gradients either way."""
+    reports = run_torchrun_checks("ddp_rounds_worker.py", 2, tmp_path, timeout=300)
+    assert any("fused, one allreduce a round" in check["name"] for check in reports[0]["checks"])
