@@ -12,6 +12,7 @@ from grace_legacy.core.compressor import Compressor, Payload
 from grace_legacy.core.parameter import ScheduledParameter
 from grace_legacy.core.state import UndoLog
 from grace_legacy.memories.powersgd import PowerSGDMemory
+from grace_legacy.runtime.buffers import MMAP_CEILING, BufferPool
 from grace_legacy.runtime.validation import check_gradient
 
 RANK = ScheduledParameter("rank", low=1, integer=True)
@@ -70,6 +71,8 @@ class PowerSGD(Compressor):
         # Shared with with_value copies (a shallow copy keeps the dict), like the step counters.
         self._warm_q: dict[str, torch.Tensor] = {}
         self.undo_log = UndoLog()
+        # Outputs above glibc's mmap ceiling are kept per shape (docs/DESIGN.md#kept-buffers).
+        self._outputs = BufferPool(min_bytes=MMAP_CEILING)
 
     @property
     def rank_r(self) -> int | None:
@@ -123,7 +126,12 @@ class PowerSGD(Compressor):
         if ctx.p_hat is None:
             raise ValueError("PowerSGD: decompress needs the second round's payload (Q), after next_round")
         q = payload[0]
-        decoded = products.times_transposed(ctx.p_hat, q) if products.kernels_apply(q) else ctx.p_hat @ q.t()
+        if products.kernels_apply(q):
+            n, m = ctx.p_hat.shape[0], q.shape[0]
+            out = self._outputs.empty((n, m, q.dtype), n * m, q.dtype, q.device).view(n, m)
+            decoded = products.times_transposed(ctx.p_hat, q, out=out)
+        else:
+            decoded = ctx.p_hat @ q.t()
         return decoded.reshape(ctx.shape).to(ctx.dtype)
 
     def payload_spec(self, numel: int, dtype: torch.dtype) -> list[tuple[int, torch.dtype]]:

@@ -114,3 +114,29 @@ def test_second_round_sends_the_matrix_transposed_times_the_orthonormal_basis(sh
     matrix = grad.reshape(shape[0], -1)
     torch.testing.assert_close(q, matrix.t() @ ctx.p_hat)
     torch.testing.assert_close(ctx.p_hat.t() @ ctx.p_hat, torch.eye(4, dtype=dtype))
+
+
+def test_a_large_output_is_reused_only_once_the_caller_let_go():
+    """Above glibc's mmap ceiling a fresh output costs a page fault per page: PowerSGD keeps it,
+    but never overwrites a result its caller still holds."""
+    from grace_legacy.compressors.kernels import products
+    from grace_legacy.runtime.buffers import MMAP_CEILING
+
+    compressor = PowerSGD(2)
+
+    def round_trip(tensor):
+        payload, ctx = compressor.compress(tensor, "w")
+        payload, ctx = compressor.next_round(payload, ctx)  # one rank: the payload is its own sum
+        want = products.times_transposed(ctx.p_hat, payload[0]).reshape(tensor.shape)
+        return compressor.decompress(payload, ctx), want
+
+    x = torch.randn(MMAP_CEILING // 4 // 64 + 1, 64, generator=torch.Generator().manual_seed(0))
+    first, want_first = round_trip(x)
+    second, want_second = round_trip(-x)
+    assert second.data_ptr() != first.data_ptr(), "a result still held was overwritten"
+    assert torch.equal(first, want_first) and torch.equal(second, want_second)
+    kept = second.data_ptr()
+    del first, second, want_second
+    third, want_third = round_trip(2 * x)
+    assert torch.equal(third, want_third)
+    assert third.data_ptr() == kept, "the kept buffer, which nobody held any more, was not used again"

@@ -163,11 +163,16 @@ def transposed_times(p: torch.Tensor, matrix: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(out)
 
 
-def times_transposed(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """``p @ q.t()`` (n x r times r x m) in the fixed order of the module docstring."""
+def times_transposed(p: torch.Tensor, q: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``p @ q.t()`` (n x r times r x m) in the fixed order of the module docstring; into ``out``
+    (a contiguous n x m CPU tensor of ``p``'s dtype) when given."""
     pa, qt = _array(p), np.ascontiguousarray(_array(q).T)
-    out = np.empty((pa.shape[0], qt.shape[1]), dtype=pa.dtype)
+    if out is None:
+        out = torch.empty((pa.shape[0], qt.shape[1]), dtype=p.dtype)
+    elif out.shape != (pa.shape[0], qt.shape[1]) or out.dtype != p.dtype or not out.is_contiguous():
+        raise ValueError(f"times_transposed: out must be a contiguous {pa.shape[0]} x {qt.shape[1]} {p.dtype} "
+                         f"tensor, got {tuple(out.shape)} {out.dtype}")
     kernels = _kernels()
-    _compiled.run(kernels.outer, lambda *a: kernels.outer_parallel(*a, _rows_per_block(qt.shape[1])), out.size,
-                  pa, qt, out)
-    return torch.from_numpy(out)
+    _compiled.run(kernels.outer, lambda *a: kernels.outer_parallel(*a, _rows_per_block(qt.shape[1])), out.numel(),
+                  pa, qt, out.numpy())
+    return out
