@@ -9,6 +9,7 @@ from typing import NamedTuple
 
 import torch
 
+from grace_legacy.compressors.kernels import scatter
 from grace_legacy.core.compressor import Payload
 
 _INT32_LIMIT = 2**31
@@ -52,7 +53,10 @@ def densify(values: torch.Tensor, indices: torch.Tensor, ctx: SparseContext,
         raise ValueError(f"a sparse payload needs one value per index, got {tuple(values.shape)} values "
                          f"for {tuple(indices.shape)} indices")
     out = zeros_for(ctx, out)
-    out.scatter_(0, scatter_indices(indices), values)
+    if scatter.applies(out, indices, values):
+        scatter.put(out, indices, values)
+    else:
+        out.scatter_(0, scatter_indices(indices), values)
     return out.view(ctx.shape)
 
 

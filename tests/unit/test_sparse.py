@@ -3,11 +3,13 @@ the rank-by-rank ``scatter_sum`` and a bucket's one ``scatter_sum_many``, both b
 adding the decoded payloads gives (signed zeros, infinities and NaN included), and dividing only
 the written entries of a sum as dividing all of it."""
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from grace_legacy.compressors.kernels import compiled
 from grace_legacy.compressors.sparse import (
     SparseContext,
     densify,
@@ -124,3 +126,38 @@ def test_dividing_the_written_entries_equals_dividing_everything(divisor, dtype)
         want = out / divisor
         divide_written(out, indices, divisor)
         assert torch.equal(out.view(torch.uint8), want.view(torch.uint8)), (dtype, count)
+
+
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("order", ["increasing", "shuffled", "repeated"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_compiled_scatter_writes_as_torch_in_index_order(index_dtype, order, threads, monkeypatch):
+    """``densify``'s compiled pass against numpy's assignment (in index order, the last value of a
+    repeated index winning), on several blocks and threads; the same bits whatever the order the
+    blocks ran in."""
+    numel = 3 * compiled.BLOCK + 5
+    g = torch.Generator().manual_seed(7)
+    indices = torch.randperm(numel, generator=g)[: 2 * compiled.BLOCK + 9].sort().values
+    if order == "shuffled":
+        indices = indices[torch.randperm(indices.numel(), generator=g)]
+    elif order == "repeated":  # the first block's first index again in the last block
+        indices[-1] = indices[0]
+    values = torch.randn(indices.numel(), generator=g)
+    want = np.zeros(numel, dtype=np.float32)
+    want[indices.numpy()] = values.numpy()  # numpy assigns in index order: a repeat's last value stays
+    monkeypatch.setattr(compiled, "PER_THREAD", 1)  # several threads even for this size
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        ctx = SparseContext(torch.Size([numel]), numel, torch.float32, torch.device("cpu"))
+        got = densify(values, indices.to(index_dtype), ctx)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(got, torch.from_numpy(want))
+
+
+@pytest.mark.parametrize("bad", [-1, 10])
+def test_the_compiled_scatter_refuses_an_index_outside_the_tensor(bad):
+    ctx = SparseContext(torch.Size([10]), 10, torch.float32, torch.device("cpu"))
+    with pytest.raises(ValueError, match="1 index\\(es\\) outside a tensor of 10 elements"):
+        densify(torch.ones(3), torch.tensor([0, bad, 9], dtype=torch.int32), ctx)
