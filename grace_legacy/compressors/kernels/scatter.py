@@ -69,7 +69,7 @@ def _kernels() -> SimpleNamespace:
 
 def applies(out: torch.Tensor, indices: torch.Tensor, values: torch.Tensor) -> bool:
     """Whether :func:`put` handles these tensors: a contiguous 1-D float32 or float64 ``out`` on the
-    CPU's own path, 1-D int32 or int64 ``indices``, contiguous ``values`` of ``out``'s dtype."""
+    CPU's own path, 1-D int32 or int64 ``indices`` and as many ``values`` of ``out``'s dtype there."""
     return (_compiled.applies(out, VALUE_DTYPES) and out.dim() == 1 and out.is_contiguous()
             and indices.dtype in INDEX_DTYPES and indices.dim() == 1 and indices.device == out.device
             and values.dtype == out.dtype and values.shape == indices.shape and values.device == out.device)
@@ -79,8 +79,7 @@ def put(out: torch.Tensor, indices: torch.Tensor, values: torch.Tensor) -> None:
     """``out[indices[i]] = values[i]`` for every ``i`` (see :func:`applies`), the last value winning
     where an index repeats; ``ValueError`` naming the count where an index lies outside ``out``."""
     kernels = _kernels()
-    index_array = indices.contiguous().numpy()
-    arrays = (out.numpy(), index_array, values.contiguous().numpy())
+    arrays = (out.numpy(), indices.contiguous().numpy(), values.contiguous().numpy())
     if _compiled.threads_for(indices.numel()) == 1:
         outside = kernels.put(*arrays)
     else:
