@@ -85,6 +85,16 @@ def test_legacy_overhead_benchmark_quick(tmp_path):
     sent = json.loads((tmp_path / "legacy_overhead.json").read_text())["run"]["bytes_sent"]
     assert len(sent) == 2 and len(set(sent.values())) == 1, "both arms must send the same bytes"
 
+
+def test_horovod_fast_links_quick(tmp_path):
+    run_module("benchmarks.performance.horovod_fast_links", tmp_path, timeout=300)
+    text = (tmp_path / "performance.md").read_text()
+    assert "## Horovod on a fast link" in text and "- **FP16**: hvd fp16 / grace FP16" in text
+    result = json.loads((tmp_path / "horovod_fast_links.json").read_text())
+    times = result["run"]["times_s"]
+    assert set(times) == {"hvd none", "hvd fp16", "grace FP16"} and result["run"]["ranks"] == 4
+    assert all(len(row) == result["steps"] for row in times.values())
+
 def bandwidth_unavailable() -> str | None:
     from benchmarks.common.netns import unavailable_reason
 
