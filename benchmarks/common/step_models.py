@@ -10,6 +10,7 @@ versions for smoke runs.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -123,3 +124,20 @@ def build(name: str, quick: bool = False, seed: int = 0, data_seed: int = 0) -> 
         return StepModel(name, mlp(widths), torch.randn(batch, widths[0], generator=data),
                          torch.randint(0, widths[-1], (batch,), generator=data))
     raise ValueError(f"model must be one of {MODELS}, got {name!r}")
+
+
+def slowest_horovod_step(model: nn.Module, optimizer: torch.optim.Optimizer, inputs: torch.Tensor,
+                         targets: torch.Tensor) -> float:
+    """Seconds of one classification step (``zero_grad``, forward, backward, ``optimizer.step()``)
+    behind a ``hvd.DistributedOptimizer``, the slowest rank's: a collective, every rank calls it."""
+    import horovod.torch as hvd
+
+    from grace_legacy.backends.horovod import synchronize
+
+    start = time.perf_counter()
+    optimizer.zero_grad()
+    F.cross_entropy(model(inputs), targets).backward()
+    optimizer.step()
+    elapsed = torch.tensor([time.perf_counter() - start])
+    # Asleep, as grace_legacy waits: a spinning rank would slow the others' next step.
+    return synchronize(hvd.allreduce_async(elapsed, name="slowest", op=hvd.Max)).item()

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 from pathlib import Path
 
 WORKERS = 4
@@ -35,12 +34,10 @@ def worker(args: argparse.Namespace) -> None:
 
     import horovod.torch as hvd
     import torch
-    import torch.nn.functional as F
 
-    from benchmarks.common.step_models import ResNetLike
+    from benchmarks.common.step_models import ResNetLike, slowest_horovod_step
     from benchmarks.performance.fast_links import BATCH, QUICK_BATCH, QUICK_WIDTHS, WIDTHS
     from grace_legacy import FP16
-    from grace_legacy.backends.horovod import synchronize
 
     hvd.init()
     torch.set_num_threads(1)
@@ -59,14 +56,7 @@ def worker(args: argparse.Namespace) -> None:
     inputs, targets = torch.randn(batch, 3, 32, 32, generator=data), torch.randint(0, 10, (batch,), generator=data)
 
     def step(way: str) -> float:
-        model, optimizer = ways[way]
-        start = time.perf_counter()
-        optimizer.zero_grad()
-        F.cross_entropy(model(inputs), targets).backward()
-        optimizer.step()
-        elapsed = torch.tensor([time.perf_counter() - start])
-        # Asleep, as grace_legacy waits: a spinning rank would slow the others' next step.
-        return synchronize(hvd.allreduce_async(elapsed, name="slowest", op=hvd.Max)).item()
+        return slowest_horovod_step(*ways[way], inputs, targets)
 
     for _ in range(args.warmup):
         for way in WAYS:

@@ -75,11 +75,10 @@ def worker(args: argparse.Namespace) -> None:
 
     import horovod.torch as hvd
     import torch
-    from torch import nn
 
     import grace_legacy  # noqa: F401  (routes grace_legacy compression through hvd.DistributedOptimizer)
+    from benchmarks.common.step_models import slowest_horovod_step
     from grace_legacy import Grace, Residual, TopK
-    from grace_legacy.backends.horovod import synchronize
 
     hvd.init()
     torch.set_num_threads(1)
@@ -100,13 +99,7 @@ def worker(args: argparse.Namespace) -> None:
 
     def step(arm: str) -> float:
         model, opt, _ = arms[arm]
-        start = time.perf_counter()
-        opt.zero_grad()
-        nn.functional.cross_entropy(model(x), y).backward()
-        opt.step()
-        elapsed = torch.tensor([time.perf_counter() - start])
-        # Asleep, as grace_legacy waits: a spinning rank would slow the others' next step.
-        return synchronize(hvd.allreduce_async(elapsed, name="slowest", op=hvd.Max)).item()
+        return slowest_horovod_step(model, opt, x, y)
 
     for _ in range(args.warmup):
         for arm in arms:
