@@ -51,7 +51,8 @@ def _kernels() -> SimpleNamespace:
 
     @compiled
     def put(out, indices, values):  # pragma: no cover - compiled
-        return put_range(out, indices, values, 0, indices.size)[0]
+        # One thread writes in index order: its result is the one to have, whatever the order.
+        return put_range(out, indices, values, 0, indices.size)[0], True
 
     @parallel
     def put_parallel(out, indices, values):  # pragma: no cover - compiled
@@ -80,13 +81,9 @@ def put(out: torch.Tensor, indices: torch.Tensor, values: torch.Tensor) -> None:
     where an index repeats; ``ValueError`` naming the count where an index lies outside ``out``."""
     kernels = _kernels()
     arrays = (out.numpy(), indices.contiguous().numpy(), values.contiguous().numpy())
-    if _compiled.threads_for(indices.numel()) == 1:
-        outside = kernels.put(*arrays)
-    else:
-        with _compiled.launched(_compiled.threads_for(indices.numel())):
-            outside, disjoint = kernels.put_parallel(*arrays)
-        if not disjoint:  # two blocks may have written one element: redo it in index order
-            outside = kernels.put(*arrays)
+    outside, disjoint = _compiled.run(kernels.put, kernels.put_parallel, indices.numel(), *arrays)
+    if not disjoint:  # two blocks may have written one element: redo it in index order
+        outside, _ = kernels.put(*arrays)
     if outside:
         raise ValueError(f"a sparse payload has {outside} index(es) outside a tensor of {out.numel()} elements "
                          f"(indices must lie in [0, {out.numel()}))")
