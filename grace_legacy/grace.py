@@ -239,9 +239,9 @@ class Grace:
             if not bool(torch.isfinite(flat.sum(dtype=torch.float32 if flat.element_size() < 4 else None))):
                 for name, tensor in zip(names, views_of(flat, tensors), strict=True):
                     self._watch(name, tensor)
-            rows = self._whole_rows.get((key, wire_size))
+            rows = self._whole_rows.get(key)  # the key's dtype and the compressor fix the wire size
             if rows is None:  # what record_traffic would count for each tensor (no schedule: no labels)
-                rows = self._whole_rows[(key, wire_size)] = [
+                rows = self._whole_rows[key] = [
                     (sent, dense, ring_allreduce_bytes(sent, world_size), ring_allreduce_bytes(dense, world_size))
                     for sent, dense in ((t.numel() * wire_size, t.numel() * t.element_size()) for t in tensors)]
             self.traffic.record_each(rows, "allreduce")
