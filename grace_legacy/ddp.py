@@ -26,6 +26,7 @@ from torch.nn.parallel import DistributedDataParallel
 from grace_legacy.backends.torch_distributed import TorchDistributedBackend
 from grace_legacy.consistency import verify_ranks_agree
 from grace_legacy.core.backend import Pending
+from grace_legacy.core.communicator import Communicator
 from grace_legacy.core.compressor import Compressor
 from grace_legacy.grace import Grace, as_bundle
 
@@ -70,10 +71,10 @@ class GraceState:
     ``state_dict`` and ``load_state_dict`` are the bundle's (each rank saves and loads its own)."""
 
     def __init__(self, ddp_model: DistributedDataParallel, compression: Compressor | Grace,
-                 fuse_rounds: bool = True) -> None:
+                 fuse_rounds: bool = True, communicator: Communicator | str | None = None) -> None:
         # The compression first: checking it needs no process group, so a wrong one is reported
         # with or without a DistributedDataParallel model.
-        self.grace: Grace = as_bundle(compression, "grace_legacy.ddp")
+        self.grace: Grace = as_bundle(compression, "grace_legacy.ddp", communicator)
         if not isinstance(ddp_model, DistributedDataParallel):
             raise TypeError(f"grace_legacy.ddp: ddp_model must be a torch.nn.parallel.DistributedDataParallel, "
                             f"got {type(ddp_model).__name__}: register the wrapped model (with Accelerate the one "
@@ -274,9 +275,13 @@ def grace_hook(state: GraceState, bucket: dist.GradBucket) -> torch.futures.Futu
 
 
 def register(ddp_model: DistributedDataParallel, compression: Compressor | Grace, *,
-             fuse_rounds: bool = True) -> GraceState:
+             fuse_rounds: bool = True, communicator: Communicator | str | None = None) -> GraceState:
     """Compress ``ddp_model``'s gradients with ``compression``; returns the hook's state. Every rank
     of the model's process group must call it, before the first backward pass.
+
+    ``communicator``: for a bare compressor or schedule, the bundle's (``Grace``'s argument):
+    ``None``, the route of the compressor's own aggregation per tensor; ``"auto"``, the fewest link
+    bytes, two-phase included (a different algorithm where it is taken); or a communicator.
 
     ``fuse_rounds``: a compressor with several allreduce rounds (PowerSGD) holds each bucket's
     payloads until DDP hands over the last bucket, so that each round is one allreduce for the
@@ -286,6 +291,6 @@ def register(ddp_model: DistributedDataParallel, compression: Compressor | Grace
     and round. On a fast link that wait is most of a collective's cost
     (``benchmarks/results/performance.md``, section "fast_links", measures both). ``False``
     launches each bucket's first round as it arrives. Single-round compressors are unaffected."""
-    state = GraceState(ddp_model, compression, fuse_rounds=fuse_rounds)
+    state = GraceState(ddp_model, compression, fuse_rounds=fuse_rounds, communicator=communicator)
     ddp_model.register_comm_hook(state, grace_hook)
     return state

@@ -19,6 +19,7 @@ from grace_legacy.core.memory import Memory, NoMemory
 from grace_legacy.core.seeds import derived_seed
 from grace_legacy.core.state import refuse_other_configuration, saved_configuration
 from grace_legacy.memories import Residual
+from grace_legacy.runtime.advice import RouteAdvice
 from grace_legacy.runtime.buffers import BufferPool, views_of
 from grace_legacy.runtime.cost import choose_route, ring_allreduce_bytes
 from grace_legacy.runtime.stall import RanksStalled, resolve_stall_timeout
@@ -30,6 +31,8 @@ _DENSE = NoCompression()
 _ALLREDUCE = Allreduce()
 #: The communicator of each route the bundle chooses by itself.
 _COMMUNICATORS = {"allreduce": _ALLREDUCE, "allgather": Allgather(), "scattergather": ScatterGather()}
+#: The word that asks for the route of fewest link bytes per tensor, the scatter-gather included.
+AUTO = "auto"
 
 
 class Grace:
@@ -39,7 +42,14 @@ class Grace:
     ``None``, an empty tensor) takes a plain dense allreduce and leaves no residual.
 
     * ``memory=None``: the compressor's recommended memory.
-    * ``communicator=None``: per tensor, an allreduce for additive payloads, an allgather otherwise.
+    * ``communicator=None``: per tensor, the route that keeps the compressor's own aggregation
+      (the algorithm its paper and GRACE define): an allreduce for additive payloads, an allgather
+      of every rank's payload otherwise, or dense where that puts no more bytes on the link.
+      ``communicator="auto"``: the route of fewest link bytes per tensor, the two-phase
+      scatter-gather included from three ranks; its owners re-compress the sum of a shard, a
+      different algorithm (``ScatterGather()`` forces it). Where the default puts far more on the
+      link than the two-phase route would, rank 0 logs one line at the first step saying so
+      (:class:`~grace_legacy.runtime.advice.RouteAdvice`; never with a communicator named).
     * ``dense_fallback``: a gathered payload that would move at least as many bytes as a ring
       allreduce of the dense tensor is sent dense (route ``"dense-fallback"``).
     * ``bucket_bytes``: fused buckets of up to this many dense bytes once :meth:`plan_buckets` has
@@ -51,10 +61,18 @@ class Grace:
     """
 
     def __init__(self, compressor: Compressor, memory: Memory | None = None,
-                 communicator: Communicator | None = None, *, dense_fallback: bool = True,
+                 communicator: Communicator | str | None = None, *, dense_fallback: bool = True,
                  bucket_bytes: int | None = None, stall_timeout: float | None = None) -> None:
         if not isinstance(compressor, Compressor):
             raise TypeError(f"Grace: compressor must be a grace_legacy Compressor, got {type(compressor).__name__}")
+        #: Whether routes are chosen by link bytes alone (``communicator="auto"``).
+        self.byte_optimal = isinstance(communicator, str) and communicator == AUTO
+        if self.byte_optimal:
+            communicator = None
+        if isinstance(communicator, str):
+            raise ValueError(f"Grace: communicator must be a grace_legacy Communicator, None (the route of the "
+                             f"compressor's own aggregation) or {AUTO!r} (the route of fewest link bytes), "
+                             f"got {communicator!r}")
         if memory is not None and not isinstance(memory, Memory):
             raise TypeError(f"Grace: memory must be a grace_legacy Memory, got {type(memory).__name__}")
         if communicator is not None and not isinstance(communicator, Communicator):
@@ -78,6 +96,9 @@ class Grace:
         self.bucket_bytes = default_bucket_bytes() if bucket_bytes is None else bucket_bytes
         self._filler: BucketFiller | None = None
         self._routes: dict[tuple, str] = {}
+        # The first step's link bytes on the default routes, for one line of advice; None once given,
+        # or where the user chose the communicator.
+        self._advice = None if communicator is not None or self.byte_optimal else RouteAdvice()
         # Whether a caller's bucket (names, dtype, ranks) goes as one tensor (start_whole), and its
         # tensors' traffic rows once it went (the same every step).
         self._whole: dict[tuple, bool] = {}
@@ -132,7 +153,8 @@ class Grace:
         if route is None:
             forced = None if self.communicator is None else self.communicator.route
             route = self._routes[key] = choose_route(concrete, shape, dtype, world_size, forced=forced,
-                                                     dense_fallback=self.dense_fallback)
+                                                     dense_fallback=self.dense_fallback,
+                                                     byte_optimal=self.byte_optimal)
         return route
 
     def start(self, tensor: torch.Tensor, name: str, backend: Backend, average: bool,
@@ -153,6 +175,8 @@ class Grace:
         world_size = backend.size()
         concrete = self.compressor.compressor_for(compensated, name) if tensor.numel() else None
         route = "dense" if concrete is None else self.route_of(concrete, tensor.shape, tensor.dtype, world_size)
+        if self._advice is not None:
+            self._advice.weigh(concrete, tensor, route, world_size)
         if route == "dense":
             # Dense: the compensated gradient itself, so a residual left from compressed steps is
             # delivered now rather than lost.
@@ -219,6 +243,9 @@ class Grace:
             whole = self._whole[key] = self._goes_whole(flat, tensors, names, world_size)
         if not whole:
             return None
+        if self._advice is not None:
+            for tensor in tensors:
+                self._advice.weigh(self.compressor, tensor, "allreduce", world_size)
         payload, ctx = self.compressor.compress(flat, label)
         (part,) = payload
         # The cast is a tensor nobody else holds: a backend that can reduce it in place is given it.
@@ -390,7 +417,7 @@ class Grace:
         """What every rank must agree on, as text (see :mod:`grace_legacy.consistency`)."""
         progress = self._schedule.progress if self._schedule is not None else None
         return {"compressor": repr(self.compressor), "memory": repr(self.memory),
-                "communicator": repr(self.communicator), "dense_fallback": str(self.dense_fallback),
+                "communicator": self._communicator_label(), "dense_fallback": str(self.dense_fallback),
                 "buckets": (f"{len(self._filler.plan.buckets)} of up to {self.bucket_bytes} bytes "
                             f"(digest {derived_seed(self._filler.plan.buckets):016x})") if self._filler else "none",
                 "schedule progress (epochs)": "none" if progress is None else str(progress)}
@@ -431,6 +458,9 @@ class Grace:
 
     def end_step(self, backend: Backend | None = None) -> None:
         """Count one synchronized optimizer step (the distributed optimizer calls this)."""
+        if self._advice is not None and backend is not None:
+            self._advice.give(self.compressor, backend.rank(), backend.size())
+            self._advice = None
         self._started.clear()
         self.memory.end_step()
         if self.owner_memory is not None:
@@ -453,7 +483,10 @@ class Grace:
         """What a saved state is only valid for. Not the bucket size: fusion changes which
         collectives carry a tensor, not what is computed."""
         return {"compressor": self.compressor.configuration(), "memory": self.memory.configuration(),
-                "communicator": repr(self.communicator), "dense_fallback": str(self.dense_fallback)}
+                "communicator": self._communicator_label(), "dense_fallback": str(self.dense_fallback)}
+
+    def _communicator_label(self) -> str:
+        return repr(AUTO) if self.byte_optimal else repr(self.communicator)
 
     def state_dict(self) -> dict[str, Any]:
         """This rank's compression state, everything a run carries between steps: the memory's and
@@ -486,16 +519,21 @@ class Grace:
         self.traffic.load_state_dict(state["traffic"])
 
     def __repr__(self) -> str:
-        return f"Grace({self.compressor!r}, memory={self.memory!r}, communicator={self.communicator!r})"
+        return f"Grace({self.compressor!r}, memory={self.memory!r}, communicator={self._communicator_label()})"
 
 
-def as_bundle(compression: Compressor | Grace, owner: str) -> Grace:
+def as_bundle(compression: Compressor | Grace, owner: str, communicator: Communicator | str | None = None) -> Grace:
     """``compression`` as a ``Grace`` bundle: a bundle as it is, a compressor or schedule (``TopK``,
-    ``Legacy``, ``Accordion``...) with its recommended memory and the default communicator. Both
-    training paths (Horovod's optimizer, the DDP hook) accept the same ``compression`` this way."""
+    ``Legacy``, ``Accordion``...) with its recommended memory and ``communicator`` (``None``: the
+    default; ``"auto"``: the fewest link bytes). Both training paths (Horovod's optimizer, the DDP
+    hook) accept the same ``compression`` this way."""
     if isinstance(compression, Grace):
+        if communicator is not None:
+            raise ValueError(f"{owner}: communicator={communicator!r} was given with a Grace bundle, which has its "
+                             f"own ({compression._communicator_label()}); name it in the bundle: "
+                             f"Grace(..., communicator={communicator!r})")
         return compression
     if isinstance(compression, Compressor):
-        return Grace(compression)
+        return Grace(compression, communicator=communicator)
     raise TypeError(f"{owner}: compression must be a grace_legacy compressor, schedule (Legacy, DGCWarmup, "
                     f"Accordion, LGreCo) or Grace bundle, got {type(compression).__name__}")
