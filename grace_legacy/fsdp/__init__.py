@@ -64,23 +64,32 @@ def check_torch(module_class: Any = FSDPModule) -> None:
 
 def fsdp_bundle(compression: Compressor | Grace) -> Grace:
     """``compression`` as the bundle the reduce-scatter runs: a ``Grace`` bundle as it is, a bare
-    compressor or schedule without error feedback (module docstring), every refusal checked."""
-    if isinstance(compression, Compressor) and not isinstance(compression, Grace):
-        recommended = compression.recommended_memory()
-        try:
-            grace = Grace(compression, memory=NoMemory())
-        except ValueError:  # its algorithm needs its memory (EF-signSGD, DGC's momentum)
-            grace = as_bundle(compression, _OWNER)
-        else:
-            if not isinstance(recommended, NoMemory):
-                warnings.warn(f"{_OWNER}: {compression!r} runs without error feedback: its {recommended!r} would "
-                              f"keep a tensor as large as the unsharded gradient on every rank. Pass "
-                              f"Grace({compression!r}, memory={recommended!r}) to choose it, or a memory-free "
-                              f"compressor (QSGD, TernGrad, Natural, FP16, BF16, U8bit); docs/FSDP.md",
-                              UserWarning, stacklevel=3)
-    else:
-        grace = as_bundle(compression, _OWNER)
-    compressor = grace.compressor
+    compressor or schedule without error feedback (module docstring), every refusal checked first."""
+    _refuse(compression.compressor if isinstance(compression, Grace) else compression)
+    if isinstance(compression, Grace):
+        if compression.communicator is not None and compression.communicator != "auto":
+            raise ValueError(f"{_OWNER}: {compression!r} names a communicator, but under FSDP the reduce-scatter "
+                             f"is the route; leave communicator unset")
+        return compression
+    if not isinstance(compression, Compressor):
+        return as_bundle(compression, _OWNER)  # its TypeError names what is accepted
+    recommended = compression.recommended_memory()
+    try:
+        grace = Grace(compression, memory=NoMemory())
+    except ValueError:  # its algorithm needs its memory (EF-signSGD, DGC's momentum)
+        return as_bundle(compression, _OWNER)
+    if not isinstance(recommended, NoMemory):
+        warnings.warn(f"{_OWNER}: {compression!r} runs without error feedback: its {recommended!r} would keep a "
+                      f"tensor as large as the unsharded gradient on every rank. Pass Grace({compression!r}, "
+                      f"memory={recommended!r}) to choose it, or a memory-free compressor (QSGD, TernGrad, "
+                      f"Natural, FP16, BF16, U8bit); docs/FSDP.md", UserWarning, stacklevel=3)
+    return grace
+
+
+def _refuse(compressor: object) -> None:
+    """``ValueError`` naming the alternative for what cannot run in a reduce-scatter."""
+    if not isinstance(compressor, Compressor):
+        return
     if compressor.rounds != 1:
         raise ValueError(f"{_OWNER}: {compressor!r} needs {compressor.rounds} allreduce rounds, each of which needs "
                          f"the previous round's sum of the whole tensor; a reduce-scatter delivers each rank its "
@@ -90,10 +99,6 @@ def fsdp_bundle(compression: Compressor | Grace) -> Grace:
         raise ValueError(f"{_OWNER}: {type(compressor).__name__} decides from the synchronized gradient of every "
                          f"tensor, which FSDP never assembles on one rank; use Legacy or DGCWarmup, which decide "
                          f"from the layer's size and the training's progress")
-    if grace.communicator is not None and grace.communicator != "auto":
-        raise ValueError(f"{_OWNER}: {grace!r} names a communicator, but under FSDP the reduce-scatter is the route; "
-                         f"leave communicator unset")
-    return grace
 
 
 class _Unit:
