@@ -185,8 +185,9 @@ def exchange(backend: Backend, encoded: Sequence[Encoded], flag: torch.Tensor, l
         blocks.append(wire.pack_many(members))
     mine = [item for item in encoded if item.payloads[rank] is not None]
     layout = [([word], False)] + [(item.payloads[rank], item.header) for item in mine]
-    # Every rank's block for this owner has this rank's own layout, unless a size is data-decided.
-    known = None if any(header for _, header in layout) else [blocks[rank].numel()] * size
+    # Every rank's block for this owner has this rank's own layout, unless a size is data-decided
+    # somewhere in the unit: then every rank exchanges the counts (all of them, or none: one collective).
+    known = None if any(item.header for item in encoded) else [blocks[rank].numel()] * size
     sent = torch.cat(blocks)
     received = backend.wait(backend.alltoall_async(sent, [block.numel() for block in blocks], label,
                                                    received=known))
