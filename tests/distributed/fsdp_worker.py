@@ -13,7 +13,9 @@
   the compression state resumed bit for bit, an inf on one rank (NaN shards everywhere, the state
   rolled back), ranks set up differently (``RanksDisagree`` on every rank) and the refusals
   (PowerSGD, Accordion, a named communicator, HSDP on 4 ranks); ``--refusals``: those alone;
-* with either, FP16 with error feedback and a non-finite step along the CPU path.
+* with either, FP16 with error feedback and a non-finite step along the CPU path;
+* ``--device cuda`` (the device check): the model and gradients on the GPU, every rank on GPU 0
+  over Gloo; ``--quick``: the last four set-ups only (error feedback, LEGACY).
 """
 
 from __future__ import annotations
@@ -55,6 +57,8 @@ from tests.torch_gather import torch_gather_from_ranks
 
 LR = 0.05
 STEPS = 2
+#: Where the model and its gradients live (``--device cuda``: the device check, Gloo with CUDA tensors).
+DEVICE = torch.device("cpu")
 #: The LEGACY size groups of the tests: dense below 30 elements, density 0.3 from there.
 LAYER_VALUES, LAYER_SPLITS = [1.0, 0.3], [30]
 
@@ -75,7 +79,8 @@ class Net(nn.Module):
 
 def batch(step: int, rank: int, micro: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     generator = torch.Generator().manual_seed(1000 * step + 10 * rank + micro)
-    return torch.randn(8, 12, generator=generator), torch.randint(0, 3, (8,), generator=generator)
+    return (torch.randn(8, 12, generator=generator).to(DEVICE),
+            torch.randint(0, 3, (8,), generator=generator).to(DEVICE))
 
 
 def unit_params(net: nn.Module, plain: nn.Module) -> dict[str, list[Param]]:
@@ -110,7 +115,7 @@ class Run:
     def __init__(self, mesh, compression, mp: MixedPrecisionPolicy | None = None, seed: int = 0,
                  state: dict | None = None) -> None:
         torch.manual_seed(seed)
-        self.net = Net()
+        self.net = Net().to(DEVICE)
         if state is not None:
             self.net.load_state_dict(state)
         self.replica = copy.deepcopy(self.net)
@@ -183,7 +188,7 @@ def check_step(rec: Recorder, run: Run, twins: dict[str, Twin], label: str, step
         by_rank = [from_flat(everyone[r][index], encoded[unit], params, world, flat.dtype) for r in range(world)]
         expected = expected_shards[unit] = owner_shard(by_rank, params, world, rank, op, got.dtype,
                                                        twins[unit].memory)
-        rec.close(got, expected, f"{label}: step {step}: unit {unit}'s shard is the reference's", rtol=1e-6,
+        rec.close(got.cpu(), expected, f"{label}: step {step}: unit {unit}'s shard is the reference's", rtol=1e-6,
                   atol=1e-7)
         twins[unit].end_step()
     return expected_shards
@@ -218,14 +223,14 @@ def train_and_check(rec: Recorder, mesh, label: str, compression, make_twin, wor
         for unit, shard in expected.items():
             at = 0
             for p in run.params[unit]:
-                local = parameters[p.name].grad.to_local().reshape(-1)
+                local = parameters[p.name].grad.to_local().reshape(-1).cpu()
                 want = shard[at: at + local.numel()]
                 want = want / world if sum_only else want
                 rec.close(local.to(want.dtype), want, f"{label}: step {step}: {p.name}'s sharded gradient")
                 at += p.width(world)
         run.optimizer.step()
         run.optimizer.zero_grad()
-    everything = torch.cat([t.reshape(-1).double() for t in run.full().values()])
+    everything = torch.cat([t.reshape(-1).double().cpu() for t in run.full().values()])
     rec.check(f"{label}: ranks agree after gathering the parameters",
               all(torch.equal(everything, other) for other in torch_gather_from_ranks(everything)))
     rec.check(f"{label}: one schedule step per synchronized backward pass", run.state.steps == STEPS,
@@ -237,7 +242,7 @@ def check_fp16_bound(rec: Recorder, run: Run, label: str, step: int, world: int,
     """FP16's shard within the rounding of fp16 (unit roundoff 2^-11, half the subnormal spacing
     2^-25 below its normal range) of each gradient, from the fp32 mean of the ranks' gradients."""
     for unit, capture in run.captures.items():
-        flat, got = capture.calls[-1]
+        flat, got = (t.cpu() for t in capture.calls[-1])
         flats = [f.view(world, -1)[rank] for f in torch_gather_from_ranks(flat)]
         exact = sum(f.double() for f in flats) / world
         bound = sum(2.0 ** -11 * f.double().abs() + 2.0 ** -25 for f in flats) / world + 1e-7 * exact.abs()
@@ -381,17 +386,22 @@ def refusals(rec: Recorder, mesh, world: int, rank: int) -> None:
 
 
 def main() -> None:
-    args = parse_args([(("--options",), {"action": "store_true"}), (("--refusals",), {"action": "store_true"})])
+    global DEVICE
+    args = parse_args([(("--options",), {"action": "store_true"}), (("--refusals",), {"action": "store_true"}),
+                       (("--device",), {"default": "cpu"}), (("--quick",), {"action": "store_true"})])
+    DEVICE = torch.device(args.device)
+    if DEVICE.type == "cuda":
+        torch.cuda.set_device(0)  # every rank on the one GPU, over Gloo (NCCL refuses two ranks on one GPU)
     dist.init_process_group("gloo")
     world, rank = dist.get_world_size(), dist.get_rank()
     torch.set_num_threads(1)
     rec = Recorder(args.out, rank)
     rec.extra["device_path"] = paths.FORCE_DEVICE_PATH
-    mesh = init_device_mesh("cpu", (world,))
+    mesh = init_device_mesh(DEVICE.type, (world,))
     # The compressors along the device path: their CPU passes compile (numba) on first use, which
     # takes longer than every check here; FSDP's own CPU branch runs below.
     with paths.device_path(True):
-        for label, make, twin in zoo_setups():
+        for label, make, twin in zoo_setups()[-4:] if args.quick else zoo_setups():
             started = time.perf_counter()
             rec.guard(label, train_and_check, rec, mesh, label, make(), twin, world, rank,
                       fp16_bound=label == "FP16")
