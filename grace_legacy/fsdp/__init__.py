@@ -215,11 +215,22 @@ class GraceState:
             self._verified = False
         if self._step is None:
             self._open_step(group)
-        pieces = unit.pieces(backend.size(), flat.numel())
-        outcome = reduce_scatter(self.grace, backend, pieces, output, flat.view(-1), op, f"fsdp.{unit.label}",
-                                 self._routes)
+        started: list[str] = []
+        try:
+            pieces = unit.pieces(backend.size(), flat.numel())
+            outcome = reduce_scatter(self.grace, backend, pieces, output, flat.view(-1), op, f"fsdp.{unit.label}",
+                                     self._routes, started)
+        except BaseException:
+            # The backward pass fails with the error: no state of its steps may stay behind.
+            self._undo([*(name for done in self._step for name in done.names), *started])
+            self._step = None
+            raise
         self.exchange_peak_bytes = max(self.exchange_peak_bytes, outcome.buffer_bytes)
         self._step.append(outcome)
+
+    def _undo(self, names: list[str]) -> None:
+        for name in names:
+            self.grace.undo(name)
 
     def _open_step(self, group: Any) -> None:
         if not self._verified:
@@ -244,9 +255,7 @@ class GraceState:
         if any(flag.is_cuda for flag in flags):
             torch.cuda.synchronize()  # the flags were set on FSDP's reduce-scatter stream
         if flags and bool(torch.stack([flag.to("cpu") for flag in flags]).any()):
-            for outcome in step:
-                for name in outcome.names:
-                    self.grace.undo(name)
+            self._undo([name for outcome in step for name in outcome.names])
         self.grace.end_step(next(iter(self._backends.values())))
         self.steps += 1
 
@@ -276,10 +285,8 @@ class GraceState:
         return self.grace.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if self._step is not None:  # a failed backward pass's state goes before the checkpoint's comes
-            for outcome in self._step:
-                for name in outcome.names:
-                    self.grace.undo(name)
+        if self._step is not None:  # an unfinished step's state goes before the checkpoint's comes
+            self._undo([name for outcome in self._step for name in outcome.names])
             self._step = None
         self.grace.load_state_dict(state)
         self._verified = False

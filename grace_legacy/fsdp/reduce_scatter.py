@@ -134,14 +134,15 @@ def choose_route(grace: Grace, piece: Piece, like: torch.Tensor, world_size: int
 
 
 def encode(grace: Grace, pieces: Sequence[Piece], flat: torch.Tensor, world_size: int,
-           cache: dict[tuple, tuple[Compressor, str]]) -> tuple[list[Encoded], torch.Tensor, list[str]]:
-    """Every piece's segments compensated, compressed and learnt from by the memory; the local
-    non-finite flag (the gradient's, and the compensated segments' where a memory adds state)."""
+           cache: dict[tuple, tuple[Compressor, str]], names: list[str]) -> tuple[list[Encoded], torch.Tensor]:
+    """Every piece's segments compensated, compressed and learnt from by the memory, each segment's
+    name added to ``names`` as its state changes; the local non-finite flag (the gradient's, and
+    the compensated segments' where a memory adds state)."""
     rows = flat.view(world_size, -1)
     memory = grace.memory
     flags = [nonfinite_flag(flat)]
     watch = not isinstance(memory, NoMemory)
-    encoded, names = [], []
+    encoded = []
     for piece in pieces:
         compressor, route = choose_route(grace, piece, flat, world_size, cache)
         item = Encoded(piece, compressor, route)
@@ -153,6 +154,7 @@ def encode(grace: Grace, pieces: Sequence[Piece], flat: torch.Tensor, world_size
                 continue
             segment = rows[owner, piece.offset: piece.offset + shape.numel()].view(shape)
             name = segment_name(piece.name, *piece.span(owner))
+            names.append(name)
             compensated = memory.compensate(segment, name)
             if watch:
                 flags.append(nonfinite_flag(compensated))
@@ -160,9 +162,8 @@ def encode(grace: Grace, pieces: Sequence[Piece], flat: torch.Tensor, world_size
             memory.update(compensated, name, compressor, payload, ctx)
             item.payloads.append(payload)
             item.contexts.append(ctx)
-            names.append(name)
         encoded.append(item)
-    return encoded, torch.stack(flags).any(), names
+    return encoded, torch.stack(flags).any()
 
 
 def _flag_word(flag: torch.Tensor) -> torch.Tensor:
@@ -215,12 +216,14 @@ def combine(compressor: Compressor, payloads: list[Payload], ctx: Any, average: 
 
 
 def reduce_scatter(grace: Grace, backend: Backend, pieces: Sequence[Piece], output: torch.Tensor,
-                   flat: torch.Tensor, op: Any, label: str, cache: dict[tuple, tuple[Compressor, str]]) -> Outcome:
+                   flat: torch.Tensor, op: Any, label: str, cache: dict[tuple, tuple[Compressor, str]],
+                   names: list[str]) -> Outcome:
     """Write this rank's shard of the unit's reduced gradients into ``output`` (module docstring),
-    and record each parameter's traffic in the bundle's stats."""
+    and record each parameter's traffic in the bundle's stats; ``names`` receives the segment
+    names whose state changes, as they change (a failed call's are there to undo)."""
     size, rank = backend.size(), backend.rank()
     average, factor = reduction_of(op, size)
-    encoded, flag, names = encode(grace, pieces, flat, size, cache)
+    encoded, flag = encode(grace, pieces, flat, size, cache, names)
     received, mine, buffer_bytes = exchange(backend, encoded, flag, label)
     flags, payloads_of = received[0], dict(zip((id(item) for item in mine), received[1:], strict=True))
     nonfinite = torch.stack([word[0][0] for word in flags]).ne(0).any()
