@@ -10,7 +10,8 @@
 * with ``--options``: ``MixedPrecisionPolicy`` (bf16 parameters, fp32 and bf16 reduce dtype),
   gradient accumulation under ``set_requires_gradient_sync(False)`` (one schedule step per
   synchronized backward pass), a gradient divide factor, sum-only collectives, a checkpoint of
-  the compression state resumed bit for bit, an inf on one rank (NaN shards everywhere, the state
+  the compression state resumed bit for bit, a parameter unused in a step (refused naming the
+  remedy, the step undone; the remedy works), an inf on one rank (NaN shards everywhere, the state
   rolled back), ranks set up differently (``RanksDisagree`` on every rank) and the refusals
   (PowerSGD, Accordion, a named communicator, HSDP on 4 ranks); ``--refusals``: those alone;
 * with either, FP16 with error feedback and a non-finite step along the CPU path;
@@ -72,9 +73,12 @@ class Net(nn.Module):
         self.block = nn.Sequential(nn.Linear(12, 21), nn.Tanh(), nn.Linear(21, 9))
         self.head = nn.Linear(9, 3)
         self.scale = nn.Parameter(torch.ones(1))
+        #: leave ``scale`` out of the forward pass (a parameter unused in a step)
+        self.skip_scale = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.block(x)) * self.scale
+        out = self.head(self.block(x))
+        return out if self.skip_scale else out * self.scale
 
 
 def batch(step: int, rank: int, micro: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -312,6 +316,7 @@ def options(rec: Recorder, mesh, world: int, rank: int) -> None:
                   world, rank, divide=2.5)
     rec.guard("sum only", train_and_check, rec, mesh, "sum-only QSGD", qsgd[0](), qsgd[1], world, rank, sum_only=True)
     rec.guard("resume", resume, rec, mesh, rank)
+    rec.guard("unused", unused, rec, mesh, rank)
     rec.guard("non-finite", nonfinite, rec, mesh, rank, "TopK(0.1)+Residual", topk_ef[0])
 
 
@@ -361,6 +366,23 @@ def nonfinite(rec: Recorder, mesh, rank: int, label: str, make) -> None:
     run.backward(2, rank)
     rec.check(f"{label}: the next step is finite", all(bool(torch.isfinite(p.grad.to_local()).all())
                                              for p in run.net.parameters()))
+
+
+def unused(rec: Recorder, mesh, rank: int) -> None:
+    """A parameter unused in a backward pass: the reduce-scatter raises naming the remedy on every
+    rank, the step's state undone; with the remedy the step runs and the parameter's gradient is 0."""
+    run = Run(mesh, Grace(TopK(0.1), memory=Residual()))
+    run.net.skip_scale = True
+    expect(rec, "an unused parameter is refused, naming set_reduce_scatter_unused_params", RuntimeError,
+           "set_reduce_scatter_unused_params", run.backward, 0, rank)
+    rec.check("the failed step left no state behind", run.state.state_dict()["memory"]["residuals"] == {}
+              and run.state.steps == 0)
+    remedied = Run(mesh, Grace(TopK(0.1), memory=Residual()))
+    remedied.net.skip_scale = True
+    remedied.net.set_reduce_scatter_unused_params(True)
+    remedied.backward(0, rank)
+    rec.check("with set_reduce_scatter_unused_params the step runs, the unused gradient 0",
+              remedied.state.steps == 1 and not remedied.net.scale.grad.to_local().any())
 
 
 def expect(rec: Recorder, name: str, error: type, fragment: str, fn, *args) -> None:
