@@ -183,13 +183,15 @@ class Grace:
         return result
 
     def record_traffic(self, name: str, tensor: torch.Tensor, sent_bytes: int, route: str,
-                       wire_bytes: float = 0.0, world_size: int = 1) -> None:
+                       wire_bytes: float = 0.0, world_size: int = 1, dense_link: float | None = None) -> None:
         """Count ``sent_bytes`` handed to the collectives for ``tensor`` and ``wire_bytes`` put on
-        the link, against a dense ring allreduce among ``world_size`` ranks (a schedule's labels)."""
+        the link, against a dense ring allreduce among ``world_size`` ranks, or ``dense_link`` bytes
+        where the dense collective is another one (FSDP's reduce-scatter), under a schedule's labels."""
         labels = self._schedule.traffic_labels(name, tensor) if self._schedule is not None else None
         dense = tensor.numel() * tensor.element_size()
         self.traffic.record(dense_bytes=dense, sent_bytes=sent_bytes, route=route, wire_bytes=wire_bytes,
-                            wire_dense=ring_allreduce_bytes(dense, world_size), labels=labels)
+                            wire_dense=ring_allreduce_bytes(dense, world_size) if dense_link is None else dense_link,
+                            labels=labels)
 
     def start_whole(self, label: str, flat: torch.Tensor, tensors: Sequence[torch.Tensor], names: Sequence[str],
                     backend: Backend, average: bool) -> Pending | None:

@@ -32,6 +32,7 @@ ALLOWED = {
     "optimizer": {"core", "runtime", "backends", "consistency", "grace"},
     "elastic": {"core", "runtime", "grace", "optimizer"},
     "ddp": {"core", "runtime", "backends", "consistency", "grace"},
+    "fsdp": {"core", "runtime", "compressors", "schedules", "communicators", "backends", "consistency", "grace"},
     "lightning": {"core", "runtime", "grace", "ddp"},
     "__main__": {"core", "runtime", "schedules", "helper", "planner"},
 }
