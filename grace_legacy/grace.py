@@ -24,6 +24,7 @@ from grace_legacy.runtime.cost import choose_route, ring_allreduce_bytes
 from grace_legacy.runtime.stall import RanksStalled, resolve_stall_timeout
 from grace_legacy.runtime.traffic import TrafficStats
 from grace_legacy.runtime.validation import ArgumentTypeError, check_flag, is_int
+from grace_legacy.runtime.whole_step import WholeStep
 from grace_legacy.schedules.base import Schedule
 
 _DENSE = NoCompression()
@@ -89,6 +90,8 @@ class Grace:
         self._held_pool = BufferPool()
         self.compressor = compressor
         self._schedule = compressor if isinstance(compressor, Schedule) else None
+        # A compressor that selects over the whole step gets the step's gradients as one flat.
+        self._whole_step = WholeStep() if compressor.spans_step else None
         #: the bytes this rank sent, by route (and by a schedule's groups and phases): :attr:`stats`
         self.traffic = TrafficStats()
         compressor.ledger = self.traffic
@@ -99,6 +102,9 @@ class Grace:
         if communicator is not None and communicator.compresses and compressor.rounds != 1:
             raise ValueError(f"Grace: {communicator!r} cannot run {compressor!r}, which needs {compressor.rounds} "
                              f"allreduce rounds; leave communicator=None")
+        if communicator is not None and communicator.compresses and not compressor.shardable:
+            raise ValueError(f"Grace: {communicator!r} compresses shards of tensors, but {compressor!r} compresses "
+                             f"whole tensors only; use Allgather() or leave communicator=None")
         #: the error feedback a scatter-gather's owners apply before re-compressing what they summed,
         #: for a compressor that is paired with error feedback of its own (a biased one)
         self.owner_memory: Memory | None = (None if isinstance(compressor.recommended_memory(), NoMemory)
@@ -139,8 +145,14 @@ class Grace:
               overwrite: bool = False, hold: bool = False) -> Pending:
         """Compress ``tensor`` and launch its collectives; call the result to get the gradient.
         ``overwrite``: the caller will not read ``tensor`` again, so the memory may build the
-        compensated gradient in its storage (:meth:`Memory.compensate_into`)."""
+        compensated gradient in its storage (:meth:`Memory.compensate_into`). For a compressor that
+        :attr:`~grace_legacy.core.compressor.Compressor.spans_step`, the tensor is held and the step's
+        tensors go as one when the first result is asked for (:mod:`grace_legacy.runtime.whole_step`)."""
         self.join_world(backend)
+        if self._whole_step is not None and not self._whole_step.is_flat(name):
+            held = self._started[name] = self._whole_step.hold(
+                tensor, name, lambda flat, flat_name: self.start(flat, flat_name, backend, average, overwrite=True))
+            return held
         # The raw gradient is looked at first (compensate may write over it) unless the memory keeps
         # its infs and NaNs; the compensated one always, since finite state can overflow.
         self._extremes[name] = []
@@ -365,6 +377,8 @@ class Grace:
         owners: list[int] = []
         for index, name in enumerate(names):
             found = self._extremes.get(name, ())
+            if self._whole_step is not None and name in self._whole_step.flat_of:
+                found = self._extremes.get(self._whole_step.flat_of[name], ())
             extremes.extend(found)
             owners.extend([index] * len(found))
         self._extremes.clear()
@@ -381,6 +395,8 @@ class Grace:
 
     def undo(self, name: str) -> None:
         """Undo this step's changes to ``name``'s memory and compressor state (skipped step)."""
+        if self._whole_step is not None:
+            name = self._whole_step.flat_of.get(name, name)  # its state is the step's flat's
         self.memory.undo(name)
         self.compressor.undo(name)  # with the state of its segments (ScatterGather's segment names)
         if self.owner_memory is not None:
@@ -404,6 +420,8 @@ class Grace:
         """The tensors started this step whose collectives this rank has not launched (their
         fused bucket still waits for other members): waiting for those would never end."""
         held = {parcel.name for parcel in self._held}
+        if self._whole_step is not None:
+            held |= self._whole_step.held()
         return held | self._filler.unlaunched() if self._filler is not None else held
 
     def undo_step(self) -> None:
@@ -424,6 +442,8 @@ class Grace:
             self._filler.abandon()
         self._held.clear()
         self._held_flights.clear()
+        if self._whole_step is not None:
+            self._whole_step.abandon()
         for name in self._started:
             self.undo(name)
         self._started.clear()
