@@ -393,6 +393,7 @@ def plan(compression: Compressor, shapes: Iterable[Any], *, world_size: int | No
     over tensors ``shapes`` in registration order (element counts, shapes, or (name, shape or
     tensor) pairs such as ``model.named_parameters()``), run by ``Grace(compression)`` at
     ``world_size`` workers (an integer in ``[1, 2**63 - 1]``; ``None``: :data:`DEFAULT_WORKERS`).
+    A compressor that spans the step (``GlobalTopK``) is planned on the tensors laid end to end.
 
     ``bucket_bytes``: the bundle's fused buckets (``None``: ``default_bucket_bytes()``, as
     ``Grace``; ``0``: every tensor alone). ``route``: one of :data:`FORCED_ROUTES` for every
@@ -418,6 +419,8 @@ def plan(compression: Compressor, shapes: Iterable[Any], *, world_size: int | No
     shapes = checked_shapes(shapes, "shapes", "plan")
     if not any(s.numel() for s in shapes):  # empty tensors send nothing
         raise ValueError("plan: no tensor with elements to plan for")
+    if compression.spans_step:  # the bundle sends the step's tensors end to end, as one (runtime/whole_step.py)
+        shapes = [torch.Size([sum(s.numel() for s in shapes)])]
     schedule = compression if isinstance(compression, Legacy) else None
     if schedule is None:
         compression.check_ready()

@@ -68,12 +68,13 @@ class AdaComp(EntrySparsifier):
             raise ValueError(f"AdaComp: tensor {name!r} changed from a {residue.numel()}-entry {residue.dtype} residue "
                              f"to a {tuple(tensor.shape)} {tensor.dtype} gradient")
         indices = index_dtype(flat.numel())
+        size = min(self.bin_size, flat.numel())  # a bin longer than the tensor is the tensor
         if accumulating.kernels_apply(residue, flat):
-            sent, positions, kept = accumulating.bins_pass(residue.numpy(), flat.numpy(), self.bin_size,
+            sent, positions, kept = accumulating.bins_pass(residue.numpy(), flat.numpy(), size,
                                                            accumulating.NUMPY_INDEX[indices])
             values, positions, kept = torch.from_numpy(sent), torch.from_numpy(positions), torch.from_numpy(kept)
         else:
-            values, positions, kept = bins(residue, flat.to(state), self.bin_size, tensor.dtype)
+            values, positions, kept = bins(residue, flat.to(state), size, tensor.dtype)
             positions = positions.to(indices)
         self.undo_log.remember(self.residues, name)
         self.residues[name] = kept
