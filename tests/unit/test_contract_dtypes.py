@@ -137,7 +137,8 @@ def twins(make_twin, make_memory, dtype: torch.dtype, spans_step: bool = False) 
                 rule = mean_rule if concrete[0].aggregates_by_mean else majority_vote_rule
                 combined = rule(decoded).to(dtype)
             for r in range(RANKS):
-                results[r].update(per_gradient(units[r][index], memories[r].aggregated(name, combined.clone()), local[r]))
+                aggregated = memories[r].aggregated(name, combined.clone())
+                results[r].update(per_gradient(units[r][index], aggregated, local[r]))
         for r in range(RANKS):
             memories[r].end_step()
             compressors[r].end_step()
