@@ -342,14 +342,14 @@ ENTRIES: list[Entry] = [
           reference=lambda: AdaQReference(0.3, seed=12, min_samples=16)),
     # The LEGACY reference's own compressors, each against its reference in tests/reference_sparsifiers.py.
     # GlobalTopK and CAT select over the Net's 1250 entries laid end to end (tests/reference.step_units):
-    # GlobalTopK(0.3)'s 375 entries gather more bytes than a dense allreduce of 4 ranks, hence the dense
+    # GlobalTopK(0.6)'s 750 entries gather more bytes than a dense allreduce (2 or 4 ranks), hence the dense
     # fallback; by epoch (one a step) dense for two steps, then 5%. CAT with the reference's cost keeps
     # whole packets of 22 entries, a number chosen per rank.
     Entry(GlobalTopK, "GlobalTopK(0.1)", lambda: GlobalTopK(0.1), {"ratio": parameter_values(DENSITY)}, "sign", (
         Case("GlobalTopK(0.1)+Residual", against(lambda: GlobalTopKReference(0.1), lambda: GlobalTopK(0.1), Residual),
              routes={"allgather"}),
-        Case("GlobalTopK(0.3)+Residual through the dense fallback",
-             against(lambda: GlobalTopKReference(0.3), lambda: GlobalTopK(0.3), Residual), routes={"dense-fallback"}),
+        Case("GlobalTopK(0.6)+Residual through the dense fallback",
+             against(lambda: GlobalTopKReference(0.6), lambda: GlobalTopK(0.6), Residual), routes={"dense-fallback"}),
         Case("Legacy(GlobalTopK) by epoch", lambda: (
             case_bundle(Legacy(GlobalTopK(), by="epoch", values=[1.0, 0.05], epochs=4, steps_per_epoch=1),
                         Residual()),

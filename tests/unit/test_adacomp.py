@@ -1,0 +1,77 @@
+"""AdaComp (``compressors/adacomp.py``, Chen et al. 2018) against its independent reference
+(``tests/reference_sparsifiers.py``), payload, decoded values and residue bit for bit over steps,
+in the four gradient dtypes and on awkward contents; its compiled pass equal to its tensor
+formulas at any thread count; its bin size, memory and state."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from grace_legacy import AdaComp, Grace, NoMemory, Residual
+from grace_legacy.compressors.kernels import compiled
+from tests.reference_compressors import CONTENTS, DTYPES, assert_matches_reference
+from tests.reference_sparsifiers import AdaCompReference
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("content", CONTENTS)
+@pytest.mark.parametrize("bin_size", [1, 7, 1000])
+def test_payload_and_decoded_values_equal_the_reference(bin_size, content, dtype):
+    compressor, reference = AdaComp(bin_size), AdaCompReference(bin_size)
+    assert_matches_reference(compressor, reference, content, dtype, f"AdaComp({bin_size})")
+    if content != "nonfinite":  # a skipped step; its residue is undone, not compared
+        for key, residue in compressor.residues.items():
+            expected = torch.tensor([float(r) for r in reference.residues[key]], dtype=residue.dtype)
+            assert torch.equal(residue, expected), key
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+def test_the_compiled_pass_is_the_tensor_formulas_at_any_thread_count(dtype, threads):
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        results = []
+        for enabled in (True, False):
+            compiled.ENABLED = enabled
+            compressor = AdaComp(50)
+            steps = []
+            for step in range(3):
+                g = torch.randn(700_003, generator=torch.Generator().manual_seed(step), dtype=dtype)
+                payload, _ = compressor.compress(g, "w")
+                steps.append([*payload, compressor.residues["w"]])
+            results.append(steps)
+    finally:
+        compiled.ENABLED = True
+        torch.set_num_threads(before)
+    for got, want in zip(*results, strict=True):
+        for part, expected in zip(got, want, strict=True):
+            assert part.dtype == expected.dtype and torch.equal(part, expected)
+
+
+def test_with_no_residue_an_entry_goes_when_it_reaches_half_its_bins_largest():
+    # H = 2 g: bins [1.0, 0.4, -0.6] (largest 1.0) and [0.1, 0.0, -0.2] (largest 0.2, which 2 * 0.1 reaches).
+    g = torch.tensor([1.0, 0.4, -0.6, 0.1, 0.0, -0.2])
+    compressor = AdaComp(3)
+    payload, _ = compressor.compress(g, "w")
+    assert payload[1].tolist() == [0, 2, 3, 5]
+    assert torch.equal(payload[0], g[[0, 2, 3, 5]])
+    assert torch.equal(compressor.residues["w"], torch.tensor([0.0, 0.4, 0.0, 0.0, 0.0, 0.0]))
+
+
+def test_a_bin_longer_than_the_tensor_is_the_tensor():
+    g = torch.randn(10)
+    assert torch.equal(AdaComp(10**30).compress(g, "w")[0][1], AdaComp(10).compress(g, "w")[0][1])
+
+
+def test_it_keeps_its_own_residue_and_refuses_a_second_one():
+    assert isinstance(Grace(AdaComp(8)).memory, NoMemory)
+    with pytest.raises(ValueError, match="own residue"):
+        Grace(AdaComp(8), memory=Residual())
+
+
+@pytest.mark.parametrize("value", [0, -3, 1.5])
+def test_bad_bin_sizes_are_refused_by_name(value):
+    with pytest.raises(ValueError, match="bin_size"):
+        AdaComp(value)
