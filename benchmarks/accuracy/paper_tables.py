@@ -1,7 +1,8 @@
 """The LEGACY rebuttal's two tables (QSGD on ResNet-9, PowerSGD on ResNet-18), reproduced small,
-on the 8x8 digits and on mnist1d.
+on the 8x8 digits and on mnist1d, and a Top-k + EF table on mnist1d where LEGACY's layer rule meets
+whole-model Top-k at equal link bytes (``benchmarks/common/paper_arms.py``).
 
-    python -m benchmarks.accuracy.paper_tables                      # all four tables, 5 seeds
+    python -m benchmarks.accuracy.paper_tables                      # every table, 5 seeds
     python -m benchmarks.accuracy.paper_tables --tables mnist1d-qsgd mnist1d-powersgd
     python -m benchmarks.accuracy.paper_tables --tables mnist1d-qsgd --arms "uniform s=4"
     python -m benchmarks.accuracy.paper_tables --tables             # the report again, from the JSON
