@@ -452,6 +452,8 @@ class Grace:
     def end_step(self, backend: Backend | None = None) -> None:
         """Count one synchronized optimizer step (the distributed optimizer calls this)."""
         self._started.clear()
+        if self._whole_step is not None:
+            self._whole_step.abandon()  # results nobody asked for are not kept into the next step
         self.memory.end_step()
         if self.owner_memory is not None:
             self.owner_memory.end_step()
