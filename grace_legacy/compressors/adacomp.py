@@ -6,20 +6,18 @@ from typing import Any
 
 import torch
 
-from grace_legacy.compressors.entries import EntrySparsifier
+from grace_legacy.compressors.entries import OwnFeedback
 from grace_legacy.compressors.kernels import accumulating
 from grace_legacy.compressors.signs import accumulator_dtype
 from grace_legacy.compressors.sparse import SparseContext, index_dtype
 from grace_legacy.core.compressor import Payload
-from grace_legacy.core.memory import Memory, NoMemory
 from grace_legacy.core.parameter import ScheduledParameter
-from grace_legacy.core.state import UndoLog
 from grace_legacy.runtime.validation import check_gradient
 
 BIN_SIZE = ScheduledParameter("bin_size", low=1, integer=True)
 
 
-class AdaComp(EntrySparsifier):
+class AdaComp(OwnFeedback):
     """AdaComp (Chen et al., AAAI 2018, "AdaComp: adaptive residual gradient compression for
     data-parallel distributed training"). Per tensor, a residue ``R`` (0 at first) of what was not
     sent; each step, with ``g`` the gradient, ``G = R + g`` and ``H = G + g`` (the residue plus
@@ -44,13 +42,12 @@ class AdaComp(EntrySparsifier):
 
     parameter = BIN_SIZE
     uniform_payload = False
-    sends_entries = False  # it sends G = R + g, not the input's own entries
+    stores = ("residues",)
 
     def __init__(self, bin_size: int | None = None) -> None:
         super().__init__()
         self._set_value(bin_size)
-        self.residues: dict[str, torch.Tensor] = {}
-        self.undo_log = UndoLog()
+        self.residues: dict[str, torch.Tensor]
 
     @property
     def bin_size(self) -> int | None:
@@ -76,30 +73,13 @@ class AdaComp(EntrySparsifier):
         else:
             values, positions, kept = bins(residue, flat.to(state), size, tensor.dtype)
             positions = positions.to(indices)
-        self.undo_log.remember(self.residues, name)
-        self.residues[name] = kept
+        self._keep(name, residues=kept)
         ctx = SparseContext(tensor.shape, flat.numel(), tensor.dtype, tensor.device)
         return [values, positions], ctx
 
     def payload_spec(self, numel: int, dtype: torch.dtype) -> list[tuple[int, torch.dtype]]:
         raise NotImplementedError("AdaComp sends the entries its bins select, so its payload size depends on the "
                                   "gradient's values, not only on the tensor's size")
-
-    def check_memory(self, memory: Memory) -> None:
-        if type(memory) is not NoMemory:
-            raise ValueError(f"AdaComp keeps its own residue (its error feedback); {memory!r} would add a second "
-                             f"one: use memory=NoMemory() (the default)")
-
-    def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "residues": {name: r.detach().clone() for name, r in self.residues.items()}}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
-        self.residues = {name: r.clone() for name, r in state["residues"].items()}
-
-    def rejoin_state(self, shared: dict[str, Any], own: dict[str, Any]) -> dict[str, Any]:
-        # The residue holds this rank's own gradients, like error feedback: a survivor keeps it.
-        return {**super().rejoin_state(shared, own), "residues": own["residues"]}
 
     def __repr__(self) -> str:
         return f"AdaComp(bin_size={self.bin_size!r})"

@@ -8,23 +8,21 @@ from typing import Any
 import torch
 from torch import nn
 
-from grace_legacy.compressors.entries import EntrySparsifier
+from grace_legacy.compressors.entries import OwnFeedback
 from grace_legacy.compressors.kernels import accumulating
 from grace_legacy.compressors.per_sample import MomentSource, SampleMoments
 from grace_legacy.compressors.signs import accumulator_dtype
 from grace_legacy.compressors.sparse import SparseContext, index_dtype
 from grace_legacy.core.backend import Backend
 from grace_legacy.core.compressor import Payload
-from grace_legacy.core.memory import Memory, NoMemory
 from grace_legacy.core.parameter import ScheduledParameter
-from grace_legacy.core.state import UndoLog
 from grace_legacy.runtime.validation import check_gradient, required
 
 ALPHA = ScheduledParameter("alpha", low=0.0, low_inclusive=False)
 KSI = ScheduledParameter("ksi", low=0.0, high=1.0)
 
 
-class VarianceSparsifier(EntrySparsifier):
+class VarianceSparsifier(OwnFeedback):
     """Variance-based gradient compression (Tsuzuku, Imachi and Akiba, 2018, "Variance-based
     gradient compression for efficient distributed deep learning"). Per entry ``i`` of a tensor, two
     running sums, 0 at first: ``r``, of the gradient, and ``v``, of its per-sample second moment
@@ -58,17 +56,16 @@ class VarianceSparsifier(EntrySparsifier):
 
     parameter = ALPHA
     uniform_payload = False
-    sends_entries = False  # it sends r, not the input's own entries
     shardable = False
+    stores = ("sums", "variances")
 
     def __init__(self, alpha: float | None = None, ksi: float = 0.999) -> None:
         super().__init__()
         self._set_value(alpha)
         self.ksi = required(KSI, ksi, "VarianceSparsifier")
-        self.sums: dict[str, torch.Tensor] = {}
-        self.variances: dict[str, torch.Tensor] = {}
+        self.sums: dict[str, torch.Tensor]
+        self.variances: dict[str, torch.Tensor]
         self.moments: MomentSource | None = None
-        self.undo_log = UndoLog()
 
     @property
     def alpha(self) -> float | None:
@@ -109,37 +106,17 @@ class VarianceSparsifier(EntrySparsifier):
         else:
             values, positions, r, v = variance_test(r, v, flat.to(state), moment, self.alpha, self.ksi, tensor.dtype)
             positions = positions.to(indices)
-        self.undo_log.remember(self.sums, name)
-        self.undo_log.remember(self.variances, name)
-        self.sums[name], self.variances[name] = r, v
+        self._keep(name, sums=r, variances=v)
         return [values, positions], SparseContext(tensor.shape, flat.numel(), tensor.dtype, tensor.device)
 
     def payload_spec(self, numel: int, dtype: torch.dtype) -> list[tuple[int, torch.dtype]]:
         raise NotImplementedError("VarianceSparsifier sends the entries whose sums pass its test, so its payload size "
                                   "depends on the gradients, not only on the tensor's size")
 
-    def check_memory(self, memory: Memory) -> None:
-        if type(memory) is not NoMemory:
-            raise ValueError(f"VarianceSparsifier keeps its own sums r and v (its error feedback); {memory!r} would "
-                             f"add a second residual: use memory=NoMemory() (the default)")
-
     def end_step(self, backend: Backend | None = None) -> None:
         super().end_step(backend)
         if self.moments is not None:
             self.moments.clear()
-
-    def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "sums": {name: r.detach().clone() for name, r in self.sums.items()},
-                "variances": {name: v.detach().clone() for name, v in self.variances.items()}}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
-        self.sums = {name: r.clone() for name, r in state["sums"].items()}
-        self.variances = {name: v.clone() for name, v in state["variances"].items()}
-
-    def rejoin_state(self, shared: dict[str, Any], own: dict[str, Any]) -> dict[str, Any]:
-        # r and v sum this rank's own gradients and samples: a survivor keeps them.
-        return {**super().rejoin_state(shared, own), "sums": own["sums"], "variances": own["variances"]}
 
     def __repr__(self) -> str:
         return f"VarianceSparsifier(alpha={self.alpha!r}, ksi={self.ksi!r})"

@@ -76,6 +76,7 @@ def test_throughput_benchmark_quick(tmp_path):
     run_module("benchmarks.performance.throughput", tmp_path, timeout=300)
     text = (tmp_path / "performance.md").read_text()
     assert "Compressor throughput" in text and "TopK 0.001" in text and "PowerSGD" in text
+    assert all(f"| {label} |" in text for label in ("GlobalTopK 0.01", "CAT", "AdaComp 50", "VarianceSparsifier 1.0"))
     assert (tmp_path / "throughput.png").stat().st_size > 1000
     assert (tmp_path / "throughput.json").exists()
 

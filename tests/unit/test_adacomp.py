@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from grace_legacy import AdaComp, Grace, NoMemory, Residual
-from grace_legacy.compressors.kernels import compiled
+from tests.helpers import on_both_cpu_paths
 from tests.reference_compressors import CONTENTS, DTYPES, assert_matches_reference
 from tests.reference_sparsifiers import AdaCompReference
 
@@ -29,23 +29,15 @@ def test_payload_and_decoded_values_equal_the_reference(bin_size, content, dtype
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
 def test_the_compiled_pass_is_the_tensor_formulas_at_any_thread_count(dtype, threads):
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        results = []
-        for enabled in (True, False):
-            compiled.ENABLED = enabled
-            compressor = AdaComp(50)
-            steps = []
-            for step in range(3):
-                g = torch.randn(700_003, generator=torch.Generator().manual_seed(step), dtype=dtype)
-                payload, _ = compressor.compress(g, "w")
-                steps.append([*payload, compressor.residues["w"]])
-            results.append(steps)
-    finally:
-        compiled.ENABLED = True
-        torch.set_num_threads(before)
-    for got, want in zip(*results, strict=True):
+    def steps() -> list:
+        compressor, out = AdaComp(50), []
+        for step in range(3):
+            g = torch.randn(700_003, generator=torch.Generator().manual_seed(step), dtype=dtype)
+            payload, _ = compressor.compress(g, "w")
+            out.append([*payload, compressor.residues["w"]])
+        return out
+
+    for got, want in zip(*on_both_cpu_paths(threads, steps), strict=True):
         for part, expected in zip(got, want, strict=True):
             assert part.dtype == expected.dtype and torch.equal(part, expected)
 
@@ -67,7 +59,7 @@ def test_a_bin_longer_than_the_tensor_is_the_tensor():
 
 def test_it_keeps_its_own_residue_and_refuses_a_second_one():
     assert isinstance(Grace(AdaComp(8)).memory, NoMemory)
-    with pytest.raises(ValueError, match="own residue"):
+    with pytest.raises(ValueError, match="own error feedback"):
         Grace(AdaComp(8), memory=Residual())
 
 

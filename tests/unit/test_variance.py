@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from grace_legacy import Grace, NoMemory, Residual, ScatterGather, VarianceSparsifier
-from grace_legacy.compressors.kernels import compiled
+from tests.helpers import on_both_cpu_paths
 from tests.reference_compressors import CONTENTS, DTYPES, assert_matches_reference
 from tests.reference_sparsifiers import SquaredGradients, VarianceReference
 
@@ -47,24 +47,16 @@ def test_payload_and_decoded_values_equal_the_reference(setting, content, dtype)
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
 def test_the_compiled_pass_is_the_tensor_formulas_at_any_thread_count(dtype, threads):
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        results = []
-        for enabled in (True, False):
-            compiled.ENABLED = enabled
-            compressor = VarianceSparsifier(1.2, 0.9)
-            compressor.attach(Moments())
-            steps = []
-            for step in range(3):
-                g = torch.randn(700_003, generator=torch.Generator().manual_seed(step), dtype=dtype)
-                payload, _ = compressor.compress(g, "w")
-                steps.append([*payload, compressor.sums["w"], compressor.variances["w"]])
-            results.append(steps)
-    finally:
-        compiled.ENABLED = True
-        torch.set_num_threads(before)
-    for got, want in zip(*results, strict=True):
+    def steps() -> list:
+        compressor, out = VarianceSparsifier(1.2, 0.9), []
+        compressor.attach(Moments())
+        for step in range(3):
+            g = torch.randn(700_003, generator=torch.Generator().manual_seed(step), dtype=dtype)
+            payload, _ = compressor.compress(g, "w")
+            out.append([*payload, compressor.sums["w"], compressor.variances["w"]])
+        return out
+
+    for got, want in zip(*on_both_cpu_paths(threads, steps), strict=True):
         for part, expected in zip(got, want, strict=True):
             assert part.dtype == expected.dtype and torch.equal(part, expected)
 
@@ -96,7 +88,7 @@ def test_it_keeps_its_own_sums_and_whole_tensors():
     sparsifier = VarianceSparsifier(1.0)
     sparsifier.attach(SquaredGradients())
     assert isinstance(Grace(sparsifier).memory, NoMemory)
-    with pytest.raises(ValueError, match="own sums"):
+    with pytest.raises(ValueError, match="own error feedback"):
         Grace(sparsifier, memory=Residual())
     with pytest.raises(ValueError, match="whole tensors only"):
         Grace(sparsifier, communicator=ScatterGather())

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grace_legacy import CAT, AdaComp, Allgather, GlobalTopK, Grace, Residual, ScatterGather
+from grace_legacy import CAT, AdaComp, Allgather, GlobalTopK, Grace, Legacy, Residual, ScatterGather
 from tests.helpers import ThreadBackend, run_ranks
 from tests.reference import mean_rule, per_gradient, step_units
 from tests.reference_sparsifiers import GlobalTopKReference
@@ -151,6 +151,8 @@ RESUMED = {
     "GlobalTopK(0.2)+Residual": lambda: Grace(GlobalTopK(0.2)),
     "CAT(1, 2, 128)+Residual": lambda: Grace(CAT(1.0, 2.0, 128)),
     "AdaComp(3)": lambda: Grace(AdaComp(3)),
+    # Its configured copies share the base's residues: loaded in place, every copy continues from them.
+    "Legacy(AdaComp) by layer": lambda: Grace(Legacy(AdaComp(), by="layer", values=[2, 5], splits=[10])),
     "VarianceSparsifier(0.8, 0.9)": lambda: Grace(with_squared_gradients(0.8, 0.9)),
 }
 
