@@ -17,9 +17,12 @@ from tests.reference_sparsifiers import CATReference
 SETTINGS = [(1.0, 60.0, 1460), (576.0, 64.0, 512), (1.0, 0.0, 64), (2.0, 5.0, 1)]
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("content", CONTENTS)
-@pytest.mark.parametrize("setting", SETTINGS, ids=str)
+#: Every content and dtype at the defaults; the other settings on a few contents.
+REFERENCE_CASES = [(SETTINGS[0], content, dtype) for content in CONTENTS for dtype in DTYPES] + [
+    (setting, content, torch.float32) for setting in SETTINGS[1:] for content in ("normal", "ties", "zeros")]
+
+
+@pytest.mark.parametrize(("setting", "content", "dtype"), REFERENCE_CASES, ids=str)
 def test_payload_and_decoded_values_equal_the_reference(setting, content, dtype):
     assert_matches_reference(CAT(*setting), CATReference(*setting), content, dtype, f"CAT{setting}")
 
@@ -34,7 +37,7 @@ def every_packet_count(x: torch.Tensor, c0: float, c1: float, packet_bits: int) 
     return int(ends[torch.argmax(sums[ends] / (c0 * packets + c1))]) + 1
 
 
-@pytest.mark.parametrize("setting", SETTINGS, ids=str)
+@pytest.mark.parametrize("setting", SETTINGS[:3:2], ids=str)
 @pytest.mark.parametrize("spread", [0.5, 2.0, 6.0])
 def test_searching_the_largest_entries_finds_what_scanning_every_packet_count_finds(setting, spread):
     # Heavier tails (spread) put the maximum at fewer packets; one setting has no per-message cost.
