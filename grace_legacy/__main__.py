@@ -9,7 +9,8 @@ training.
         --bandwidth 10Gbit --latency 20us --plot plan.png
 
 It prints the wire volume (link bytes against a dense ring allreduce's, ``stats["volume"]``) at
-4 to 1024 workers, each route alone and the bundle's choice; with ``--bandwidth`` (and
+4 to 1024 workers, each route alone, the default bundle's choice (the route of the compressor's own
+aggregation) and ``communicator="auto"``'s (the fewest link bytes) side by side; with ``--bandwidth`` (and
 ``--latency``) an alpha-beta estimate of the communication time per step of each route at
 ``--workers`` (see ``grace_legacy.planner``); then, at ``--workers`` (default 4), one row per phase
 and size group with the routes the bundle takes and its link bytes per step, and the last line
@@ -219,6 +220,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--latency", type=_latency,
                    help="with --bandwidth: seconds per step of a collective (a ring allreduce takes 2(P-1) steps, "
                         "an allgather or all-to-all P-1), e.g. 20us (default 0)")
+    p.add_argument("--communicator", choices=["default", "auto"], default="default",
+                   help="the bundle the detailed table is for: 'default' (Grace's default: the route of the "
+                        "compressor's own aggregation per tensor) or 'auto' (Grace(communicator='auto'): the fewest "
+                        "link bytes, two-phase included); the tables above show both")
     p.add_argument("--plot", metavar="FILE.png", type=_plot,
                    help="also draw the wire volume against the number of workers, per route")
     return parser
@@ -290,7 +295,7 @@ def build_compression(args: argparse.Namespace, parser: argparse.ArgumentParser,
         return Legacy.budget_matched(
             base, target, by=by, sizes=[s.numel() for s in shapes], splits=args.group_splits or None,
             layer_factors=args.layer_factors, phase_factors=args.phase_factors, epochs=args.epochs,
-            world_size=args.workers or DEFAULT_WORKERS)
+            world_size=args.workers or DEFAULT_WORKERS, communicator="auto" if args.communicator == "auto" else None)
     except ValueError as err:
         parser.error(f"--budget {args.budget:g} (--compressor {args.compressor}): {err}")
 
@@ -313,7 +318,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     workers = args.workers or DEFAULT_WORKERS
     options = {} if args.bucket_bytes is None else {"bucket_bytes": args.bucket_bytes}
     try:
-        result = plan(compression, shapes, world_size=workers, **options)
+        result = plan(compression, shapes, world_size=workers,
+                      route="auto" if args.communicator == "auto" else None, **options)
         table = scaling(compression, shapes, sorted({*WORKER_COUNTS, workers}), **options)
     except NotImplementedError as err:  # a payload whose size only the data decides (Threshold)
         parser.error(f"--compressor {args.compressor}: its bytes cannot be planned ({err})")
@@ -329,13 +335,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         plot_scaling(scaling(compression, shapes, counts, **options), args.plot,
                      title=f"{compression!r}"[:90] + f", {args.model or f'{len(shapes)} tensors'}", mark=workers)
         print(f"plot: {args.plot}")
-    print("wire volume by workers (each route alone, and the bundle's choice):")
+    print("wire volume by workers (each route alone; the default bundle's choice, the route of the compressor's "
+          "own aggregation; and communicator='auto', the fewest link bytes):")
     print(format_scaling(table))
     if args.bandwidth is not None:
         row = next(r for r in table if r.world_size == workers)
         routes = {"dense": plan(compression, shapes, world_size=workers, route="dense", **options),
-                  **row.forced, "chosen": result}
+                  **row.forced, "default": row.chosen, "auto": row.auto}
         print(format_link_times(routes, args.bandwidth, args.latency or 0.0))
+    print(f"the {'default' if args.communicator == 'default' else 'auto'} bundle at {workers} workers "
+          f"(--communicator {'auto' if args.communicator == 'default' else 'default'} for the other):")
     print(format_plan(result))
     return 0
 

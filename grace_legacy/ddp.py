@@ -26,6 +26,7 @@ from torch.nn.parallel import DistributedDataParallel
 from grace_legacy.backends.torch_distributed import TorchDistributedBackend
 from grace_legacy.consistency import verify_ranks_agree
 from grace_legacy.core.backend import Pending
+from grace_legacy.core.communicator import Communicator
 from grace_legacy.core.compressor import Compressor
 from grace_legacy.grace import Grace, as_bundle
 
@@ -70,10 +71,10 @@ class GraceState:
     ``state_dict`` and ``load_state_dict`` are the bundle's (each rank saves and loads its own)."""
 
     def __init__(self, ddp_model: DistributedDataParallel, compression: Compressor | Grace,
-                 fuse_rounds: bool = True) -> None:
+                 fuse_rounds: bool = True, communicator: Communicator | str | None = None) -> None:
         # The compression first: checking it needs no process group, so a wrong one is reported
         # with or without a DistributedDataParallel model.
-        self.grace: Grace = as_bundle(compression, "grace_legacy.ddp")
+        self.grace: Grace = as_bundle(compression, "grace_legacy.ddp", communicator)
         if not isinstance(ddp_model, DistributedDataParallel):
             raise TypeError(f"grace_legacy.ddp: ddp_model must be a torch.nn.parallel.DistributedDataParallel, "
                             f"got {type(ddp_model).__name__}: register the wrapped model (with Accelerate the one "
@@ -156,11 +157,12 @@ class GraceState:
                 for name, gradient in zip(names, gradients, strict=True):
                     step.pending[name] = self.grace.start(gradient, name, self.backend, average=True, hold=True)
                 step.held.append(index)
-            if step.held and (bucket.is_last() or not (self.fuse_rounds and self.grace.holds_later_rounds())):
+            fusion = self.grace.fusion
+            if step.held and (bucket.is_last() or not (self.fuse_rounds and fusion.holds_later_rounds())):
                 # Alone, the bucket's gradients are compressed by now: its results may be decoded into it.
                 alone = step.held == [index] and buffer.is_contiguous()
                 label = f"ddp{index}" if len(step.held) == 1 else f"ddp{step.held[0]}-{index}"
-                self.grace.launch_held(label, self.backend, average=True, into=buffer if alone else None)
+                fusion.launch_held(label, self.backend, average=True, into=buffer if alone else None)
                 step.held.clear()
         except BaseException:
             self._step = None  # the backward pass fails with the error; the next one starts afresh
@@ -179,12 +181,12 @@ class GraceState:
             missing = [name for name in self._order if name not in arrived]
             if missing:
                 raise RuntimeError(f"grace_legacy.ddp: the buckets of this backward pass lacked {missing}")
-            self.grace.advance_held()  # every bucket's later rounds in flight together
+            self.grace.fusion.advance_held()  # every bucket's later rounds in flight together
             results = {name: pending() for name, pending in step.pending.items()}
             for _, _, _, whole in step.buckets:
                 if whole is not None:
                     whole()  # decoded into the bucket itself, where an inf or NaN of any rank shows
-            flagged = self.grace.nonfinite_names(self._sorted_names, self.backend)
+            flagged = self.grace.guard.nonfinite_names(self._sorted_names, self.backend)
             for name in flagged.intersection(results):
                 # A compressor may have dropped the inf; GradScaler must see it on every rank.
                 if bool(torch.isfinite(results[name]).all()):
@@ -192,7 +194,7 @@ class GraceState:
             if flagged:
                 # GradScaler skips the whole step, so no tensor's memory or schedule may keep it.
                 for name in self._order:
-                    self.grace.undo(name)
+                    self.grace.guard.undo(name)
             self.grace.end_step(self.backend)
         except BaseException as error:
             for _, _, future, _ in step.buckets:
@@ -274,9 +276,13 @@ def grace_hook(state: GraceState, bucket: dist.GradBucket) -> torch.futures.Futu
 
 
 def register(ddp_model: DistributedDataParallel, compression: Compressor | Grace, *,
-             fuse_rounds: bool = True) -> GraceState:
+             fuse_rounds: bool = True, communicator: Communicator | str | None = None) -> GraceState:
     """Compress ``ddp_model``'s gradients with ``compression``; returns the hook's state. Every rank
     of the model's process group must call it, before the first backward pass.
+
+    ``communicator``: for a bare compressor or schedule, the bundle's (``Grace``'s argument):
+    ``None``, the route of the compressor's own aggregation per tensor; ``"auto"``, the fewest link
+    bytes, two-phase included (a different algorithm where it is taken); or a communicator.
 
     ``fuse_rounds``: a compressor with several allreduce rounds (PowerSGD) holds each bucket's
     payloads until DDP hands over the last bucket, so that each round is one allreduce for the
@@ -286,6 +292,6 @@ def register(ddp_model: DistributedDataParallel, compression: Compressor | Grace
     and round. On a fast link that wait is most of a collective's cost
     (``benchmarks/results/performance.md``, section "fast_links", measures both). ``False``
     launches each bucket's first round as it arrives. Single-round compressors are unaffected."""
-    state = GraceState(ddp_model, compression, fuse_rounds=fuse_rounds)
+    state = GraceState(ddp_model, compression, fuse_rounds=fuse_rounds, communicator=communicator)
     ddp_model.register_comm_hook(state, grace_hook)
     return state

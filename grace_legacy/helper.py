@@ -5,9 +5,11 @@ The keys and defaults are GRACE's:
 
 * ``compressor`` (``"none"``): one of :data:`COMPRESSORS`;
 * ``memory`` (``"none"``): one of :data:`MEMORIES`;
-* ``communicator`` (``"allreduce"``): one of :data:`COMMUNICATORS` (``"scattergather"``, the
-  two-phase compressed allreduce, is ours; ``"auto"`` lets the bundle take the route of fewest link
-  bytes per tensor, as ``Grace(communicator=None)`` does);
+* ``communicator`` (``"allreduce"``): one of :data:`COMMUNICATORS`. Ours besides GRACE's:
+  ``"default"``, the route of the compressor's own aggregation per tensor (``Grace``'s default:
+  an allreduce for additive payloads, an allgather otherwise, dense where that is cheaper);
+  ``"scattergather"``, the two-phase compressed allreduce; ``"auto"``, the route of fewest link
+  bytes per tensor, two-phase included (``Grace(communicator="auto")``);
 * ``compress_ratio`` (``0.3``): the density of topk, randomk and dgc, and adaq's share of each sign;
 * ``quantum_num`` (``127``): qsgd's levels;
 * ``threshold`` (``0.01``): threshold's magnitude;
@@ -79,7 +81,7 @@ from grace_legacy.compressors import (
 from grace_legacy.core.communicator import Communicator
 from grace_legacy.core.compressor import Compressor
 from grace_legacy.core.memory import Memory, NoMemory
-from grace_legacy.grace import Grace
+from grace_legacy.grace import AUTO, Grace
 from grace_legacy.memories import DGCMemory, EFSignSGDMemory, PowerSGDMemory, Residual
 from grace_legacy.runtime.validation import ArgumentTypeError, check_positive_int, is_int
 from grace_legacy.schedules.legacy import Legacy
@@ -137,9 +139,9 @@ MEMORIES: dict[str, Callable[[Mapping[str, Any]], Memory]] = {
     "efsignsgd": lambda p: EFSignSGDMemory(p["lr"]),
     "powersgd": lambda p: PowerSGDMemory(),
 }
-COMMUNICATORS: dict[str, Callable[[], Communicator | None]] = {
+COMMUNICATORS: dict[str, Callable[[], Communicator | str | None]] = {
     "allreduce": Allreduce, "allgather": Allgather, "broadcast": Broadcast, "scattergather": ScatterGather,
-    "auto": lambda: None,
+    "default": lambda: None, "auto": lambda: AUTO,
 }
 #: The keys each compressor and memory reads besides its name: an error of theirs names them.
 _KEYS_READ = {
@@ -247,8 +249,8 @@ def grace_from_params(params: Mapping[str, Any]) -> Grace:
     try:
         return Grace(compressor, memory, communicator)
     except ValueError as err:
-        if communicator is None or communicator.carries_non_additive or compressor.additive:
+        if not isinstance(communicator, Communicator) or communicator.carries_non_additive or compressor.additive:
             raise ValueError(f"grace_from_params: {err}") from None
-        raise ValueError(f"grace_from_params: {err}; in params, set "
-                         f"'communicator': 'auto' (the route of fewest link bytes per tensor), 'allgather' or "
-                         f"'scattergather'") from None
+        raise ValueError(f"grace_from_params: {err}; in params, set 'communicator': 'allgather' or 'default' "
+                         f"(GRACE's result: every rank's payload gathered), 'scattergather' (two-phase: owners "
+                         f"re-compress each shard's sum) or 'auto' (the fewest link bytes per tensor)") from None

@@ -29,6 +29,7 @@ from typing import Any
 from torch.nn import Module
 from torch.nn.parallel import DistributedDataParallel
 
+from grace_legacy.core.communicator import Communicator
 from grace_legacy.core.compressor import Compressor
 from grace_legacy.ddp import GraceState, register
 from grace_legacy.grace import Grace, as_bundle
@@ -53,9 +54,10 @@ class _Compression:
     grace: Grace
     grace_state: GraceState | None
 
-    def _take(self, compression: Compressor | Grace, kwargs: dict[str, Any]) -> None:
+    def _take(self, compression: Compressor | Grace, communicator: Communicator | str | None,
+              kwargs: dict[str, Any]) -> None:
         owner = type(self).__name__
-        self.grace = as_bundle(compression, owner)
+        self.grace = as_bundle(compression, owner, communicator)
         given = [name for name in _HOOK_ARGUMENTS if kwargs.get(name) is not None]
         if given:
             raise ValueError(f"{owner}: {', '.join(given)} would install another communication hook; this "
@@ -95,10 +97,12 @@ class GraceDDPStrategy(_Compression, _TrainerDDPStrategy):
     ``model_averaging_period``): a ``ValueError`` names them. The hook is registered each time the
     Trainer wraps the model for fitting (``grace_state`` is the latest); the same bundle carries on
     from one ``fit`` to the next. The bundle's epoch follows ``trainer.current_epoch``.
+    ``communicator``: for a bare compressor, the bundle's (``"auto"``: the fewest link bytes).
     """
 
-    def __init__(self, compression: Compressor | Grace, **ddp_strategy_kwargs: Any) -> None:
-        self._take(compression, ddp_strategy_kwargs)
+    def __init__(self, compression: Compressor | Grace, *, communicator: Communicator | str | None = None,
+                 **ddp_strategy_kwargs: Any) -> None:
+        self._take(compression, communicator, ddp_strategy_kwargs)
         super().__init__(**ddp_strategy_kwargs)
         self._epoch: int | None = None
 
@@ -128,8 +132,9 @@ class GraceFabricStrategy(_Compression, _FabricDDPStrategy):
     ``fabric.setup`` of another model raises ``ValueError``.
     """
 
-    def __init__(self, compression: Compressor | Grace, **ddp_strategy_kwargs: Any) -> None:
-        self._take(compression, ddp_strategy_kwargs)
+    def __init__(self, compression: Compressor | Grace, *, communicator: Communicator | str | None = None,
+                 **ddp_strategy_kwargs: Any) -> None:
+        self._take(compression, communicator, ddp_strategy_kwargs)
         super().__init__(**ddp_strategy_kwargs)
 
     def setup_module(self, module: Module) -> DistributedDataParallel:

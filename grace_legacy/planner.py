@@ -16,7 +16,9 @@ link with bandwidth-optimal algorithms. For ``P`` workers and one tensor of ``D`
   ``(P - 1) / P`` of the segments' payloads.
 
 The route of each tensor is :func:`~grace_legacy.runtime.cost.choose_route`'s, the function the
-bundle calls; the fused buckets are the bundle's :class:`~grace_legacy.communicators.buckets.BucketPlan`
+bundle calls (with no communicator named: the route of the compressor's own aggregation; with
+``route="auto"``: the fewest link bytes, two-phase included, as ``Grace(communicator="auto")``);
+the fused buckets are the bundle's :class:`~grace_legacy.communicators.fusion.BucketPlan`
 over the tensors in reverse registration order (the order the optimizer and the DDP hook plan them),
 ``default_bucket_bytes()`` unless told. So the planned link bytes of rank ``r`` per step,
 :meth:`Plan.rank_link_bytes`, are what that rank's ``compression.stats["wire_bytes"]`` records for
@@ -49,7 +51,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from grace_legacy.communicators.buckets import BucketPlan, default_bucket_bytes
+from grace_legacy.communicators.fusion import BucketPlan, checked_bucket_bytes
 from grace_legacy.core.compressor import Compressor
 from grace_legacy.runtime import wire
 from grace_legacy.runtime.cost import choose_route, ring_allreduce_bytes, segment_bytes
@@ -60,7 +62,6 @@ from grace_legacy.runtime.validation import (
     check_gradient_dtype,
     check_positive_int,
     checked_shapes,
-    is_int,
 )
 from grace_legacy.schedules.legacy import Legacy
 
@@ -71,6 +72,8 @@ WORKER_COUNTS = (4, 8, 16, 64, 256, 1024)
 #: What ``route=`` may force: every tensor dense, or the route of a communicator
 #: (``Grace(communicator=Allreduce() / Allgather() / ScatterGather())``).
 FORCED_ROUTES = ("dense", "allreduce", "allgather", "scattergather")
+#: The byte-optimal choice per tensor (``Grace(communicator="auto")``), which ``route=`` may ask for too.
+AUTO = "auto"
 
 
 @dataclass(frozen=True)
@@ -398,8 +401,9 @@ def plan(compression: Compressor, shapes: Iterable[Any], *, world_size: int | No
     ``bucket_bytes``: the bundle's fused buckets (``None``: ``default_bucket_bytes()``, as
     ``Grace``; ``0``: every tensor alone). ``route``: one of :data:`FORCED_ROUTES` for every
     tensor the compressor compresses, as ``Grace(communicator=...)`` forces it (``"dense"``:
-    everything dense), ``None``: the route of fewest link bytes per tensor; ``dense_fallback`` as
-    ``Grace``'s. A payload whose size only the data decides (Threshold) cannot be planned
+    everything dense); ``None``: the default bundle's routes, those of the compressor's own
+    aggregation; ``"auto"``: the fewest link bytes per tensor, as ``Grace(communicator="auto")``;
+    ``dense_fallback`` as ``Grace``'s. A payload whose size only the data decides (Threshold) cannot be planned
     (``NotImplementedError``)."""
     if not isinstance(compression, Compressor):
         raise ArgumentTypeError(f"plan: compression must be a grace_legacy compressor or Legacy schedule, got "
@@ -408,18 +412,14 @@ def plan(compression: Compressor, shapes: Iterable[Any], *, world_size: int | No
     world_size = DEFAULT_WORKERS if world_size is None else check_positive_int(world_size, "world_size", "plan",
                                                                                high=MAX_NUMEL)
     dtype = check_gradient_dtype(dtype, "dtype", "plan")
-    if bucket_bytes is None:
-        bucket_bytes = default_bucket_bytes()
-    elif not is_int(bucket_bytes) or bucket_bytes < 0:
-        raise (ValueError if is_int(bucket_bytes) else ArgumentTypeError)(
-            f"plan: bucket_bytes must be None or an integer >= 0, got {bucket_bytes!r}")
-    if route is not None and route not in FORCED_ROUTES:
-        raise ValueError(f"plan: route must be None or one of {', '.join(FORCED_ROUTES)}, got {route!r}")
+    bucket_bytes = checked_bucket_bytes(bucket_bytes, "plan")
+    if route is not None and route not in (*FORCED_ROUTES, AUTO):
+        raise ValueError(f"plan: route must be None, {AUTO!r} or one of {', '.join(FORCED_ROUTES)}, got {route!r}")
     dense_fallback = check_flag(dense_fallback, "dense_fallback", "plan")
     shapes = checked_shapes(shapes, "shapes", "plan")
     if not any(s.numel() for s in shapes):  # empty tensors send nothing
         raise ValueError("plan: no tensor with elements to plan for")
-    if compression.spans_step:  # the bundle sends the step's tensors end to end, as one (runtime/whole_step.py)
+    if compression.spans_step:  # the bundle sends the step's tensors end to end, as one (communicators/fusion.py)
         shapes = [torch.Size([sum(s.numel() for s in shapes)])]
     schedule = compression if isinstance(compression, Legacy) else None
     if schedule is None:
@@ -450,7 +450,8 @@ def plan(compression: Compressor, shapes: Iterable[Any], *, world_size: int | No
             if concrete is None or route == "dense":
                 chosen = "dense"
             else:
-                chosen = choose_route(concrete, shape, dtype, world_size, forced=route, dense_fallback=dense_fallback)
+                chosen = choose_route(concrete, shape, dtype, world_size, forced=None if route == AUTO else route,
+                                      dense_fallback=dense_fallback, byte_optimal=route == AUTO)
             members.append(_Member(i, shape, group, concrete, chosen))
         planned, counts = _plan_phase(members, world_size, dtype, element, fused, bucket_bytes, phase)
         tensors.append(planned)
@@ -481,25 +482,28 @@ def routes_for(compression: Compressor) -> list[str]:
 
 @dataclass(frozen=True)
 class Scaling:
-    """One worker count: the bundle's plan, and the volume with every compressed tensor on each
-    route alone (no dense fallback), per :func:`routes_for` route."""
+    """One worker count: the default bundle's plan (``chosen``), the byte-optimal one
+    (``Grace(communicator="auto")``'s), and the volume with every compressed tensor on each route
+    alone (no dense fallback), per :func:`routes_for` route."""
 
     world_size: int
     chosen: Plan
+    auto: Plan
     forced: dict[str, Plan]
 
 
 def scaling(compression: Compressor, shapes: Iterable[Any], worker_counts: Iterable[int] = WORKER_COUNTS,
             **options: Any) -> list[Scaling]:
-    """:func:`plan` at each of ``worker_counts``, the bundle's choice and each route alone
-    (``options``: ``dtype``, ``bucket_bytes``)."""
+    """:func:`plan` at each of ``worker_counts``: the default bundle's choice, the byte-optimal
+    one and each route alone (``options``: ``dtype``, ``bucket_bytes``)."""
     shapes = list(shapes)
     out = []
     for world_size in worker_counts:
         chosen = plan(compression, shapes, world_size=world_size, **options)
+        auto = plan(compression, shapes, world_size=world_size, route=AUTO, **options)
         forced = {route: plan(compression, shapes, world_size=world_size, route=route, dense_fallback=False,
                               **options) for route in routes_for(compression)}
-        out.append(Scaling(world_size, chosen, forced))
+        out.append(Scaling(world_size, chosen, auto, forced))
     return out
 
 
@@ -592,14 +596,16 @@ def format_plan(result: Plan) -> str:
 
 
 def format_scaling(rows: Sequence[Scaling]) -> str:
-    """One line per worker count: the wire volume of each route alone and of the bundle's choice,
-    and the routes it chooses."""
+    """One line per worker count: the wire volume of each route alone, of the default bundle's
+    choice and of the byte-optimal one (``communicator="auto"``), side by side, and their routes."""
     routes = list(rows[0].forced)
-    header = f"{'workers':>7} " + " ".join(f"{r:>13}" for r in routes) + f" {'chosen':>9}  chosen routes"
+    header = (f"{'workers':>7} " + " ".join(f"{r:>13}" for r in routes)
+              + f" {'default':>9} {'auto':>9}  default routes | auto routes")
     lines = [header, "-" * len(header)]
     for row in rows:
+        auto_mix = "same" if row.auto.route_mix() == row.chosen.route_mix() else row.auto.route_mix()
         lines.append(f"{row.world_size:>7} " + " ".join(f"{row.forced[r].volume:>13.2%}" for r in routes)
-                     + f" {row.chosen.volume:>9.2%}  {row.chosen.route_mix()}")
+                     + f" {row.chosen.volume:>9.2%} {row.auto.volume:>9.2%}  {row.chosen.route_mix()} | {auto_mix}")
     return "\n".join(lines)
 
 
@@ -631,9 +637,11 @@ def plot_scaling(rows: Sequence[Scaling], path: str, title: str = "", mark: int 
 
     workers = [row.world_size for row in rows]
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    # The bundle's choice first, wide and pale, so that the route it follows shows through.
+    # The bundle's choices first, wide and pale, so that the routes they follow show through.
     ax.plot(workers, [row.chosen.volume for row in rows], color="black", linewidth=6, alpha=0.25,
-            label="bundle's choice")
+            label="default bundle")
+    ax.plot(workers, [row.auto.volume for row in rows], color="tab:purple", linewidth=6, alpha=0.2,
+            label="communicator='auto'")
     ax.plot(workers, [1.0] * len(workers), color="gray", linestyle="--", label="dense allreduce")
     for route in rows[0].forced:
         ax.plot(workers, [row.forced[route].volume for row in rows], marker="o", markersize=4,

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from grace_legacy.runtime.whole_step import whole_name
+from grace_legacy.communicators.fusion import step_flat_name
 
 
 def mean_rule(decompressed: list[torch.Tensor]) -> torch.Tensor:
@@ -113,13 +113,13 @@ def step_units(local: dict[str, torch.Tensor], spans_step: bool) -> list[tuple[s
     """What a bundle compresses for one step of gradients ``local`` (name -> gradient): each
     gradient under its name, or, for a compressor that spans the step, the gradients of each dtype
     and device laid end to end in the order of their names, under the flat's name (the library
-    names it, :func:`grace_legacy.runtime.whole_step.whole_name`). ``(name, tensor, the gradients
-    it holds)`` each."""
+    names it, :func:`grace_legacy.communicators.fusion.step_flat_name`). ``(name, tensor, the
+    gradients it holds)`` each."""
     if not spans_step:
         return [(name, grad, [name]) for name, grad in local.items()]
     groups: dict[str, list[str]] = {}
     for name in sorted(local):
-        groups.setdefault(whole_name(local[name].dtype, local[name].device), []).append(name)
+        groups.setdefault(step_flat_name(local[name].dtype, local[name].device), []).append(name)
     return [(flat, torch.cat([local[n].reshape(-1) for n in names]), names) for flat, names in groups.items()]
 
 

@@ -37,7 +37,6 @@ from grace_legacy import (
     Accordion,
     AdaComp,
     AdaQ,
-    Allgather,
     Broadcast,
     Compressor,
     DGCMemory,
@@ -150,13 +149,10 @@ def parameter_values(parameter: ScheduledParameter) -> st.SearchStrategy[Any]:
 
 
 def case_bundle(compressor: Compressor, memory: Any = None, **options: Any) -> Grace:
-    """The bundle a case trains with. A payload that cannot be summed goes by ``Allgather()``
-    unless the case names its communicator: with none named, 3 or more ranks would send it by the
-    scatter-gather wherever that moves fewer link bytes, and a case's twin models one rank's
-    payload combined with the others' by the rule. The scatter-gather has its own reference
+    """The bundle a case trains with: the default communicator unless the case names one, whose
+    routes (allreduce, gather, dense) a case's twin models at any number of ranks. The
+    scatter-gather (``communicator="auto"`` or ``ScatterGather()``) has its own reference
     (``tests/two_phase.py``), with every compressor's set-up there."""
-    if "communicator" not in options and not compressor.additive:
-        options["communicator"] = Allgather()
     return Grace(compressor, memory=memory, **options)
 
 

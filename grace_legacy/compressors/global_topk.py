@@ -30,8 +30,8 @@ class GlobalTopK(TopK):
     whole number that the float product misses.
 
     What it costs: the bundle holds the step's gradients until the first result is asked for
-    (:mod:`grace_legacy.runtime.whole_step`), i.e. until the backward pass has ended, then copies
-    them into one flat, selects and sends one payload. Nothing is compressed or sent while the
+    (:meth:`grace_legacy.communicators.fusion.Fusion.hold_for_step`), i.e. until the backward pass
+    has ended, then copies them into one flat, selects and sends one payload. Nothing is compressed or sent while the
     backward pass runs, so the overlap of communication with the backward pass that per-layer
     compressors get (a bucket leaves as soon as it is full) is given up entirely, and the flat's
     copy and one selection over ``n`` entries are added after it. ``Legacy(GlobalTopK(),

@@ -99,7 +99,7 @@ class Compressor(_EarlierNames, Stateful, ABC):
     #: decodes them at once), so a caller's whole bucket can go as one tensor (FP16, BF16, none)
     elementwise: ClassVar[bool] = False
     #: one selection over every gradient of the step: the bundle holds a step's tensors and compresses
-    #: their concatenation once, as one tensor (``GlobalTopK``, ``CAT``; grace_legacy/runtime/whole_step.py)
+    #: their concatenation once, as one tensor (``GlobalTopK``, ``CAT``; grace_legacy/communicators/fusion.py)
     spans_step: ClassVar[bool] = False
     #: a part of a tensor may be compressed as a tensor of its own (a scatter-gather's segments);
     #: ``False`` where the compressor needs what it knows of the whole tensor (per-sample moments)

@@ -131,14 +131,23 @@ def cheapest_route(costs: dict[str, float]) -> str:
 
 
 def choose_route(concrete: Compressor, shape: int | Sequence[int], dtype: torch.dtype, world_size: int, *,
-                 forced: str | None = None, dense_fallback: bool = True) -> str:
-    """The route a bundle takes for a tensor that ``concrete`` compresses, at ``world_size`` ranks:
-    the fewest link bytes (:func:`route_link_bytes`, the scatter-gather's of its busiest rank; one
-    rank decides as two; the scatter-gather from three ranks) among the routes ``forced`` leaves
-    (a communicator's route: ``"allreduce"``, ``"allgather"``, ``"broadcast"`` or
-    ``"scattergather"``; ``None``: any), ``"dense"`` where sending the tensor uncompressed costs
-    no more, unless ``dense_fallback`` is off. A function of the configuration, the shape and the
-    number of ranks alone, so every rank takes the same."""
+                 forced: str | None = None, dense_fallback: bool = True, byte_optimal: bool = False) -> str:
+    """The route a bundle takes for a tensor that ``concrete`` compresses, at ``world_size`` ranks,
+    a function of the configuration, the shape and the number of ranks alone, so every rank takes
+    the same.
+
+    * ``forced`` (a communicator's route: ``"allreduce"``, ``"allgather"``, ``"broadcast"`` or
+      ``"scattergather"``): that route, or ``"dense"`` where sending the tensor uncompressed costs
+      no more link bytes.
+    * The default (``forced`` ``None``): the route that keeps the compressor's own aggregation,
+      an allreduce for an additive payload and a gather of every rank's payload otherwise, or
+      ``"dense"`` where that puts no more bytes on the link (dense is exact). Never the
+      scatter-gather: its owners re-compress the sum, which is another algorithm.
+    * ``byte_optimal`` (``Grace(communicator="auto")``): the fewest link bytes among every route,
+      the scatter-gather included from three ranks.
+
+    Link bytes are :func:`route_link_bytes`'s, the scatter-gather's of its busiest rank; one rank
+    decides as two. ``dense_fallback`` off: never ``"dense"`` where a compressed route exists."""
     # The busiest link, not the mean: a rank owning a small shard of a small tensor carries more
     # than the mean, and no rank should carry more than a dense allreduce puts on its link.
     costs = route_link_bytes(concrete, shape, dtype, max(world_size, 2), busiest=True)
@@ -148,7 +157,7 @@ def choose_route(concrete: Compressor, shape: int | Sequence[int], dtype: torch.
         candidates.setdefault(via, 0.0)  # a size only the data decides: no choice to make
     else:
         candidates = dict(costs)
-        if world_size < 3:
+        if not byte_optimal or world_size < 3:
             # Two ranks swap halves, as a gather swaps wholes: no fewer bytes but those that
             # rounding per segment drops, for a second lossy step. Taken only when asked for.
             candidates.pop("scattergather", None)
@@ -158,11 +167,13 @@ def choose_route(concrete: Compressor, shape: int | Sequence[int], dtype: torch.
     return forced if forced is not None and route != "dense" else route
 
 
-def link_bytes(concrete: Compressor | None, shape: int | Sequence[int], dtype: torch.dtype, world_size: int) -> float:
-    """Link bytes per rank for one tensor sent alone on the route a default bundle takes
-    (:func:`choose_route`); ``concrete`` ``None``: dense."""
+def link_bytes(concrete: Compressor | None, shape: int | Sequence[int], dtype: torch.dtype, world_size: int, *,
+               byte_optimal: bool = False) -> float:
+    """Link bytes per rank for one tensor sent alone on the route a bundle with no communicator
+    named takes (:func:`choose_route`; ``byte_optimal``: ``Grace(communicator="auto")``'s);
+    ``concrete`` ``None``: dense."""
     costs = route_link_bytes(concrete, shape, dtype, world_size)
     if concrete is None:
         return costs["dense"]
-    route = choose_route(concrete, shape, dtype, world_size)
+    route = choose_route(concrete, shape, dtype, world_size, byte_optimal=byte_optimal)
     return costs[route] if world_size > 1 else float(bytes_sent(concrete, shape, dtype, world_size))

@@ -43,7 +43,7 @@ def budget_matched(make: Callable[..., S], base: Compressor, target: Any, *, by:
                    phase_factors: Sequence[float] | None = None, epochs: int | None = None,
                    boundaries: Sequence[int] | None = None, steps_per_epoch: int | None = None,
                    dtype: torch.dtype = torch.float32, tolerance: float = 0.01,
-                   world_size: int | None = None) -> S:
+                   world_size: int | None = None, communicator: str | None = None) -> S:
     """A schedule of a given *shape* that sends as many bytes over the run as ``base`` at the
     uniform parameter ``target`` would.
 
@@ -58,8 +58,9 @@ def budget_matched(make: Callable[..., S], base: Compressor, target: Any, *, by:
         sum_p w_p * sum_l B(n_l, value(p, g(n_l)))  ==  sum_l B(n_l, target)
 
     where ``B(n, v)`` is what a tensor of ``n`` elements at parameter ``v`` costs: with
-    ``world_size``, the link bytes per rank of the route a default bundle takes for it among that
-    many ranks (:func:`grace_legacy.runtime.cost.link_bytes`, dense where dense is cheaper);
+    ``world_size``, the link bytes per rank of the route a bundle takes for it among that many
+    ranks (:func:`grace_legacy.runtime.cost.link_bytes`, dense where dense is cheaper): with no
+    communicator named, or with ``communicator="auto"`` as ``Grace(communicator="auto")`` chooses;
     without, the bytes a rank hands to the backend (:func:`grace_legacy.runtime.cost.bytes_sent`).
     ``n_l`` ranges over the model's tensors (``sizes``: element counts, or
     ``model.named_parameters()``) and ``w_p`` is phase ``p``'s share of the run. Raises
@@ -93,6 +94,12 @@ def budget_matched(make: Callable[..., S], base: Compressor, target: Any, *, by:
     tolerance = checked_value(TOLERANCE, tolerance, owner)
     if world_size is not None:
         world_size = check_positive_int(world_size, "world_size", owner, high=MAX_NUMEL)
+    if communicator not in (None, "auto"):
+        raise ValueError(f"{owner}: communicator must be None (the route of the compressor's own aggregation) or "
+                         f"'auto' (the route of fewest link bytes), got {communicator!r}")
+    if communicator is not None and world_size is None:
+        raise ValueError(f"{owner}: communicator={communicator!r} chooses routes by link bytes, which need world_size")
+    byte_optimal = communicator == "auto"
 
     def factors(argument: str, given: Any, count: int | None) -> list[float]:
         if given is None:
@@ -125,8 +132,9 @@ def budget_matched(make: Callable[..., S], base: Compressor, target: Any, *, by:
         return make(base, by, values, **kwargs)
 
     def cost(concrete: Compressor | None, numel: int) -> float:
-        return bytes_sent(concrete, numel, dtype) if world_size is None else link_bytes(concrete, numel, dtype,
-                                                                                          world_size)
+        if world_size is None:
+            return bytes_sent(concrete, numel, dtype)
+        return link_bytes(concrete, numel, dtype, world_size, byte_optimal=byte_optimal)
 
     def run_bytes(schedule: S) -> float:
         return sum(weight * cost(schedule.configured_at(phase, schedule.group_of(n)), n)

@@ -1,4 +1,7 @@
-"""LEGACY checks, run on every rank under horovodrun with Horovod's tensor fusion off.
+"""LEGACY checks, run on every rank under horovodrun with Horovod's tensor fusion off, at any
+number of ranks: with no communicator named the bundle keeps GRACE's result (the mean of every
+rank's own top-k) however many ranks there are, and ``communicator="auto"`` may take the two-phase
+route instead.
 
 The parameter each parameter should get is computed here from the rules written out literally
 (first group with n < split; first phase with e < (i + 1) * E / P), and the synchronized gradient
@@ -14,7 +17,7 @@ import itertools
 import horovod.torch as hvd
 import torch
 
-from grace_legacy import Allgather, Grace, Legacy, NoMemory, Residual, TopK
+from grace_legacy import Grace, Legacy, NoMemory, Residual, TopK
 from tests.distributed.checks import Recorder, gather_from_ranks, mean_of, parse_args, topk_goes_dense, topk_reference
 from tests.distributed.harness import STEPS, Net, train_and_compare
 
@@ -61,23 +64,39 @@ def dense_names(density_of, step_set=range(STEPS)) -> frozenset:
                      if all(sent_dense(density_of(p.numel(), s), p.numel()) for s in step_set))
 
 
-#: The route whose result the references (the mean of every rank's own top-k) are; from 3 ranks the
-#: default is the scatter-gather, checked against tests/two_phase.py by scatter_gather_worker.py.
-GATHER = Allgather()
-
-
 def main() -> None:
     args = parse_args()
     hvd.init()
     torch.set_num_threads(1)
     rec = Recorder(args.out)
 
-    # by="layer", no memory.
+    # The issue's spelling: uniform Top-k, no memory, the default communicator.
+    uniform = Grace(TopK(0.1), memory=NoMemory())
+    rec.guard("uniform", train_and_compare, rec, "uniform", uniform, reference_for(lambda numel, step: 0.1))
+    rec.check("uniform: no tensor took the two-phase route", "scattergather" not in uniform.stats["tensors_by_route"],
+              str(uniform.stats["tensors_by_route"]))
+
+    # The mission's spelling: a bare schedule, its recommended memory (error feedback).
     def layer_density(numel, step):
         return LAYER_VALUES[group_rule(numel)]
 
+    bare_residuals: dict[str, torch.Tensor] = {}
+    bare = Legacy(TopK(), by="layer", values=LAYER_VALUES, splits=SPLITS)
+    rec.guard("bare", train_and_compare, rec, "bare", bare, reference_for(layer_density, bare_residuals),
+              exact=dense_names(layer_density))
+
+    # One argument away: the route of fewest link bytes, the two-phase one among them from 3 ranks.
+    auto = Grace(TopK(0.1), memory=NoMemory(), communicator="auto")
+    rec.guard("auto", train_and_compare, rec, "auto", auto, None)
+    took_two_phase = "scattergather" in auto.stats["tensors_by_route"]
+    rec.check("auto: the two-phase route from 3 ranks", took_two_phase == (hvd.size() >= 3),
+              str(auto.stats["tensors_by_route"]))
+    rec.check("auto: no more link bytes than the default", auto.stats["wire_bytes"] <= uniform.stats["wire_bytes"],
+              f"{auto.stats['wire_bytes']} > {uniform.stats['wire_bytes']}")
+
+    # by="layer", no memory.
     layer = Legacy(TopK(), by="layer", values=LAYER_VALUES, splits=SPLITS)
-    rec.guard("layer", train_and_compare, rec, "layer", Grace(layer, memory=NoMemory(), communicator=GATHER),
+    rec.guard("layer", train_and_compare, rec, "layer", Grace(layer, memory=NoMemory()),
               reference_for(layer_density), exact=dense_names(layer_density))
     rec.check("layer: every group was used", set(layer.stats["group"]) == {0, 1, 2}, str(layer.stats))
     rec.check("layer: dense group went by dense allreduce",
@@ -86,8 +105,7 @@ def main() -> None:
 
     # by="layer" with error feedback: the dense group must carry no residual.
     residuals: dict[str, torch.Tensor] = {}
-    layer_ef = Grace(Legacy(TopK(), by="layer", values=LAYER_VALUES, splits=SPLITS), memory=Residual(),
-                     communicator=GATHER)
+    layer_ef = Grace(Legacy(TopK(), by="layer", values=LAYER_VALUES, splits=SPLITS), memory=Residual())
     rec.guard("layer+residual", train_and_compare, rec, "layer+residual", layer_ef,
               reference_for(layer_density, residuals), exact=dense_names(layer_density))
     kept_names, expected_names = sorted(layer_ef.memory.residuals), sorted(residuals)
@@ -103,7 +121,7 @@ def main() -> None:
         return epoch_values[phase_rule(step, 3, 3)]
 
     by_epoch = Legacy(TopK(), by="epoch", values=epoch_values, epochs=3, steps_per_epoch=1)
-    rec.guard("epoch", train_and_compare, rec, "epoch", Grace(by_epoch, memory=NoMemory(), communicator=GATHER),
+    rec.guard("epoch", train_and_compare, rec, "epoch", Grace(by_epoch, memory=NoMemory()),
               reference_for(epoch_density))
     rec.check("epoch: counted one step per synchronize", by_epoch.steps == STEPS, f"steps={by_epoch.steps}")
     rec.check("epoch: every phase was used", set(by_epoch.stats["phase"]) == {0, 1, 2}, str(by_epoch.stats))
@@ -115,7 +133,7 @@ def main() -> None:
         return table[phase_rule(step, 2, 2)][group_rule(numel)]
 
     both = Legacy(TopK(), by="both", values=table, splits=SPLITS, epochs=2)
-    rec.guard("both", train_and_compare, rec, "both", Grace(both, memory=NoMemory(), communicator=GATHER),
+    rec.guard("both", train_and_compare, rec, "both", Grace(both, memory=NoMemory()),
               reference_for(both_density),
               before_step=both.set_epoch, exact=dense_names(both_density))
 

@@ -3,9 +3,9 @@
 ``--engine horovod`` (horovodrun, Gloo or MPI) or ``--engine torch`` (torchrun, Gloo): every case
 of the reference runs through the engine's real backend (its all-to-all and allgather), fused and
 per tensor, and every rank's result must equal the reference bit for bit (every rank computes it:
-it knows every rank's gradients). Then the default route: a model trained through Horovod's
-optimizer or the DDP hook takes the scatter-gather for Top-k at 3 ranks or more, and ends with the
-same parameters on every rank.
+it knows every rank's gradients). Then the routes of a trained model: through Horovod's optimizer
+or the DDP hook, with ``communicator="auto"`` it takes the scatter-gather for Top-k at 3 ranks or
+more, by default the gather at any number; it ends with the same parameters on every rank.
 """
 
 from __future__ import annotations
@@ -60,12 +60,13 @@ def digest(model: torch.nn.Module) -> torch.Tensor:
     return torch.tensor(list(h.digest()), dtype=torch.uint8)
 
 
-def default_route(rec: Recorder, engine: str) -> None:
-    """Top-k 0.05 with no communicator named: the scatter-gather from 3 ranks (the gather at 2)."""
+def auto_route(rec: Recorder, engine: str, communicator: str | None) -> None:
+    """Top-k 0.05 with ``communicator="auto"``: the scatter-gather from 3 ranks (the gather at 2);
+    with no communicator named, the gather at any number of ranks."""
     torch.manual_seed(0)
     model = Net()
     sgd = torch.optim.SGD(model.parameters(), lr=0.05)
-    compression = Grace(TopK(0.05), dense_fallback=False)
+    compression = Grace(TopK(0.05), dense_fallback=False, communicator=communicator)
     if engine == "horovod":
         opt = hvd.DistributedOptimizer(sgd, named_parameters=model.named_parameters(), compression=compression)
         trained, rank, world = model, hvd.rank(), hvd.size()
@@ -90,17 +91,20 @@ def default_route(rec: Recorder, engine: str) -> None:
         segments = [base + 1] * extra + [base] * (world - extra)
         payloads = [2 * 8 * k(s) if s else 0 for s in segments]
         scatter = sum(payloads) - min(payloads)
-        route = "scattergather" if scatter < gather and world > 2 else "allgather"  # a choice from 3 ranks
+        route = "scattergather" if scatter < gather and world > 2 and communicator == "auto" else "allgather"
         expected[route] = expected.get(route, 0) + 3
-    rec.check(f"routes at {world} ranks are the link-byte model's", routes == expected, f"{routes} != {expected}")
-    if world > 2:
-        rec.check("the largest tensors take the scatter-gather", routes.get("scattergather", 0) > 0, str(routes))
+    label = communicator or "default"
+    rec.check(f"{label}: routes at {world} ranks are the link-byte model's", routes == expected,
+              f"{routes} != {expected}")
+    if world > 2 and communicator == "auto":
+        rec.check("auto: the largest tensors take the scatter-gather", routes.get("scattergather", 0) > 0,
+                  str(routes))
     mine = digest(model)
     if engine == "horovod":
         every = hvd.allgather(mine.reshape(1, -1), name="digests")
     else:
         every = torch_gather_from_ranks(mine)
-    rec.check("parameters identical on every rank", all(torch.equal(row, every[0]) for row in every))
+    rec.check(f"{label}: parameters identical on every rank", all(torch.equal(row, every[0]) for row in every))
 
 
 def main() -> None:
@@ -116,7 +120,8 @@ def main() -> None:
         for dtype in DTYPES.values() if label in IN_BFLOAT16 else [torch.float32]:
             rec.guard(f"{label} {dtype}: fused", through_backend, rec, backend, label, True, dtype)
         rec.guard(f"{label}: per tensor", through_backend, rec, backend, label, False, torch.float32)
-    rec.guard("default route", default_route, rec, args.engine)
+    for communicator in ("auto", None):
+        rec.guard(f"{communicator or 'default'} route", auto_route, rec, args.engine, communicator)
     rec.write()
     if args.engine == "torch":
         dist.destroy_process_group()

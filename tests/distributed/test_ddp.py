@@ -1,6 +1,6 @@
 """The DDP communication hook (``grace_legacy.ddp``) under real ``torchrun`` with Gloo, on 2 and 4
-ranks: every zoo case equals its independent aggregation, bit-identical on every rank, under each
-of DDP's options; ranks that disagree raise the same ``RanksDisagree``; non-finite gradients are
+ranks (3 and 8 for the routes): every zoo case equals its independent aggregation, bit-identical on
+every rank, under each of DDP's options; ranks that disagree raise the same ``RanksDisagree``; non-finite gradients are
 seen everywhere and leave no trace in the state; memory stays flat; a run resumed from
 ``state_dict()`` in fresh processes ends bit-identical; a killed rank ends the job within 60 s.
 One launch per rank count carries most checks (see ``ddp_worker.py``)."""
@@ -45,6 +45,16 @@ def test_the_hook_keeps_every_guarantee(np, tmp_path):
         names = {check["name"] for check in resumed[0]["checks"]}
         for label in resumed[0]["setups"]:
             assert f"{label}: resumed parameters bit-identical to the uninterrupted run's" in names, label
+
+
+@pytest.mark.parametrize("np", [3, 8])
+def test_the_default_keeps_each_compressor_s_own_result_at_any_rank_count(np, tmp_path):
+    """The zoo's sparsifiers, LEGACY and sign compressors at 3 and 8 ranks (2 and 4 above): from 3
+    ranks on the route of fewest bytes would be the two-phase one, whose result is another."""
+    families = ["core", "sign"]
+    reports = run_torchrun_checks("ddp_worker.py", np, tmp_path, "--scenario", "routes", "--cases", *families,
+                                  timeout=900)
+    assert reports[0]["cases"] == [case.label for family in families for case in zoo.cases(family)]
 
 
 def test_a_killed_rank_ends_the_job_quickly(tmp_path):

@@ -1,8 +1,8 @@
 """ScatterGather under real launchers: Horovod's all-to-all and allgather (horovodrun, Gloo and MPI)
 and torch.distributed's (torchrun, Gloo), 2, 3 (uneven shards) and 4 ranks, every case bit for bit
 against the independent two-phase reference, once more along the device path
-(``GRACE_LEGACY_DEVICE_PATH=1``); and the default route of a trained model
-(``scatter_gather_worker.py``)."""
+(``GRACE_LEGACY_DEVICE_PATH=1``); and the routes of a trained model with ``communicator="auto"``
+and by default (``scatter_gather_worker.py``)."""
 
 import pytest
 

@@ -27,8 +27,8 @@ def test_every_compressor_matches_its_reference(controller, family, tmp_path):
 
 
 def test_every_compressor_matches_its_reference_on_the_device_path(tmp_path):
-    # Two ranks: the cases' twins model the single-stage routes, which a default bundle takes at two
-    # ranks (from three, gathered payloads go by the scatter-gather: test_scatter_gather.py).
+    # Two ranks: the device path's own launch, kept small (the default routes are those of any
+    # number of ranks; the scatter-gather's device path: test_scatter_gather.py).
     reports = run_checks("zoo_worker.py", 2, "gloo", tmp_path, timeout=1200,
                          extra_env={"GRACE_LEGACY_DEVICE_PATH": "1"})
     assert all(report["device_path"] for report in reports.values())

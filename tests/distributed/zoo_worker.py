@@ -14,7 +14,6 @@ import torch
 
 from grace_legacy.grace import _DENSE
 from grace_legacy.runtime import paths, wire
-from grace_legacy.runtime.cost import choose_route
 from tests.distributed.checks import Recorder, gather_from_ranks, gathered_goes_dense, parse_args
 from tests.distributed.harness import STEPS, Net, batch, local_gradients, loss_of
 from tests.distributed.zoo import FAMILIES, Observation, cases, mean_rule
@@ -37,10 +36,8 @@ def twin_step(twin, memory, grad: torch.Tensor, name: str, communicator, dense_f
 
     Bytes are counted with the gather layout, which every non-additive route (Allgather,
     Broadcast) hands to the backend byte for byte. The twin models the routes that carry each
-    rank's payload whole; with no ``communicator`` named, a payload the bundle would send by the
-    scatter-gather (where it moves fewer link bytes, as from 3 ranks on it mostly does) is a ``ValueError``: pin
-    ``Allgather()`` (``tests/registry.case_bundle``) and check the scatter-gather against
-    ``tests/two_phase.py``."""
+    rank's payload whole, those a bundle with no ``communicator`` named takes at any number of
+    ranks; the scatter-gather is checked against ``tests/two_phase.py``."""
     return twin_step_sent(twin, memory, grad, name, communicator, dense_fallback, world_size)[:3]
 
 
@@ -59,10 +56,6 @@ def twin_step_sent(twin, memory, grad: torch.Tensor, name: str, communicator, de
     if concrete is None:
         memory.update(compensated, name, _DENSE, [compensated], None)
         return compensated, compensated.numel() * compensated.element_size(), route, [compensated.dtype]
-    if communicator is None and not concrete.additive and choose_route(
-            concrete, compensated.shape, compensated.dtype, world, dense_fallback=False) == "scattergather":
-        raise ValueError(f"{name}: with no communicator named, {world} ranks send {concrete!r}'s payload by the "
-                         f"scatter-gather, which this twin does not model; name communicator=Allgather()")
     payload, ctx = concrete.compress(compensated, name)
     memory.update(compensated, name, concrete, payload, ctx)
     if concrete.additive and communicator is None:

@@ -19,12 +19,13 @@ def test_gather_costs_more_at_its_boundary(packed, dense, world, expected):
     assert gather_costs_more(packed, dense, world) is expected
 
 
-@given(world=st.integers(1, 5), ratio=st.floats(0.001, 1.0), numel=st.integers(1, 3000))
+@given(world=st.integers(1, 5), ratio=st.floats(0.001, 1.0), numel=st.integers(1, 3000),
+       communicator=st.sampled_from([None, "auto"]))
 @settings(max_examples=40, deadline=None)
-@example(world=4, ratio=0.5, numel=15)  # the owner of the smallest shard carries more than the mean
-def test_a_rank_never_hands_over_more_than_dense(world, ratio, numel):
+@example(world=4, ratio=0.5, numel=15, communicator="auto")  # the smallest shard's owner carries more than the mean
+def test_a_rank_never_hands_over_more_than_dense(world, ratio, numel, communicator):
     def body(backend):
-        bundle = Grace(TopK(ratio), bucket_bytes=0)
+        bundle = Grace(TopK(ratio), bucket_bytes=0, communicator=communicator)
         g = torch.randn(numel, generator=torch.Generator().manual_seed(backend.rank()))
         bundle.start(g, "w", backend, True)()
         return bundle.stats
@@ -36,14 +37,17 @@ def test_a_rank_never_hands_over_more_than_dense(world, ratio, numel):
 
 def test_fallback_is_recorded_and_can_be_turned_off():
     """Top-k 0.6 of 100 elements at 4 ranks: dense costs 600 link bytes, the scatter-gather 720 (4
-    segments of 15 entries each way), the gather 1440; without the fallback, the cheaper of the two."""
-    def body(backend, fallback):
-        bundle = Grace(TopK(0.6), bucket_bytes=0, dense_fallback=fallback)
+    segments of 15 entries each way), the gather 1440; without the fallback, the gather by default
+    and the cheaper of the two with ``communicator="auto"``."""
+    def body(backend, fallback, communicator=None):
+        bundle = Grace(TopK(0.6), bucket_bytes=0, dense_fallback=fallback, communicator=communicator)
         bundle.start(torch.randn(100), "w", backend, True)()
         return bundle.stats["tensors_by_route"]
 
     assert run_ranks(4, lambda b: body(b, True))[0] == {"dense-fallback": 1}
-    assert run_ranks(4, lambda b: body(b, False))[0] == {"scattergather": 1}
+    assert run_ranks(4, lambda b: body(b, True, "auto"))[0] == {"dense-fallback": 1}
+    assert run_ranks(4, lambda b: body(b, False))[0] == {"allgather": 1}
+    assert run_ranks(4, lambda b: body(b, False, "auto"))[0] == {"scattergather": 1}
 
 
 @pytest.mark.parametrize("world,numel,ratio", [(3, 10, 0.5), (4, 15, 0.5), (5, 3, 0.5), (4, 1001, 0.1), (3, 7, 0.3)])

@@ -91,7 +91,7 @@ def test_every_name_gracess_helper_knows_builds_a_bundle():
                                 "adaq", "inceptionn", "sketch", "u8bit", "bf16", "globaltopk", "cat", "adacomp",
                                 "variance"}
     assert set(MEMORIES) == {"none", "residual", "dgc", "efsignsgd", "powersgd"}
-    assert set(COMMUNICATORS) == {"allreduce", "allgather", "broadcast", "scattergather", "auto"}
+    assert set(COMMUNICATORS) == {"allreduce", "allgather", "broadcast", "scattergather", "default", "auto"}
     for name in COMPRESSORS:
         memory = "efsignsgd" if name == "efsignsgd" else "none"
         communicator = "allreduce" if name in ("none", "fp16", "bf16", "powersgd") else "allgather"
@@ -137,9 +137,16 @@ def test_unknown_names_and_keys_list_what_is_accepted(params, named):
 @pytest.mark.parametrize("compressor", ["topk", "dgc", "threshold", "qsgd", "terngrad", "natural",
                                         "signsgd", "signum", "onebit"])
 def test_gathered_payload_through_allreduce_is_refused_naming_allgather(compressor):
-    with pytest.raises(ValueError, match="'communicator': 'auto'") as err:
+    with pytest.raises(ValueError, match="'communicator': 'allgather' or 'default'") as err:
         grace_from_params({"compressor": compressor})
     assert "sums payloads" in str(err.value)  # Grace's own explanation comes first
+    assert "'auto'" in str(err.value) and "'scattergather'" in str(err.value)
+
+
+@pytest.mark.parametrize(("word", "expected"), [("default", "None"), ("auto", "'auto'")])
+def test_the_default_and_auto_words_build_those_bundles(word, expected):
+    bundle = grace_from_params({"compressor": "topk", "communicator": word})
+    assert bundle.communicator is None and bundle.configuration()["communicator"] == expected
 
 
 def test_legacy_keys_build_the_reference_schedule():

@@ -41,17 +41,27 @@ def test_layer_schedule_table_and_volume(capsys):
 
 
 def test_phases_are_weighted_by_their_share_of_the_run(capsys):
+    # At 4 workers a gathered Top-k payload (8 bytes an entry) costs P / 2 = 2 times its share of
+    # the dense bytes: 40% at density 10%, 4% at 1%; scatter-gathered, about 2 (P - 1) / P of it.
     lines = run(capsys, "--sizes", "100000", "--by", "epoch", "--group-compressions", "10,1,1,1", "--epochs", "8")
-    assert volume_of(lines) == pytest.approx((0.2 + 0.02 * 3) / 4, abs=5e-5)
+    assert volume_of(lines) == pytest.approx((0.4 + 0.04 * 3) / 4, abs=5e-5)
     assert sum(line.startswith("epochs 0 - 2 ") for line in lines) == 2
+    auto = run(capsys, "--sizes", "100000", "--by", "epoch", "--group-compressions", "10,1,1,1", "--epochs", "8",
+               "--communicator", "auto")
+    assert volume_of(auto) == pytest.approx((0.2 + 0.02 * 3) / 4, abs=5e-5)
 
 
 def test_plan_is_the_library_byte_formula():
-    """Tensors alone (no fused buckets): each takes the route of fewest link bytes of the cost
-    model, and costs what the model says."""
+    """Tensors alone (no fused buckets): each takes the bundle's route (the default's, or the
+    fewest link bytes of the cost model with "auto"), and costs what the model says."""
     schedule = Legacy(TopK(), by="both", values=[[1.0, 0.1], [0.5, 0.01]], splits=[1000], epochs=4)
     shapes = [torch.Size([64, 3, 3, 3]), torch.Size([64]), torch.Size([1000, 512]), torch.Size([1000])]
-    result = plan(schedule, shapes, world_size=8, bucket_bytes=0)
+    for route in (None, "auto"):
+        result = plan(schedule, shapes, world_size=8, bucket_bytes=0, route=route)
+        check_byte_formula(schedule, shapes, result, route == "auto")
+
+
+def check_byte_formula(schedule, shapes, result, byte_optimal):
     for phase in range(2):
         expected = 0.0
         for s in shapes:
@@ -59,7 +69,7 @@ def test_plan_is_the_library_byte_formula():
             if concrete is None:
                 expected += 2 * 7 / 8 * s.numel() * 4
                 continue
-            route = choose_route(concrete, s, torch.float32, 8)
+            route = choose_route(concrete, s, torch.float32, 8, byte_optimal=byte_optimal)
             expected += route_link_bytes(concrete, s, torch.float32, 8)[route]
         assert result.phase_totals(phase)[0] == pytest.approx(expected, rel=1e-12)
     dense = 2 * 7 / 8 * sum(s.numel() * 4 for s in shapes)
@@ -72,8 +82,11 @@ def test_dense_fallback_is_counted_and_marked(capsys):
     fallback = run(capsys, "--sizes", "1000", "--by", "uniform", "--group-compressions", "70", "--workers", "4")
     assert volume_of(fallback) == 1.0
     assert any(line.startswith("* dense-fallback: sent dense") for line in fallback)
-    # Top-k 40%: scatter-gathered, 3/4 x 4 x 2 x 800 = 4,800 of 6,000.
-    compressed = run(capsys, "--sizes", "1000", "--by", "uniform", "--group-compressions", "40")
+    # Top-k 40%: gathered, 3 x 3,200 > 6,000, dense; scatter-gathered ("auto"),
+    # 3/4 x 4 x 2 x 800 = 4,800 of 6,000.
+    assert volume_of(run(capsys, "--sizes", "1000", "--by", "uniform", "--group-compressions", "40")) == 1.0
+    compressed = run(capsys, "--sizes", "1000", "--by", "uniform", "--group-compressions", "40",
+                     "--communicator", "auto")
     assert volume_of(compressed) == pytest.approx(0.8)
     assert not any(line.startswith("*") for line in compressed)
 
@@ -90,8 +103,11 @@ def test_budget_matches_the_uniform_volume(capsys):
 def test_no_schedule_uses_gracess_default_knob(capsys):
     lines = run(capsys, "--sizes", "1000", "--compressor", "qsgd")
     assert lines[0].startswith("QSGD(levels=127, seed=0) on 4 workers (the default")
-    lines = run(capsys, "--sizes", "1000", "--compressor", "topk")
-    assert volume_of(lines) == pytest.approx(0.6)  # GRACE's compress_ratio 0.3, 8 bytes per entry
+    # GRACE's compress_ratio 0.3, 8 bytes per entry: gathered at 4 workers more than dense;
+    # scatter-gathered about 2 x 0.3 of it.
+    assert volume_of(run(capsys, "--sizes", "1000", "--compressor", "topk")) == 1.0
+    lines = run(capsys, "--sizes", "1000", "--compressor", "topk", "--communicator", "auto")
+    assert volume_of(lines) == pytest.approx(0.6)
 
 
 def test_model_given_as_module_function(capsys, monkeypatch):

@@ -1,7 +1,8 @@
-"""``python -m grace_legacy plan`` over worker counts: the wire-volume table (each route alone and
-the bundle's choice, 4 to 1024 workers), the alpha-beta link times of ``--bandwidth``/``--latency``
-against sums written out here, the units those flags take, the plot, and issue #36's check on
-ResNet-50 at 64 workers (QSGD <= 30%, signSGD <= 8%)."""
+"""``python -m grace_legacy plan`` over worker counts: the wire-volume table (each route alone, the
+default bundle's choice and ``communicator="auto"``'s side by side, 4 to 1024 workers), the
+alpha-beta link times of ``--bandwidth``/``--latency`` against sums written out here, the units
+those flags take, the plot, and issue #36's check on ResNet-50 at 64 workers (QSGD <= 30%,
+signSGD <= 8%, with the two-phase route)"""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from grace_legacy.runtime import wire
 from grace_legacy.runtime.cost import bytes_sent
 
 ROW = re.compile(r"\s*(\d+)((?:\s+[\d.]+%)+)\s\s(.+)")
-TIME = re.compile(r"(dense|allreduce|allgather|scattergather|chosen)\s+([\d.e+]+)\s+([\d.e+]+)\s+([\d,]+)"
+TIME = re.compile(r"(dense|allreduce|allgather|scattergather|default|auto)\s+([\d.e+]+)\s+([\d.e+]+)\s+([\d,]+)"
                   r"\s+([\d.e+-]+)\s+([\d.e+-]+)\s+([\d.e+-]+)")
 
 
@@ -40,17 +41,20 @@ def volume_of(lines):
 
 
 def scaling_rows(lines):
-    """{workers: (volume per column, chosen routes)} of the wire-volume table."""
+    """{workers: (volume per column, the default's routes, auto's routes)} of the wire-volume table."""
     start = lines.index(next(line for line in lines if line.startswith("wire volume by workers")))
     header = lines[start + 1].split()
-    assert header[0] == "workers" and header[-3:] == ["chosen", "chosen", "routes"], header
+    assert header[0] == "workers" and header[-7:] == ["default", "auto", "default", "routes", "|", "auto",
+                                                      "routes"], header
     rows = {}
     for line in lines[start + 3:]:
         match = ROW.fullmatch(line)
         if not match:
             break
         volumes = [float(v.rstrip("%")) / 100 for v in match.group(2).split()]
-        rows[int(match.group(1))] = (dict(zip(header[1:-2], volumes, strict=True)), match.group(3))
+        default, auto = match.group(3).split(" | ")
+        rows[int(match.group(1))] = (dict(zip(header[1:-5], volumes, strict=True)), default,
+                                     default if auto == "same" else auto)
     return rows
 
 
@@ -73,26 +77,33 @@ def test_the_table_has_every_worker_count_and_the_bundles_routes(capsys):
     schedule_shapes = [600000, 40, 100000, 8]
     dense = 4 * sum(schedule_shapes)
     handed = sum(bytes_sent(TopK(0.25), n, torch.float32) for n in schedule_shapes)
-    for workers, (volumes, routes) in rows.items():
+    for workers, (volumes, routes, auto_routes) in rows.items():
         # Gathered, each rank receives the P - 1 others' payloads where a ring allreduce moves
         # 2 (P - 1) / P of the dense bytes: P / 2 times the payload's share.
         assert volumes["allgather"] == pytest.approx(workers / 2 * handed / dense, abs=5e-5)
         counts = [int(n) for n in re.findall(r"\b(\d+)(?:,|$)", routes)]
         assert sum(counts) == 4, routes
-        assert set(re.findall(r"[a-z-]+", routes)) <= {"dense", "dense-fallback", "allgather", "scattergather"}
+        assert set(re.findall(r"[a-z-]+", routes)) <= {"dense", "dense-fallback", "allgather"}
+        assert set(re.findall(r"[a-z-]+", auto_routes)) <= {"dense", "dense-fallback", "allgather", "scattergather"}
+        # The default is the cheaper of the gather and dense; auto never costs more than it.
+        assert volumes["default"] == pytest.approx(min(volumes["allgather"], 1.0), abs=5e-5)
+        assert volumes["auto"] <= volumes["default"] + 5e-5
     # Scatter-gathered, Top-k 25% (8 bytes an entry) costs about half of dense at any size of
     # shard; the bundle never chooses more than dense.
-    assert all(volumes["scattergather"] == pytest.approx(0.5, abs=0.01) for w, (volumes, _) in rows.items()
+    assert all(volumes["scattergather"] == pytest.approx(0.5, abs=0.01) for w, (volumes, *_) in rows.items()
                if w <= 256)
-    assert all(volumes["chosen"] <= 1.0 for volumes, _ in rows.values())
-    assert volume_of(lines) == pytest.approx(rows[32][0]["chosen"], abs=5e-5)
+    assert all(volumes["auto"] == pytest.approx(0.5, abs=0.01) for w, (volumes, *_) in rows.items() if w <= 256)
+    assert volume_of(lines) == pytest.approx(rows[32][0]["default"], abs=5e-5)
+    auto_lines = run(capsys, "--sizes", "600000,40,100000,8", "--by", "uniform", "--group-compressions", "25",
+                     "--workers", "32", "--communicator", "auto")
+    assert volume_of(auto_lines) == pytest.approx(rows[32][0]["auto"], abs=5e-5)
 
 
 def test_without_workers_the_plan_is_for_four(capsys):
     lines = run(capsys, "--sizes", "600000,40", "--compressor", "qsgd")
     assert lines[0] == ("QSGD(levels=127, seed=0) on 4 workers (the default; --workers N), fused buckets of up "
                         "to 16,777,216 bytes")
-    assert volume_of(lines) == pytest.approx(scaling_rows(lines)[4][0]["chosen"], abs=5e-5)
+    assert volume_of(lines) == pytest.approx(scaling_rows(lines)[4][0]["default"], abs=5e-5)
 
 
 def test_link_times_are_latency_steps_and_bytes_over_bandwidth(capsys):
@@ -101,7 +112,7 @@ def test_link_times_are_latency_steps_and_bytes_over_bandwidth(capsys):
     lines = run(capsys, "--sizes", "1000,1000,1000", "--bucket-bytes", "0", "--workers", "4",
                 "--bandwidth", "8Mbit", "--latency", "1ms")
     times = link_times(lines)
-    assert set(times) == {"dense", "allgather", "scattergather", "chosen"}
+    assert set(times) == {"dense", "allgather", "scattergather", "default", "auto"}
     payload = wire.packed_size_of(TopK(0.3).payload_spec(1000, torch.float32), with_header=False)
     segment = wire.packed_size_of(TopK(0.3).payload_spec(250, torch.float32), with_header=False)
     assert (payload, segment) == (2400, 600)
@@ -113,7 +124,8 @@ def test_link_times_are_latency_steps_and_bytes_over_bandwidth(capsys):
         # an all-to-all and an allgather per tensor: 2 (P - 1) steps; 3 of 4 segments out and back
         "scattergather": (6, 3 * 6, 3 * 3 * 2 * segment),
     }
-    expected["chosen"] = expected["scattergather"]
+    # Gathered, more than dense: the default sends it dense; "auto" scatter-gathers it.
+    expected["default"], expected["auto"] = expected["dense"], expected["scattergather"]
     for route, (collectives, steps, link) in expected.items():
         got = times[route]
         assert got[:3] == (collectives, steps, link), route
@@ -129,7 +141,7 @@ def test_link_times_are_latency_steps_and_bytes_over_bandwidth(capsys):
 def test_an_additive_compressor_is_timed_on_its_allreduce(capsys):
     lines = run(capsys, "--sizes", "1000", "--compressor", "fp16", "--workers", "4", "--bandwidth", "1e6")
     times = link_times(lines)
-    assert times["allreduce"][2] == 1.5 * 2000 and times["chosen"] == times["allreduce"]
+    assert times["allreduce"][2] == 1.5 * 2000 and times["default"] == times["auto"] == times["allreduce"]
     assert "allreduce" in scaling_rows(lines)[4][0]
 
 
@@ -178,14 +190,15 @@ def test_plot_draws_volume_against_workers(capsys, tmp_path):
 def test_plan_refuses_a_route_its_compressor_cannot_take():
     with pytest.raises(ValueError, match="route 'allreduce' sums payloads"):
         plan(TopK(0.1), [100], route="allreduce")
-    with pytest.raises(ValueError, match="route must be None or one of"):
+    with pytest.raises(ValueError, match="route must be None, .auto. or one of"):
         plan(TopK(0.1), [100], route="ring")
 
 
 @pytest.mark.parametrize(("compressor", "ceiling"), [("qsgd", 0.30), ("signsgd", 0.08)])
 def test_resnet50_at_64_workers(capsys, compressor, ceiling):
-    """Issue #36's check: compression that still pays at 64 workers."""
+    """Issue #36's check: compression that still pays at 64 workers, with the two-phase route."""
     pytest.importorskip("torchvision")
-    lines = run(capsys, "--model", "torchvision:resnet50", "--compressor", compressor, "--workers", "64")
+    lines = run(capsys, "--model", "torchvision:resnet50", "--compressor", compressor, "--workers", "64",
+                "--communicator", "auto")
     assert volume_of(lines) <= ceiling
-    assert "scattergather" in scaling_rows(lines)[64][1]
+    assert "scattergather" in scaling_rows(lines)[64][2]

@@ -7,6 +7,8 @@ phase), fused and not; and with a route forced as ``Grace(communicator=...)`` fo
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -80,14 +82,15 @@ def check(result, stats_per_rank, phases):
         assert result.phase_totals(phase)[0] == pytest.approx(mean, rel=1e-12)
 
 
+@pytest.mark.parametrize("communicator", [None, "auto"])
 @pytest.mark.parametrize("bucket_bytes", BUCKETS)
 @pytest.mark.parametrize("world", [2, 3, 4, 8])
 @pytest.mark.parametrize("label", sorted(SETUPS))
-def test_planned_link_bytes_are_the_bundles(label, world, bucket_bytes):
+def test_planned_link_bytes_are_the_bundles(label, world, bucket_bytes, communicator):
     make = SETUPS[label]
-    result = plan(make(), SHAPES, world_size=world, bucket_bytes=bucket_bytes)
+    result = plan(make(), SHAPES, world_size=world, bucket_bytes=bucket_bytes, route=communicator)
     phases = len(result.phase_weights)
-    check(result, measured(make, world, bucket_bytes, phases), phases)
+    check(result, measured(make, world, bucket_bytes, phases, communicator), phases)
 
 
 def test_the_cases_take_every_route():
@@ -95,11 +98,11 @@ def test_the_cases_take_every_route():
     scatter-gathers whose tensors are cut into fewer segments than alone."""
     seen = set()
     for make in SETUPS.values():
-        for world in (2, 3, 4, 8):
-            result = plan(make(), SHAPES, world_size=world, bucket_bytes=4096)
+        for world, route in itertools.product((2, 3, 4, 8), (None, "auto")):
+            result = plan(make(), SHAPES, world_size=world, bucket_bytes=4096, route=route)
             for phase in range(len(result.phase_weights)):
                 seen.update(result.routes(phase))
-            alone = plan(make(), SHAPES, world_size=world, bucket_bytes=0)
+            alone = plan(make(), SHAPES, world_size=world, bucket_bytes=0, route=route)
             fused = [t for phase in result.tensors for t in phase if t.route == "scattergather"]
             single = {(t.phase, t.index): t for phase in alone.tensors for t in phase}
             if any(t.segment_count < single[t.phase, t.index].segment_count for t in fused):

@@ -101,15 +101,18 @@ def test_segments_are_the_reference_pieces(world):
     assert [tuple(s) for s in segments_of(sizes, world)] == pieces(sizes, world)
 
 
-def test_a_grace_without_a_choice_takes_it_by_link_bytes():
+def test_a_grace_set_to_auto_chooses_by_link_bytes():
     """At 4 ranks a Top-k payload's gather moves (P - 1) = 3 times its size, the scatter-gather
-    about 2 (P - 1) / P = 1.5 times: the bundle takes the scatter-gather; at 2 ranks they tie and
-    it keeps the gather (one lossy step fewer)."""
-    def route(world):
-        bundle = Grace(TopK(0.01))
+    about 2 (P - 1) / P = 1.5 times: ``communicator="auto"`` takes the scatter-gather; at 2 ranks
+    they tie and it keeps the gather (one lossy step fewer). The default keeps the gather, GRACE's
+    result, until dense is cheaper."""
+    def route(world, communicator):
+        bundle = Grace(TopK(0.01), communicator=communicator)
         return bundle.route_of(bundle.compressor, torch.Size([100_000]), torch.float32, world)
 
-    assert route(2) == "allgather" and route(4) == "scattergather" and route(1024) == "scattergather"
+    assert route(2, "auto") == "allgather" and route(4, "auto") == "scattergather"
+    assert route(1024, "auto") == "scattergather"
+    assert route(2, None) == "allgather" and route(4, None) == "allgather" and route(1024, None) == "dense"
 
 
 def test_wire_bytes_are_what_each_phase_puts_on_the_link():
@@ -163,7 +166,7 @@ def test_an_undone_step_leaves_every_segments_state_as_it_was(label, fused):
         pending = [bundle.start(g, name, backend, average=True) for name, g in zip(SIZES, poisoned, strict=True)]
         [finish() for finish in pending]
         for name in SIZES:
-            bundle.undo(name)
+            bundle.guard.undo(name)
         return before, state(bundle)
 
     for before, after in run_ranks(world, body):

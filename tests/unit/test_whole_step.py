@@ -1,4 +1,4 @@
-"""A compressor that spans the step (``runtime/whole_step.py`` in ``Grace``), over in-process ranks:
+"""A compressor that spans the step (``Fusion.hold_for_step``, ``StepGuard``), over in-process ranks:
 each rank sends one selection over its gradients laid end to end in name order, whatever order
 they arrive in; nothing leaves before the first result is asked for; a non-finite gradient flags
 every tensor of the step and undoing restores the model's state; a step abandoned drops what was
@@ -69,12 +69,12 @@ def test_nothing_leaves_before_the_first_result_is_asked_for_and_an_abandoned_st
         bundle = Grace(GlobalTopK(0.5), communicator=Allgather(), dense_fallback=False)
         local = gradients(backend.rank(), 0)
         pending = {name: bundle.start(local[name], name, backend, True) for name in SHAPES}
-        assert not backend.calls and bundle.unlaunched() == set(SHAPES)
+        assert not backend.calls and bundle.fusion.unlaunched() == set(SHAPES)
         bundle.undo_step()  # as load_state_dict in mid-step does: the held gradients are dropped
-        assert not backend.calls and not bundle.unlaunched()
+        assert not backend.calls and not bundle.fusion.unlaunched()
         pending = {name: bundle.start(local[name], name, backend, True) for name in SHAPES}
         pending["a.bias"]()
-        assert [kind for kind, _ in backend.calls] == ["allgather"] and not bundle.unlaunched()
+        assert [kind for kind, _ in backend.calls] == ["allgather"] and not bundle.fusion.unlaunched()
         assert set(bundle.memory.residuals) == {"whole-step.float32"}
 
     run_ranks(2, body)
@@ -94,9 +94,9 @@ def test_a_nonfinite_gradient_flags_every_tensor_and_undoing_restores_the_models
             local["a.bias"][2] = float("nan")
         pending = [bundle.start(local[name], name, backend, True) for name in SHAPES]
         [p() for p in pending]
-        flagged = bundle.nonfinite_names(sorted(SHAPES), backend)
+        flagged = bundle.guard.nonfinite_names(sorted(SHAPES), backend)
         for name in SHAPES:
-            bundle.undo(name)
+            bundle.guard.undo(name)
         return flagged, torch.equal(bundle.memory.residuals["whole-step.float32"], before)
 
     for flagged, restored in run_ranks(2, body):
