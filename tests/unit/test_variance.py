@@ -10,7 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-from grace_legacy import Grace, NoMemory, Residual, ScatterGather, VarianceSparsifier
+from grace_legacy import Grace, NoMemory, Residual, ScatterGather, TopK, VarianceSparsifier
+from grace_legacy.runtime.cost import route_link_bytes
 from tests.helpers import on_both_cpu_paths
 from tests.reference_compressors import CONTENTS, DTYPES, assert_matches_reference
 from tests.reference_sparsifiers import SquaredGradients, VarianceReference
@@ -94,6 +95,9 @@ def test_it_keeps_its_own_sums_and_whole_tensors():
         Grace(sparsifier, memory=Residual())
     with pytest.raises(ValueError, match="whole tensors only"):
         Grace(sparsifier, communicator=ScatterGather())
+    # Nor does the route of fewest link bytes cut its tensors into an owner's shards.
+    assert "scattergather" not in route_link_bytes(sparsifier, (64, 64), torch.float32, 4)
+    assert "scattergather" in route_link_bytes(TopK(0.01), (64, 64), torch.float32, 4)
 
 
 @pytest.mark.parametrize(("arguments", "named"), [
