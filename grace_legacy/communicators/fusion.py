@@ -293,13 +293,15 @@ class Fusion:
 
     def unlaunched(self) -> set[str]:
         """The tensors sent this step whose collectives this rank has not launched (their bucket
-        still waits for other members, or the caller's launch, or the step's first result asked
-        for): waiting for those would never end."""
+        still waits for other members or the caller's launch; held for the step's flat, no result
+        of the step was asked for yet): waiting for those would never end."""
         return ({parcel.name for parcel in self._held} | {name for entries in self._open.values() for name in entries}
                 | set(self._step_held))
 
     def end_step(self) -> None:
-        """The step is over: results of the step's flats nobody asked for are not kept into the next."""
+        """The step is over: what of its flats nobody asked for, held or arrived, is not kept."""
+        self._step_held.clear()
+        self._start_flat = None
         self._step_flats.clear()
 
     def abandon(self) -> None:
@@ -307,9 +309,7 @@ class Fusion:
         self._open.clear()
         self._held.clear()
         self._flights.clear()
-        self._step_held.clear()
-        self._start_flat = None
-        self._step_flats.clear()
+        self.end_step()
 
     def carried_with(self, name: str) -> list[str]:
         """``name`` and the tensors fused with it in its planned bucket."""
