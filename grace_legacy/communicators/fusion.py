@@ -26,6 +26,7 @@ Why buckets, and their size: docs/DESIGN.md#fused-buckets."""
 from __future__ import annotations
 
 import functools
+import numbers
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -84,13 +85,13 @@ class _StepFlat:
 
 def checked_bucket_bytes(value: object, owner: str) -> int:
     """``bucket_bytes`` as ``owner`` was given it: ``None`` for :func:`default_bucket_bytes`, else a
-    whole number >= 0 (``ArgumentTypeError`` for another type, ``ValueError`` below 0)."""
+    whole number >= 0 (``ArgumentTypeError`` for what is not a number, ``ValueError`` for another)."""
     if value is None:
         return default_bucket_bytes()
-    if not is_int(value):
+    if not isinstance(value, numbers.Real) or isinstance(value, (bool, torch.Tensor)):
         raise ArgumentTypeError(f"{owner}: bucket_bytes must be None or an integer >= 0, got {value!r} of type "
                                 f"{type(value).__name__}")
-    if value < 0:
+    if not is_int(value) or value < 0:
         raise ValueError(f"{owner}: bucket_bytes must be None or an integer >= 0, got {value!r}")
     return int(value)
 
