@@ -16,14 +16,13 @@ NaN on any rank, undoing a skipped step) :class:`~grace_legacy.step_guard.StepGu
 from __future__ import annotations
 
 import functools
-import numbers
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from grace_legacy.communicators import Allgather, Allreduce, ScatterGather
-from grace_legacy.communicators.fusion import Fusion, default_bucket_bytes
+from grace_legacy.communicators.fusion import Fusion, checked_bucket_bytes
 from grace_legacy.compressors import NoCompression
 from grace_legacy.core.backend import Backend, Pending
 from grace_legacy.core.communicator import Communicator, Parcel
@@ -36,7 +35,7 @@ from grace_legacy.runtime.advice import RouteAdvice
 from grace_legacy.runtime.cost import choose_route, ring_allreduce_bytes
 from grace_legacy.runtime.stall import RanksStalled, resolve_stall_timeout
 from grace_legacy.runtime.traffic import TrafficStats
-from grace_legacy.runtime.validation import ArgumentTypeError, check_flag, is_int
+from grace_legacy.runtime.validation import check_flag
 from grace_legacy.schedules.base import Schedule
 from grace_legacy.step_guard import StepGuard
 
@@ -81,7 +80,7 @@ class Grace:
         #: Whether routes are chosen by link bytes alone (``communicator="auto"``).
         self.byte_optimal = isinstance(communicator, str) and communicator == AUTO
         communicator = None if self.byte_optimal else communicator
-        _check_arguments(compressor, memory, communicator, bucket_bytes)
+        _check_arguments(compressor, memory, communicator)
         self.dense_fallback = check_flag(dense_fallback, "dense_fallback", "Grace")
         self.stall_timeout = resolve_stall_timeout(stall_timeout)
         self.compressor, self.communicator = compressor, communicator
@@ -96,8 +95,8 @@ class Grace:
         #: for a compressor that is paired with error feedback of its own (a biased one)
         self.owner_memory: Memory | None = (None if isinstance(compressor.recommended_memory(), NoMemory)
                                             else Residual())
-        self.fusion = Fusion(default_bucket_bytes() if bucket_bytes is None else int(bucket_bytes))
-        self.guard = StepGuard(compressor, self.memory, self.owner_memory)
+        self.fusion = Fusion(checked_bucket_bytes(bucket_bytes, "Grace"), compressor.spans_step)
+        self.guard = StepGuard(compressor, self.memory, self.owner_memory, self.fusion.flat_of)
         self._routes: dict[tuple, str] = {}
         # Whether a caller's bucket (names, dtype, ranks) may go as one tensor.
         self._whole: dict[tuple, bool] = {}
@@ -142,6 +141,9 @@ class Grace:
         ``overwrite``: the caller will not read ``tensor`` again, so the memory may build the
         compensated gradient in its storage. ``hold``: keep it for ``fusion.launch_held``."""
         self.join_world(backend)
+        if self.fusion.holds_for_step(name):  # held for the step's flats, which come back through here
+            return self.fusion.hold_for_step(tensor, name, functools.partial(
+                self.start, backend=backend, average=average, overwrite=True))
         compensated = self.guard.compensate(tensor, name, overwrite)
         world_size = backend.size()
         concrete = self.compressor.compressor_for(compensated, name) if tensor.numel() else None
@@ -269,6 +271,7 @@ class Grace:
             self._advice.give(self.compressor, backend.rank(), backend.size())
             self._advice = None
         self.guard.started.clear()
+        self.fusion.end_step()
         self.memory.end_step()
         if self.owner_memory is not None:
             self.owner_memory.end_step()
@@ -349,8 +352,7 @@ class Grace:
         return f"Grace({self.compressor!r}, memory={self.memory!r}, communicator={self._communicator_label()})"
 
 
-def _check_arguments(compressor: Compressor, memory: Memory | None, communicator: Communicator | str | None,
-                     bucket_bytes: Any) -> None:
+def _check_arguments(compressor: Compressor, memory: Memory | None, communicator: Communicator | str | None) -> None:
     """Refuse arguments that do not make a bundle, naming them."""
     if isinstance(communicator, str):
         raise ValueError(f"Grace: communicator must be a grace_legacy Communicator, None (the route of the "
@@ -369,12 +371,9 @@ def _check_arguments(compressor: Compressor, memory: Memory | None, communicator
     if communicator is not None and communicator.compresses and compressor.rounds != 1:
         raise ValueError(f"Grace: {communicator!r} cannot run {compressor!r}, which needs {compressor.rounds} "
                          f"allreduce rounds; leave communicator=None")
-    if bucket_bytes is not None:
-        if not isinstance(bucket_bytes, numbers.Real) or isinstance(bucket_bytes, (bool, torch.Tensor)):
-            raise ArgumentTypeError(f"Grace: bucket_bytes must be None or an integer >= 0, got {bucket_bytes!r} "
-                                    f"of type {type(bucket_bytes).__name__}")
-        if not is_int(bucket_bytes) or bucket_bytes < 0:
-            raise ValueError(f"Grace: bucket_bytes must be None or an integer >= 0, got {bucket_bytes!r}")
+    if communicator is not None and communicator.compresses and not compressor.shardable:
+        raise ValueError(f"Grace: {communicator!r} compresses shards of tensors, but {compressor!r} compresses "
+                         f"whole tensors only; use Allgather() or leave communicator=None")
 
 
 def as_bundle(compression: Compressor | Grace, owner: str, communicator: Communicator | str | None = None) -> Grace:

@@ -22,6 +22,11 @@ The keys and defaults are GRACE's:
   value, most of them in full. Pass ``2**-10`` for what GRACE's default did;
 * ``quantiles`` (``64``): sketch's number of buckets;
 * ``gradient_clipping`` (``False``): the dgc memory's clipping norm (``False`` or ``None``: none);
+* ours, for the LEGACY reference's own compressors: ``bin_size`` (``50``), adacomp's bins;
+  ``var_alpha`` (``2.0``) and ``var_ksi`` (``0.999``), variance's test and decay (the reference's
+  flags); ``cat_c0`` (``1.0``), ``cat_c1`` (``60.0``) and ``packet_bits`` (``1460``), cat's cost
+  model (the reference's defaults). ``variance`` needs the model's per-sample moments:
+  ``bundle.compressor.attach(model)`` (``.base.attach`` under LEGACY keys);
 * ``world_size``: ignored (GRACE needed it; the backend knows the number of ranks), but checked:
   ``None`` or a positive integer.
 
@@ -33,7 +38,7 @@ compressor's parameter (:meth:`Legacy.from_flags`): ``legacy_by`` (``"uniform"``
 
 The compressor names are GRACE's, from its PyTorch and TensorFlow sides (``adaq``, ``inceptionn``,
 ``sketch`` and ``u8bit`` are TensorFlow's), plus ``bf16`` (:class:`~grace_legacy.BF16`), which GRACE
-lacks.
+lacks, and the LEGACY reference's ``globaltopk``, ``cat``, ``adacomp`` and ``variance``.
 
 GRACE accepted combinations that silently corrupt the gradient, such as a sparse payload summed by
 ``"allreduce"``; here they raise ``ValueError`` naming the communicator to use instead.
@@ -50,12 +55,15 @@ import torch
 from grace_legacy.communicators import Allgather, Allreduce, Broadcast, ScatterGather
 from grace_legacy.compressors import (
     BF16,
+    CAT,
     DGC,
     FP16,
     INCEPTIONN,
     QSGD,
+    AdaComp,
     AdaQ,
     EFSignSGD,
+    GlobalTopK,
     Natural,
     NoCompression,
     OneBit,
@@ -68,6 +76,7 @@ from grace_legacy.compressors import (
     Threshold,
     TopK,
     U8bit,
+    VarianceSparsifier,
 )
 from grace_legacy.core.communicator import Communicator
 from grace_legacy.core.compressor import Compressor
@@ -82,6 +91,7 @@ DEFAULTS: dict[str, Any] = {
     "compressor": "none", "memory": "none", "communicator": "allreduce",
     "compress_ratio": 0.3, "quantum_num": 127, "threshold": 0.01, "momentum": 0.9, "lr": 0.1,
     "compress_rank": 1, "gradient_clipping": False, "world_size": None, "error_bound": 2e-10, "quantiles": 64,
+    "bin_size": 50, "var_alpha": 2.0, "var_ksi": 0.999, "cat_c0": 1.0, "cat_c1": 60.0, "packet_bits": 1460,
 }
 #: The LEGACY reference implementation's flags.
 LEGACY_KEYS = ("legacy_by", "group_compressions", "group_splits", "epochs")
@@ -109,11 +119,16 @@ COMPRESSORS: dict[str, _Build] = {
     "sketch": lambda p, parameter: Sketch(p["quantiles"] if parameter else None),
     "u8bit": lambda p, parameter: U8bit(),
     "bf16": lambda p, parameter: BF16(),
+    "globaltopk": lambda p, parameter: GlobalTopK(p["compress_ratio"] if parameter else None),
+    "cat": lambda p, parameter: CAT(p["cat_c0"], p["cat_c1"], p["packet_bits"]),
+    "adacomp": lambda p, parameter: AdaComp(p["bin_size"] if parameter else None),
+    "variance": lambda p, parameter: VarianceSparsifier(p["var_alpha"] if parameter else None, p["var_ksi"]),
 }
 #: The key that sets each compressor's parameter (the parameter LEGACY schedules).
 PARAMETER_KEYS = {"topk": "compress_ratio", "randomk": "compress_ratio", "dgc": "compress_ratio",
                   "threshold": "threshold", "qsgd": "quantum_num", "powersgd": "compress_rank",
-                  "adaq": "compress_ratio", "inceptionn": "error_bound", "sketch": "quantiles"}
+                  "adaq": "compress_ratio", "inceptionn": "error_bound", "sketch": "quantiles",
+                  "globaltopk": "compress_ratio", "adacomp": "bin_size", "variance": "var_alpha"}
 MEMORIES: dict[str, Callable[[Mapping[str, Any]], Memory]] = {
     "none": lambda p: NoMemory(),
     "residual": lambda p: Residual(),
@@ -131,7 +146,8 @@ COMMUNICATORS: dict[str, Callable[[], Communicator | str | None]] = {
 #: The keys each compressor and memory reads besides its name: an error of theirs names them.
 _KEYS_READ = {
     "compressor": {**{name: (key,) for name, key in PARAMETER_KEYS.items()}, "signum": ("momentum",),
-                   "efsignsgd": ("lr",)},
+                   "efsignsgd": ("lr",), "cat": ("cat_c0", "cat_c1", "packet_bits"),
+                   "variance": ("var_alpha", "var_ksi")},
     "memory": {"dgc": ("momentum", "gradient_clipping"), "efsignsgd": ("lr",)},
 }
 

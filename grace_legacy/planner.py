@@ -51,7 +51,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from grace_legacy.communicators.fusion import BucketPlan, default_bucket_bytes
+from grace_legacy.communicators.fusion import BucketPlan, checked_bucket_bytes
 from grace_legacy.core.compressor import Compressor
 from grace_legacy.runtime import wire
 from grace_legacy.runtime.cost import choose_route, ring_allreduce_bytes, segment_bytes
@@ -62,7 +62,6 @@ from grace_legacy.runtime.validation import (
     check_gradient_dtype,
     check_positive_int,
     checked_shapes,
-    is_int,
 )
 from grace_legacy.schedules.legacy import Legacy
 
@@ -397,6 +396,7 @@ def plan(compression: Compressor, shapes: Iterable[Any], *, world_size: int | No
     over tensors ``shapes`` in registration order (element counts, shapes, or (name, shape or
     tensor) pairs such as ``model.named_parameters()``), run by ``Grace(compression)`` at
     ``world_size`` workers (an integer in ``[1, 2**63 - 1]``; ``None``: :data:`DEFAULT_WORKERS`).
+    A compressor that spans the step (``GlobalTopK``) is planned on the tensors laid end to end.
 
     ``bucket_bytes``: the bundle's fused buckets (``None``: ``default_bucket_bytes()``, as
     ``Grace``; ``0``: every tensor alone). ``route``: one of :data:`FORCED_ROUTES` for every
@@ -412,17 +412,15 @@ def plan(compression: Compressor, shapes: Iterable[Any], *, world_size: int | No
     world_size = DEFAULT_WORKERS if world_size is None else check_positive_int(world_size, "world_size", "plan",
                                                                                high=MAX_NUMEL)
     dtype = check_gradient_dtype(dtype, "dtype", "plan")
-    if bucket_bytes is None:
-        bucket_bytes = default_bucket_bytes()
-    elif not is_int(bucket_bytes) or bucket_bytes < 0:
-        raise (ValueError if is_int(bucket_bytes) else ArgumentTypeError)(
-            f"plan: bucket_bytes must be None or an integer >= 0, got {bucket_bytes!r}")
+    bucket_bytes = checked_bucket_bytes(bucket_bytes, "plan")
     if route is not None and route not in (*FORCED_ROUTES, AUTO):
         raise ValueError(f"plan: route must be None, {AUTO!r} or one of {', '.join(FORCED_ROUTES)}, got {route!r}")
     dense_fallback = check_flag(dense_fallback, "dense_fallback", "plan")
     shapes = checked_shapes(shapes, "shapes", "plan")
     if not any(s.numel() for s in shapes):  # empty tensors send nothing
         raise ValueError("plan: no tensor with elements to plan for")
+    if compression.spans_step:  # the bundle sends the step's tensors end to end, as one (communicators/fusion.py)
+        shapes = [torch.Size([sum(s.numel() for s in shapes)])]
     schedule = compression if isinstance(compression, Legacy) else None
     if schedule is None:
         compression.check_ready()

@@ -6,11 +6,13 @@ Compression can hide a non-finite gradient from the other ranks (Top-k may not p
 drops it) or make one (FP16 overflows), so each tensor's extremes are kept at three points: the
 raw gradient (unless the memory keeps infs and NaNs in what it compensates), the compensated
 gradient (finite state can overflow) and the result (unless the communicator saw it finite).
+A gradient sent inside the step's flat (a compressor that spans the step) has the flat's extremes
+and state: one inf flags every gradient of the flat, and undoing one undoes the flat.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 
@@ -20,10 +22,13 @@ from grace_legacy.core.memory import Memory
 
 
 class StepGuard:
-    """The guards of one bundle's steps: extremes per tensor, the tensors started this step."""
+    """The guards of one bundle's steps: extremes per tensor, the tensors started this step.
+    ``flat_of``: the flat each gradient sent in the step's flat is kept under (``Fusion.flat_of``)."""
 
-    def __init__(self, compressor: Compressor, memory: Memory, owner_memory: Memory | None) -> None:
+    def __init__(self, compressor: Compressor, memory: Memory, owner_memory: Memory | None,
+                 flat_of: Mapping[str, str] | None = None) -> None:
         self.compressor, self.memory, self.owner_memory = compressor, memory, owner_memory
+        self.flat_of: Mapping[str, str] = {} if flat_of is None else flat_of
         #: whether every rank's results show any rank's inf or NaN, so no flags need exchanging
         self.flags_from_results = (compressor.delivers_nonfinite and memory.keeps_nonfinite
                                    and type(memory).aggregated is Memory.aggregated)
@@ -55,7 +60,7 @@ class StepGuard:
         extremes: list[torch.Tensor] = []
         owners: list[int] = []
         for index, name in enumerate(names):
-            found = self._extremes.get(name, ())
+            found = self._extremes.get(self.flat_of.get(name, name), ())
             extremes.extend(found)
             owners.extend([index] * len(found))
         self._extremes.clear()
@@ -72,6 +77,7 @@ class StepGuard:
 
     def undo(self, name: str) -> None:
         """Undo this step's changes to ``name``'s memory and compressor state (a skipped step)."""
+        name = self.flat_of.get(name, name)
         self.memory.undo(name)
         self.compressor.undo(name)  # with the state of its segments (ScatterGather's segment names)
         if self.owner_memory is not None:

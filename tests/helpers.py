@@ -190,3 +190,21 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def on_both_cpu_paths(threads: int, run: Callable[[], Any]) -> tuple[Any, Any]:
+    """``run()`` with the compiled CPU passes, then with the tensor formulas, on ``threads`` torch
+    threads (the compiled passes' thread count follows it)."""
+    from grace_legacy.compressors.kernels import compiled
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        results = []
+        for enabled in (True, False):
+            compiled.ENABLED = enabled
+            results.append(run())
+    finally:
+        compiled.ENABLED = True
+        torch.set_num_threads(before)
+    return results[0], results[1]

@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from grace_legacy.communicators.fusion import step_flat_name
+
 
 def mean_rule(decompressed: list[torch.Tensor]) -> torch.Tensor:
     total = torch.zeros_like(decompressed[0])
@@ -105,6 +107,42 @@ def mismatch(got: torch.Tensor, expected: torch.Tensor, bound: torch.Tensor | No
     except AssertionError as err:
         return str(err)[:600]
     return None
+
+
+def step_units(local: dict[str, torch.Tensor], spans_step: bool) -> list[tuple[str, torch.Tensor, list[str]]]:
+    """What a bundle compresses for one step of gradients ``local`` (name -> gradient): each
+    gradient under its name, or, for a compressor that spans the step, the gradients of each dtype
+    and device laid end to end in the order of their names, under the flat's name (the library
+    names it, :func:`grace_legacy.communicators.fusion.step_flat_name`). ``(name, tensor, the
+    gradients it holds)`` each."""
+    if not spans_step:
+        return [(name, grad, [name]) for name, grad in local.items()]
+    groups: dict[str, list[str]] = {}
+    for name in sorted(local):
+        groups.setdefault(step_flat_name(local[name].dtype, local[name].device), []).append(name)
+    return [(flat, torch.cat([local[n].reshape(-1) for n in names]), names) for flat, names in groups.items()]
+
+
+def per_gradient(unit: tuple[str, torch.Tensor, list[str]], result: torch.Tensor,
+                 local: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``result`` of a :func:`step_units` unit cut back into its gradients' shapes."""
+    _, _, names = unit
+    pieces = torch.split(result.reshape(-1), [local[n].numel() for n in names])
+    return {n: piece.view(local[n].shape) for n, piece in zip(names, pieces, strict=True)}
+
+
+def twin_contributions(step_one: Callable[[torch.Tensor, str], tuple], local: dict[str, torch.Tensor],
+                       spans_step: bool) -> dict[str, tuple]:
+    """Per gradient name, in ``local``'s order, what ``step_one(tensor, name)`` returns for it (a
+    tuple: the decompressed contribution, the bytes sent, then anything else), called once per
+    :func:`step_units` unit; a flat's contribution is cut back into its gradients, its bytes
+    counted with the first of them (0 with the others), its other fields given to each."""
+    out: dict[str, tuple] = {}
+    for unit in step_units(local, spans_step):
+        contribution, sent, *rest = step_one(unit[1], unit[0])
+        for i, (name, piece) in enumerate(per_gradient(unit, contribution, local).items()):
+            out[name] = (piece, sent if i == 0 else 0, *rest)
+    return {name: out[name] for name in local}
 
 
 @dataclass

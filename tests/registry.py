@@ -28,12 +28,14 @@ from hypothesis import strategies as st
 
 from grace_legacy import (
     BF16,
+    CAT,
     DGC,
     EF21,
     FP16,
     INCEPTIONN,
     QSGD,
     Accordion,
+    AdaComp,
     AdaQ,
     Broadcast,
     Compressor,
@@ -41,6 +43,7 @@ from grace_legacy import (
     DGCWarmup,
     EFSignSGD,
     EFSignSGDMemory,
+    GlobalTopK,
     Grace,
     Legacy,
     LGreCo,
@@ -60,13 +63,16 @@ from grace_legacy import (
     Threshold,
     TopK,
     U8bit,
+    VarianceSparsifier,
 )
+from grace_legacy.compressors.adacomp import BIN_SIZE
 from grace_legacy.compressors.entries import DENSITY
 from grace_legacy.compressors.inceptionn import ERROR_BOUND
 from grace_legacy.compressors.qsgd import LEVELS
 from grace_legacy.compressors.signsgd import MOMENTUM
 from grace_legacy.compressors.sketch import QUANTILES
 from grace_legacy.compressors.threshold import THRESHOLD
+from grace_legacy.compressors.variance import ALPHA, KSI
 from tests.example_compressor import LEVELS as INT8_LEVELS
 from tests.example_compressor import Int8Linear
 from tests.reference import (
@@ -84,6 +90,14 @@ from tests.reference_compressors import (
     ReferenceFamily,
     SketchReference,
     U8bitReference,
+)
+from tests.reference_sparsifiers import (
+    AdaCompReference,
+    CATReference,
+    GlobalTopKReference,
+    SquaredGradients,
+    VarianceReference,
+    squared_gradient,
 )
 
 #: The distributed workers' SGD learning rate, which EF-signSGD's memory must share.
@@ -197,10 +211,25 @@ class Entry:
     #: an independent reference of ``typical`` (``tests/reference_compressors.py``), the twin of
     #: the dtype contract (``test_contract_dtypes.py``); ``None``: a second ``typical`` is the twin
     reference: Callable[[], Compressor] | None = None
+    #: builds a working compressor from the fuzzed arguments (``None``: the class itself); the
+    #: variance sparsifier's also attaches a source of per-sample moments
+    build: Callable[..., Compressor] | None = None
 
     @property
     def name(self) -> str:
         return self.compressor.__name__
+
+    def make(self, *args: Any, **kwargs: Any) -> Compressor:
+        """A compressor built from these arguments, ready to compress."""
+        return (self.build or self.compressor)(*args, **kwargs)
+
+
+def with_squared_gradients(alpha: float | None = None, ksi: float = 0.999) -> VarianceSparsifier:
+    """A variance sparsifier whose per-sample moment is the squared gradient (one sample a batch:
+    :class:`tests.reference_sparsifiers.SquaredGradients`), which works on any tensor."""
+    sparsifier = VarianceSparsifier(alpha, ksi)
+    sparsifier.attach(SquaredGradients())
+    return sparsifier
 
 
 ENTRIES: list[Entry] = [
@@ -307,6 +336,44 @@ ENTRIES: list[Entry] = [
              against(lambda: AdaQReference(0.3, seed=17), lambda: AdaQ(0.3, seed=17), Residual,
                      communicator=Broadcast()), routes={"broadcast"}, **EXACT),),
           reference=lambda: AdaQReference(0.3, seed=12, min_samples=16)),
+    # The LEGACY reference's own compressors, each against its reference in tests/reference_sparsifiers.py.
+    # GlobalTopK and CAT select over the Net's 1250 entries laid end to end (tests/reference.step_units):
+    # GlobalTopK(0.6)'s 750 entries gather more bytes than a dense allreduce (2 or 4 ranks), hence the dense
+    # fallback; by epoch (one a step) dense for the first step, then 5%. CAT with the reference's cost keeps
+    # whole packets of 22 entries, a number chosen per rank.
+    Entry(GlobalTopK, "GlobalTopK(0.1)", lambda: GlobalTopK(0.1), {"ratio": parameter_values(DENSITY)}, "sign", (
+        Case("GlobalTopK(0.1)+Residual", against(lambda: GlobalTopKReference(0.1), lambda: GlobalTopK(0.1), Residual),
+             routes={"allgather"}),
+        Case("GlobalTopK(0.6)+Residual through the dense fallback",
+             against(lambda: GlobalTopKReference(0.6), lambda: GlobalTopK(0.6), Residual), routes={"dense-fallback"}),
+        Case("Legacy(GlobalTopK) by epoch", lambda: (
+            case_bundle(Legacy(GlobalTopK(), by="epoch", values=[1.0, 0.05], epochs=2, steps_per_epoch=1),
+                        Residual()),
+            RuleTwin(ReferenceFamily(GlobalTopKReference), lambda n, step: [None, 0.05][equal_phase(step, 2, 2)]),
+            Residual()), routes={"dense", "allgather"}),), reference=lambda: GlobalTopKReference(0.1)),
+    Entry(CAT, "CAT()", CAT, {"c0": st.floats(1e-3, 1e3), "c1": st.floats(0.0, 1e3),
+                              "packet_bits": st.integers(1, 10**5)}, "sparse", (
+        Case("CAT()+Residual", against(CATReference, CAT, Residual), routes={"allgather"}, **EXACT),
+        Case("CAT(c0=1, c1=8, packet_bits=256)+Residual via Broadcast",
+             against(lambda: CATReference(1, 8, 256), lambda: CAT(1, 8, 256), Residual, communicator=Broadcast()),
+             routes={"broadcast"}, **EXACT),), reference=CATReference),
+    # AdaComp and the variance sparsifier keep their own state (NoMemory). The variance cases'
+    # moment is the squared gradient (SampleMoments' hooks are held to torch.func per-sample
+    # gradients in tests/unit/test_per_sample.py); alpha=1.5 sends nothing at step 0, then the
+    # entries whose sums grew.
+    Entry(AdaComp, "AdaComp(16)", lambda: AdaComp(16), {"bin_size": parameter_values(BIN_SIZE)}, "sparse", (
+        Case("AdaComp(16)", against(lambda: AdaCompReference(16), lambda: AdaComp(16), NoMemory),
+             routes={"allgather"}, **EXACT),
+        Case("Legacy(AdaComp) by layer", lambda: (
+            case_bundle(Legacy(AdaComp(), by="layer", values=[None, 4, 64], splits=[5, 100]), NoMemory()),
+            RuleTwin(ReferenceFamily(AdaCompReference), lambda n, step: [None, 4, 64][first_group(n, [5, 100])]),
+            NoMemory()), routes={"allgather", "dense"}),), reference=lambda: AdaCompReference(16)),
+    Entry(VarianceSparsifier, "VarianceSparsifier(1.5, 0.9)", lambda: with_squared_gradients(1.5, 0.9),
+          {"alpha": parameter_values(ALPHA), "ksi": parameter_values(KSI)}, "sign", (
+        Case("VarianceSparsifier(1.5, 0.9)", against(lambda: VarianceReference(1.5, 0.9, squared_gradient),
+                                                     lambda: with_squared_gradients(1.5, 0.9), NoMemory),
+             routes={"allgather"}, **EXACT),),
+          reference=lambda: VarianceReference(1.5, 0.9, squared_gradient), build=with_squared_gradients),
     # PowerSGD's two rounds are checked by their own worker (tests/distributed/test_powersgd.py) against a
     # reference of the two allreduces; the state tests pair it with every memory.
     Entry(PowerSGD, "PowerSGD(2)", lambda: PowerSGD(2, seed=6),

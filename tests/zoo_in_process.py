@@ -36,7 +36,7 @@ from grace_legacy.grace import _DENSE
 from grace_legacy.runtime import wire
 from tests import two_phase
 from tests.helpers import ThreadBackend, bits, run_ranks
-from tests.reference import Case, Observation, expected_and_bound, mean_rule, mismatch
+from tests.reference import Case, Observation, expected_and_bound, mean_rule, mismatch, twin_contributions
 
 #: name -> (shape, scale of rank 0's entries; rank r's are (1 + r) times larger)
 TENSORS: dict[str, tuple[tuple[int, ...], float]] = {
@@ -134,9 +134,11 @@ def _rank(case: Case, backend: ThreadBackend, device: torch.device, steps: int, 
         local = {name: gradient(name, rank, step, device) for name in names}
         pending = {name: compression.start(local[name].clone(), name, backend, True) for name in names}
         results = {name: wait() for name, wait in pending.items()}
+        twins = twin_contributions(lambda grad, name: twin_step_sent(
+            twin, twin_memory, grad, name, communicator, getattr(compression, "dense_fallback", True), world),
+            local, compression.compressor.spans_step)
         for name in names:
-            contribution, sent, route, dtypes = twin_step_sent(twin, twin_memory, local[name], name, communicator,
-                                                               getattr(compression, "dense_fallback", True), world)
+            contribution, sent, route, dtypes = twins[name]
             expected_bytes += sent
             routes.add(route)
             contributions = _gather(backend, contribution, f"reference.{step}.{name}")

@@ -1,7 +1,8 @@
 """The LEGACY rebuttal's two tables (QSGD on ResNet-9, PowerSGD on ResNet-18), reproduced small,
-on the 8x8 digits and on mnist1d.
+on the 8x8 digits and on mnist1d, and a Top-k + EF table on mnist1d where LEGACY's layer rule meets
+whole-model Top-k at equal link bytes (``benchmarks/common/paper_arms.py``).
 
-    python -m benchmarks.accuracy.paper_tables                      # all four tables, 5 seeds
+    python -m benchmarks.accuracy.paper_tables                      # every table, 5 seeds
     python -m benchmarks.accuracy.paper_tables --tables mnist1d-qsgd mnist1d-powersgd
     python -m benchmarks.accuracy.paper_tables --tables mnist1d-qsgd --arms "uniform s=4"
     python -m benchmarks.accuracy.paper_tables --tables             # the report again, from the JSON
@@ -101,7 +102,7 @@ def _rows(table, result: dict[str, Any]) -> list[dict[str, Any]]:
     summary = {arm: summary[arm] for arm in sorted(summary, key=lambda a: first.index(a) if a in first else len(first))}
     reference = table.reference_name
     uniforms = [arm for arm, s in summary.items() if s["family"] == "uniform"]
-    paper_reference = table.paper[reference][1]
+    paper_reference = table.paper[reference][1] if reference in table.paper else None
     rows = []
     for arm, s in summary.items():
         match = result["matching"]["matches"].get(arm)
@@ -112,7 +113,8 @@ def _rows(table, result: dict[str, Any]) -> list[dict[str, Any]]:
         else:
             matched = None
         paper = table.paper.get(arm)
-        paper_difference = None if paper is None or arm == reference else paper[1] - paper_reference
+        paper_difference = None if paper is None or arm == reference or paper_reference is None \
+            else paper[1] - paper_reference
         row = {"arm": arm, "family": s["family"], "seeds": s["seeds"], "volume": s["volume"], "mean": s["mean"],
                "std": s["std"], "paper": paper, "paper_difference": paper_difference, "matched": matched}
         if arm != reference:
@@ -167,6 +169,8 @@ def _controls(table, result: dict[str, Any]) -> list[str]:
 
 
 def _scaling_line(table) -> str:
+    if table.values_note is not None:
+        return table.values_note
     if table.factor == 1:
         return (f"Values: the rebuttal's own ({table.reference_name} and its schedules), unscaled.")
     mapped = "; ".join(f"{name} -> {arm}" for arm, (name, _, _) in table.paper.items())
@@ -177,6 +181,8 @@ def _scaling_line(table) -> str:
 
 
 def _section(table, result: dict[str, Any], seeds: int) -> list[str]:
+    from benchmarks.common.analysis import paired
+
     runs, task, setting = result["runs"], table.task, table.setting
     rows = _rows(table, result)
     reference = table.reference_name
@@ -199,9 +205,9 @@ def _section(table, result: dict[str, Any], seeds: int) -> list[str]:
             return f"{low:,} -" + (f" {high - 1:,}" if high is not None else "")
         lines.append(f"| {g['group']} | {span(g['paper'])} | {span(g['scaled'])} | {g['tensors']} | "
                      f"{g['elements']:,} ({g['elements'] / total:.1%}) |")
+    route = "on the route a default bundle takes" if table.route is None else f"every tensor by {table.route}"
     lines += ["", "Uniform matched to each fixed schedule's expected wire volume (link bytes per step over a dense "
-              "ring allreduce's, on the route a default bundle takes, the dense fallback counted; the parameter is "
-              "an integer, so the nearest):", "",
+              f"ring allreduce's, {route}, the dense fallback counted; the nearest of the uniform values tried):", "",
               "| schedule | expected volume | matched uniform | its expected volume |", "|---|---|---|---|"]
     for arm, m in result["matching"]["matches"].items():
         lines.append(f"| {arm} | {m['expected_volume']:.4f} | {table.uniform_name(m['uniform'])} | "
@@ -231,6 +237,11 @@ def _section(table, result: dict[str, Any], seeds: int) -> list[str]:
             f"{paper} | {'-' if sign is None else f'{sign:+.2f}'} | "
             f"{vs_ref.verdict(sign) if vs_ref and sign is not None else '-'} | "
             f"{vs_match.verdict(sign) if vs_match and sign is not None and r['matched'] != r['arm'] else '-'} |")
+    for first, second in table.comparisons:
+        if {first, second} <= {run["arm"] for run in runs}:
+            difference = paired(runs, first, second)
+            lines += ["", f"**{first} - {second}** (paired by seed, 95% interval): {difference} points: "
+                      f"{difference.verdict()}."]
     layered = [r for r in runs if r["by_group"] and r["seed"] == 0 and "layer" in r["arm"]]
     for run in layered:
         groups = ", ".join(f"{'SMLH'[int(g)]} {v:.3f}" for g, v in sorted(run["by_group"].items()))

@@ -26,6 +26,15 @@ the route a default bundle takes and the dense fallback counted, over a dense ri
 wire volume ``TrafficStats`` measures) come closest to the schedule's is trained too. The
 parameters are integers, so the match is the nearest, not exact; both volumes are measured and
 reported.
+
+A third mnist1d table is not the rebuttal's: Top-k with error feedback on the same ResNet-9, where
+LEGACY's hand-set layer rule meets whole-model Top-k (:class:`~grace_legacy.GlobalTopK`), whose
+layers' densities follow the gradients by themselves. Its arms, every one gathered
+(``Allgather()``, as the LEGACY reference gathers): uniform Top-k at density ``d``; LEGACY by layer
+with the rebuttal's QSGD layer rule as density factors (group S uncompressed, M ``8c``, L ``2c``,
+H ``c / 2``: its levels ``-, 256, 64, 16`` over its uniform 32); whole-model Top-k at ratio ``g``.
+``c`` and ``g`` are solved (:func:`solved`) so that each arm's expected link bytes equal the
+uniform arm's, then rounded to three significant figures; the report gives each expected volume.
 """
 
 from __future__ import annotations
@@ -36,11 +45,25 @@ from fractions import Fraction
 from typing import Any
 
 import horovod.torch as hvd
+import torch
 from torch import nn
 
-from grace_legacy import QSGD, Accordion, Grace, Legacy, LGreCo, NoMemory, PowerSGD, PowerSGDMemory
+from grace_legacy import (
+    QSGD,
+    Accordion,
+    Allgather,
+    GlobalTopK,
+    Grace,
+    Legacy,
+    LGreCo,
+    NoMemory,
+    PowerSGD,
+    PowerSGDMemory,
+    Residual,
+    TopK,
+)
 from grace_legacy.core.compressor import Compressor
-from grace_legacy.runtime.cost import link_bytes, ring_allreduce_bytes
+from grace_legacy.runtime.cost import choose_route, link_bytes, ring_allreduce_bytes, route_link_bytes
 
 from .arms import Arm, Run
 from .resnets import PAPER_SPLITS, ResNet9, ResNet18, counterpart_splits, group_sizes, scaled_splits
@@ -51,6 +74,11 @@ from .tasks import Task
 QSGD_VALUES = {"uniform": 32, "epoch": [64, 32, 16], "layer": [None, 256, 64, 16]}
 POWERSGD_VALUES = {"uniform": 3, "epoch": [6, 4, 3, 2], "layer": [None, 8, 3, 2], "lgreco": [1, 2, 3, 4, 6, 8],
                    "accordion": [4, 2]}
+#: The Top-k table's layer rule: the rebuttal's QSGD levels by layer over its uniform (-, 256, 64,
+#: 16 over 32), as factors of a density.
+TOPK_LAYER_FACTORS = [None, 8, 2, 0.5]
+#: The workers every table runs on (the benchmark's horovodrun -np).
+WORKERS = 4
 
 
 def scale(values: Sequence[int | None], factor: Fraction) -> list[int | None]:
@@ -109,6 +137,12 @@ class Table:
     adaptive: tuple[str, ...] = ()               # arms whose bytes only a run can tell
     #: Uniform values trained as controls: as many wire bytes as the reference (see qsgd_table).
     controls: list[int] = field(default_factory=list)
+    #: the route every compressed arm is pinned to ("allgather"), or None: each tensor's default
+    route: str | None = None
+    #: how the values were chosen, where they are not the rebuttal's (None: :func:`_scaling_line`'s)
+    values_note: str | None = None
+    #: pairs of arms whose paired difference the report gives (the question a table asks)
+    comparisons: list[tuple[str, str]] = field(default_factory=list)
 
     @property
     def factor(self) -> Fraction:
@@ -234,27 +268,85 @@ def powersgd_table(key: str, setting: Setting, reference: int, epochs: int, quic
         adaptive=(lgreco, accordion))
 
 
+def _topk(value: float, run: Run) -> Grace:
+    return Grace(TopK(value), memory=Residual(), communicator=Allgather())
+
+
+def _topk_layer(values: list, splits: list[int]) -> Callable[[Run], Grace]:
+    def build(run: Run) -> Grace:
+        return Grace(Legacy(TopK(), by="layer", values=values, splits=splits), memory=Residual(),
+                     communicator=Allgather())
+    return build
+
+
+def _whole_model(ratio: float) -> Callable[[Run], Grace]:
+    return lambda run: Grace(GlobalTopK(ratio), memory=Residual(), communicator=Allgather())
+
+
+def solved(volume_of: Callable[[float], float], target: float, low: float, high: float) -> float:
+    """The value in ``[low, high]`` whose volume (growing with it) is ``target``, by bisection, to
+    three significant figures."""
+    for _ in range(60):
+        middle = (low + high) / 2
+        low, high = (middle, high) if volume_of(middle) < target else (low, middle)
+    return float(f"{(low + high) / 2:.3g}")
+
+
+def topk_table(key: str, setting: Setting, reference: float, epochs: int, quick_epochs: int) -> Table:
+    """Top-k + EF on ResNet-9 in ``setting``, uniform at density ``reference``: LEGACY by layer and
+    whole-model Top-k at its link bytes (see the module's docstring)."""
+    def build() -> nn.Module:
+        return ResNet9(divisor=setting.divisor, dims=setting.dims)
+
+    splits, model = setting.splits(build), build()
+    target = expected_volume(TopK(reference), model, 1, WORKERS, route="allgather")
+
+    def layer_values(c: float) -> list[float | None]:
+        return [None if f is None else min(1.0, f * c) for f in TOPK_LAYER_FACTORS]
+
+    c = solved(lambda c: expected_volume(Legacy(TopK(), by="layer", values=layer_values(c), splits=splits), model,
+                                         1, WORKERS, route="allgather"), target, 1e-6, 0.1)
+    ratio = solved(lambda g: expected_volume(GlobalTopK(g), model, 1, WORKERS, route="allgather"), target, 1e-6, 1.0)
+    by_layer = f"LEGACY layer d=-,{8 * c:.3g},{2 * c:.3g},{c / 2:.3g} + EF"
+    whole = f"whole-model Top-k d={ratio:.3g} + EF"
+    note = (f"Values: not the rebuttal's. Uniform Top-k + EF at d={reference}; LEGACY by layer with the rebuttal's "
+            f"QSGD layer rule as density factors (-, 8c, 2c, c/2) and whole-model Top-k, c={c:.3g} and ratio "
+            f"{ratio:.3g} solved for the uniform arm's expected link bytes, every arm gathered (Allgather()).")
+    return Table(
+        key, f"Top-k + EF, ResNet-9 (not in the rebuttal; here: {setting.data})",
+        "not in the rebuttal: LEGACY's layer rule against whole-model Top-k, at equal link bytes",
+        setting, build, _task(f"resnet9-{setting.data}", setting, splits, epochs, quick_epochs), "d",
+        1, reference, [reference], _topk,
+        [Arm(by_layer, "legacy", True, _topk_layer(layer_values(c), splits)),
+         Arm(whole, "adaptive", True, _whole_model(ratio))],
+        splits, route="allgather", values_note=note, comparisons=[(by_layer, whole)])
+
+
 DENSE = Arm("dense", "dense", False, lambda run: hvd.Compression.none)
 
-TABLES = {
-    "qsgd": qsgd_table("qsgd", DIGITS, 32, epochs=15, quick_epochs=3),
-    "powersgd": powersgd_table("powersgd", DIGITS, 3, epochs=16, quick_epochs=4),
-    "mnist1d-qsgd": qsgd_table("mnist1d-qsgd", MNIST1D, 2, epochs=12, quick_epochs=2),
-    "mnist1d-powersgd": powersgd_table("mnist1d-powersgd", MNIST1D, 3, epochs=12, quick_epochs=2),
-}
 
 
-def expected_volume(compressor: Compressor, model: nn.Module, epochs: int, world_size: int) -> float:
+def expected_volume(compressor: Compressor, model: nn.Module, epochs: int, world_size: int,
+                    route: str | None = None) -> float:
     """Link bytes a rank is expected to put on its link per step, averaged over the run's epochs,
-    over a dense ring allreduce's (the wire volume): each tensor on the route a default bundle
-    takes for what the compressor resolves it to at that epoch (:func:`link_bytes`, the dense
-    fallback counted; a fixed schedule's bytes depend only on shapes and progress)."""
+    over a dense ring allreduce's (the wire volume): each tensor (the model's laid end to end, for a
+    compressor that spans the step) on the route a default bundle takes for what the compressor
+    resolves it to at that epoch (:func:`link_bytes`), or the one ``route`` forces, the dense
+    fallback counted; a fixed schedule's bytes depend only on shapes and progress."""
+    tensors = [(name, p.detach()) for name, p in model.named_parameters()]
+    if compressor.spans_step:
+        tensors = [("whole", torch.cat([p.reshape(-1) for _, p in tensors]))]
     sent = dense = 0.0
     for epoch in range(epochs):
         compressor.set_epoch(epoch)
-        for name, p in model.named_parameters():
-            concrete = compressor.compressor_for(p.detach(), name)
-            sent += link_bytes(concrete, p.shape, p.dtype, world_size)
+        for name, p in tensors:
+            concrete = compressor.compressor_for(p, name)
+            if route is None or concrete is None:
+                sent += link_bytes(concrete, p.shape, p.dtype, world_size)
+            else:
+                chosen = choose_route(concrete, p.shape, p.dtype, world_size, forced=route)
+                sent += route_link_bytes(concrete, p.shape, p.dtype, world_size)[
+                    "dense" if chosen == "dense" else chosen]
             dense += ring_allreduce_bytes(p.numel() * p.element_size(), world_size)
     return sent / dense
 
@@ -264,7 +356,7 @@ def matched_uniforms(table: Table, model: nn.Module, epochs: int, steps: int, wo
     whose expected volume is nearest (ties to the table's reference value, then the smallest)."""
     def volume(arm_build: Callable[[Run], Grace]) -> float:
         run = Run(model, table.task, epochs, steps, world_size)
-        return expected_volume(arm_build(run).compressor, model, epochs, world_size)
+        return expected_volume(arm_build(run).compressor, model, epochs, world_size, route=table.route)
 
     uniform = {v: volume(lambda run, v=v: table.uniform(v, run)) for v in table.candidates}
     matches = {}
@@ -290,3 +382,12 @@ def group_table(table: Table, model: nn.Module) -> list[dict[str, Any]]:
     return [{"group": "SMLH"[g], "paper": (edges[g], edges[g + 1]), "scaled": (scaled[g], scaled[g + 1]),
              "tensors": tensors, "elements": elements}
             for g, (tensors, elements) in enumerate(group_sizes(model, table.splits))]
+
+
+TABLES = {
+    "qsgd": qsgd_table("qsgd", DIGITS, 32, epochs=15, quick_epochs=3),
+    "powersgd": powersgd_table("powersgd", DIGITS, 3, epochs=16, quick_epochs=4),
+    "mnist1d-qsgd": qsgd_table("mnist1d-qsgd", MNIST1D, 2, epochs=12, quick_epochs=2),
+    "mnist1d-powersgd": powersgd_table("mnist1d-powersgd", MNIST1D, 3, epochs=12, quick_epochs=2),
+    "mnist1d-topk": topk_table("mnist1d-topk", MNIST1D, 0.005, epochs=12, quick_epochs=2),
+}

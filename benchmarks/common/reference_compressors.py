@@ -240,3 +240,97 @@ class PowerSGD(Reference):
             return payload[0]
         p, q = payload
         return (p @ q.t()).view(ctx)
+
+
+# -- the LEGACY reference's own compressors -------------------------------------------------------
+# GlobalTopK and CAT select over the whole model: the benchmark hands them the step's gradients
+# laid end to end (``spans_step``), as the library's bundle does.
+
+
+class GlobalTopK(TopK):
+    """One ``torch.topk`` over the model's gradients end to end (the LEGACY reference's
+    ``GlobalTopKReducer``)."""
+
+    spans_step = True
+
+
+class CAT(TopK):
+    """The whole model's magnitudes sorted, the squared norm's running sum, the packet count with
+    the best ratio of it to ``c0 m + c1``, then a ``torch.topk`` of that many (the LEGACY
+    reference's ``GlobalCATReducer``, with whole packets)."""
+
+    spans_step = True
+
+    def __init__(self, c0: float = 1.0, c1: float = 60.0, packet_bits: int = 1460) -> None:
+        super().__init__(1.0)
+        self.c0, self.c1, self.packet_bits = c0, c1, packet_bits
+
+    def compress(self, tensor, name):
+        flat = tensor.flatten()
+        n, tau = flat.numel(), max(1, self.packet_bits // 64)
+        sums = torch.sort(flat.abs(), descending=True).values.double().square().cumsum(0)
+        packets = torch.arange(1, -(-n // tau) + 1, dtype=torch.float64, device=flat.device)
+        ends = (packets.long() * tau).clamp(max=n) - 1
+        k = int(ends[torch.argmax(sums[ends] / (self.c0 * packets + self.c1))]) + 1
+        _, indices = torch.topk(flat.abs(), k, sorted=False)
+        return [torch.gather(flat, 0, indices), indices], (tensor.shape, n)
+
+
+class AdaComp(TopK):
+    """Per tensor a residue ``R``: ``G = R + g``, ``H = G + g``, each bin's ``max |G|`` by a view of
+    the padded magnitudes, sent where ``|H|`` reaches it, ``R`` = ``G`` with those zeroed."""
+
+    def __init__(self, bin_size: int) -> None:
+        super().__init__(1.0)
+        self.bin_size = bin_size
+        self.residues: dict[str, torch.Tensor] = {}
+
+    def compress(self, tensor, name):
+        flat = tensor.flatten()
+        g = self.residues.get(name, torch.zeros_like(flat)) + flat
+        h = g + flat
+        size = min(self.bin_size, g.numel())
+        padded = torch.nn.functional.pad(g.abs(), (0, -g.numel() % size))
+        top = padded.view(-1, size).amax(dim=1).repeat_interleave(size)[:g.numel()]
+        mask = h.abs() >= top
+        indices = torch.nonzero(mask).flatten()
+        self.residues[name] = torch.where(mask, torch.zeros_like(g), g)
+        return [g[indices], indices], (tensor.shape, flat.numel())
+
+
+class SquaredOnce:
+    """A moment source (for the library's ``attach`` and the reference alike) that squares each
+    named gradient once and hands that back every time: the moments cost neither side."""
+
+    def __init__(self) -> None:
+        self.moments: dict[str, torch.Tensor] = {}
+
+    def take(self, name: str, gradient: torch.Tensor) -> torch.Tensor:
+        if name not in self.moments:
+            self.moments[name] = gradient.square()
+        return self.moments[name]
+
+    def clear(self) -> None:
+        pass
+
+
+class Variance(TopK):
+    """Per tensor sums ``r``, ``v``: ``r += g``, ``v += m``, sent where ``r^2 > alpha v``; there
+    ``r`` and ``v`` are zeroed, elsewhere ``v`` decays by ``ksi``."""
+
+    def __init__(self, alpha: float, ksi: float, moments: SquaredOnce) -> None:
+        super().__init__(1.0)
+        self.alpha, self.ksi, self.source = alpha, ksi, moments
+        self.sums: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def compress(self, tensor, name):
+        flat = tensor.flatten()
+        r, v = self.sums.get(name, (torch.zeros_like(flat), torch.zeros_like(flat)))
+        r = r + flat
+        v = v + self.source.take(name, tensor).flatten()
+        mask = r * r > self.alpha * v
+        indices = torch.nonzero(mask).flatten()
+        values = r[indices]
+        zero = torch.zeros_like(r)
+        self.sums[name] = (torch.where(mask, zero, r), torch.where(mask, zero, self.ksi * v))
+        return [values, indices], (tensor.shape, flat.numel())

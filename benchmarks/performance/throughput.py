@@ -13,6 +13,11 @@ reference take turns at going first):
   ``decompress``;
 * *per-tensor reference*: the straightforward GRACE-style code of
   :mod:`benchmarks.common.reference_compressors` (one ``torch.topk`` per tensor, ...);
+* the LEGACY reference's own compressors the same way; GlobalTopK and CAT, which select over the
+  whole model, get the gradients laid end to end by one ``torch.cat`` on both sides (as the
+  bundle hands them over); AdaComp's and the variance sparsifier's state carries from repetition
+  to repetition on both sides alike, and the variance sparsifier's per-sample moments are each
+  gradient squared once, read by both (:class:`~benchmarks.common.reference_compressors.SquaredOnce`);
 * *copy*: ``dst.copy_(src)`` of every gradient into a preallocated buffer, the memory-bandwidth
   floor that any pass over the gradient pays; and, for reference, *clone*: ``src.clone()``, a copy
   that allocates its output as ``decompress`` must (fresh pages cost their faults).
@@ -133,12 +138,35 @@ def cases(quick: bool) -> list[tuple[str, Callable, Callable]]:
         ("EFSignSGD", lambda: gl.EFSignSGD(lr=0.1), ref.EFSignSGD),
         ("OneBit", gl.OneBit, ref.OneBit),
         ("PowerSGD rank 4", lambda: gl.PowerSGD(4), lambda: ref.PowerSGD(4)),
+        # The LEGACY reference's own: the whole-model ones over the gradients end to end.
+        ("GlobalTopK 0.01", lambda: gl.GlobalTopK(0.01), lambda: ref.GlobalTopK(0.01)),
+        ("CAT", gl.CAT, ref.CAT),
+        ("AdaComp 50", lambda: gl.AdaComp(50), lambda: ref.AdaComp(50)),
+        ("AdaComp 500", lambda: gl.AdaComp(500), lambda: ref.AdaComp(500)),
+        ("VarianceSparsifier 1.0", _variance, lambda: ref.Variance(1.0, 0.999, _MOMENTS)),
     ]
     return all_cases
 
 
+#: The per-sample moments both sides of the variance case read (each gradient squared once).
+_MOMENTS = ref.SquaredOnce()
+
+
+def _variance():
+    import grace_legacy as gl
+
+    sparsifier = gl.VarianceSparsifier(1.0, 0.999)
+    sparsifier.attach(_MOMENTS)
+    return sparsifier
+
+
+def end_to_end(grads: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
+    """The gradients laid end to end, as a bundle hands them to a compressor that spans the step."""
+    return [("whole-step", torch.cat([grad.reshape(-1) for _, grad in grads]))]
+
+
 def library_round_trip(compressor, grads: list[tuple[str, torch.Tensor]]) -> None:
-    for name, grad in grads:
+    for name, grad in end_to_end(grads) if compressor.spans_step else grads:
         chosen = compressor.compressor_for(grad, name)
         if chosen is None:
             continue
@@ -149,7 +177,7 @@ def library_round_trip(compressor, grads: list[tuple[str, torch.Tensor]]) -> Non
 
 
 def reference_round_trip(reference: ref.Reference, grads: list[tuple[str, torch.Tensor]]) -> None:
-    for name, grad in grads:
+    for name, grad in end_to_end(grads) if getattr(reference, "spans_step", False) else grads:
         reference.decompress(*reference.compress(grad, name))
 
 

@@ -1,5 +1,5 @@
 """Fusion: many tensors' parcels sent as one flight per communicator instead of one each
-(:meth:`~grace_legacy.core.communicator.Communicator.start_many`), in one of three ways, one object
+(:meth:`~grace_legacy.core.communicator.Communicator.start_many`), in one of four ways, one object
 for the Horovod optimizer and the DDP hook alike:
 
 * planned buckets (:meth:`Fusion.plan`): membership fixed from the parameter order, so every rank
@@ -9,14 +9,27 @@ for the Horovod optimizer and the DDP hook alike:
   round is one collective for the whole model (:meth:`Fusion.advance_held`);
 * whole buckets (:meth:`Fusion.start_whole`): a caller's flat bucket compressed as one tensor where
   that computes what each tensor alone would, bit for bit (PyTorch's ``fp16_compress_hook`` does
-  the same).
+  the same);
+* the whole step (:meth:`Fusion.hold_for_step`), for a compressor that makes one selection over
+  every gradient of the step (:attr:`~grace_legacy.core.compressor.Compressor.spans_step`:
+  ``GlobalTopK``, ``CAT``): the raw gradients are held, and nothing is sent until the first result
+  is asked for. Both integrations ask only once every gradient of the step has been started
+  (``hvd.DistributedOptimizer.synchronize`` starts those the backward pass did not; the DDP hook
+  waits at its last bucket), so this rank then holds the whole step. The gradients are laid end to
+  end, one flat per dtype and device, in the order of their names (sorted: every rank lays them out
+  alike, whatever order they arrived in), and the bundle compresses and sends each flat as one
+  tensor under :func:`step_flat_name` (its error feedback, traffic row and collectives are the
+  flat's). Each gradient's result is its slice of its flat's.
 
 Why buckets, and their size: docs/DESIGN.md#fused-buckets."""
 
 from __future__ import annotations
 
+import functools
+import numbers
 import os
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -27,12 +40,18 @@ from grace_legacy.runtime.buffers import BufferPool, views_of
 from grace_legacy.runtime.cost import ring_allreduce_bytes
 from grace_legacy.runtime.stall import RanksStalled
 from grace_legacy.runtime.traffic import TrafficStats
+from grace_legacy.runtime.validation import ArgumentTypeError, is_int
 
 #: Horovod's own default fusion threshold, used when the environment sets none.
 _HOROVOD_FUSION_DEFAULT = 64 * 1024 * 1024
 
 #: The largest default bucket, below glibc's 32 MiB mmap ceiling (docs/DESIGN.md#bucket-cap).
 BUCKET_BYTES_CAP = 16 * 1024 * 1024
+
+#: ``start_flat(flat, name)``: the bundle's pipeline run on one flat of the step, its pending result.
+StartFlat = Callable[[torch.Tensor, str], Pending]
+
+_STEP_FLAT = "whole-step."
 
 
 def default_bucket_bytes() -> int:
@@ -48,6 +67,33 @@ def default_bucket_bytes() -> int:
     if threshold < 0:
         raise ValueError(f"HOROVOD_FUSION_THRESHOLD must be a whole number of bytes >= 0, got {setting!r}")
     return min(threshold, BUCKET_BYTES_CAP)
+
+
+def step_flat_name(dtype: torch.dtype, device: torch.device) -> str:
+    """The name the step's flat of ``dtype`` on ``device`` is compressed and sent under."""
+    where = "" if device.type == "cpu" else f".{device}"
+    return f"{_STEP_FLAT}{str(dtype).removeprefix('torch.')}{where}"
+
+
+@dataclass
+class _StepFlat:
+    """One flat of the step in flight: its pending result and where each gradient lies in it."""
+
+    pending: Pending
+    places: dict[str, tuple[int, torch.Size]]
+
+
+def checked_bucket_bytes(value: object, owner: str) -> int:
+    """``bucket_bytes`` as ``owner`` was given it: ``None`` for :func:`default_bucket_bytes`, else a
+    whole number >= 0 (``ArgumentTypeError`` for what is not a number, ``ValueError`` for another)."""
+    if value is None:
+        return default_bucket_bytes()
+    if not isinstance(value, numbers.Real) or isinstance(value, (bool, torch.Tensor)):
+        raise ArgumentTypeError(f"{owner}: bucket_bytes must be None or an integer >= 0, got {value!r} of type "
+                                f"{type(value).__name__}")
+    if not is_int(value) or value < 0:
+        raise ValueError(f"{owner}: bucket_bytes must be None or an integer >= 0, got {value!r}")
+    return int(value)
 
 
 class BucketPlan:
@@ -93,10 +139,12 @@ def launch(label: str, parcels: Sequence[Parcel], backend: Backend, average: boo
 
 
 class Fusion:
-    """A bundle's fused sending (see the module docstring); ``bucket_bytes`` ``0``: no planned buckets."""
+    """A bundle's fused sending (see the module docstring); ``bucket_bytes`` ``0``: no planned buckets;
+    ``spans_step``: the bundle's compressor selects over the whole step."""
 
-    def __init__(self, bucket_bytes: int) -> None:
+    def __init__(self, bucket_bytes: int, spans_step: bool = False) -> None:
         self.bucket_bytes = bucket_bytes
+        self.spans_step = spans_step
         self.plan: BucketPlan | None = None
         self._open: dict[int, dict[str, Parcel]] = {}
         self._held: list[Parcel] = []
@@ -106,6 +154,13 @@ class Fusion:
         self._pool = BufferPool()
         # A whole bucket's tensors' traffic rows, the same every step.
         self._whole_rows: dict[tuple, list[tuple[int, int, float, float]]] = {}
+        # The step's gradients held for its flats, what starts a flat, and the flats in flight.
+        self._step_held: dict[str, torch.Tensor] = {}
+        self._start_flat: StartFlat | None = None
+        self._step_flats: dict[str, _StepFlat] = {}
+        #: each held gradient's flat, by name (the same every step: a name keeps its dtype and device);
+        #: its error feedback and the step's guards are the flat's
+        self.flat_of: dict[str, str] = {}
 
     def plan_buckets(self, sizes: Sequence[tuple[str, int]]) -> None:
         """Fuse the tensors named in ``sizes`` ((name, dense bytes), in expected arrival order) into
@@ -197,16 +252,65 @@ class Fusion:
 
         return Pending(finish, part.numel() * part.element_size())
 
+    def holds_for_step(self, name: str) -> bool:
+        """Whether the gradient ``name`` goes in the step's flat (:meth:`hold_for_step`) rather than
+        through the bundle's pipeline by itself; a flat itself does not."""
+        return self.spans_step and not name.startswith(_STEP_FLAT)
+
+    def hold_for_step(self, tensor: torch.Tensor, name: str, start_flat: StartFlat) -> Pending:
+        """Hold the gradient ``tensor`` (its caller leaves it as it is until the step's results are
+        asked for); when the first result is asked for, ``start_flat`` starts each flat of the step."""
+        if name in self._step_held or self.flat_of.get(name) in self._step_flats:  # its flat is in flight
+            raise RuntimeError(f"the gradient of {name!r} was sent twice in one step")
+        self._step_held[name] = tensor
+        self.flat_of[name] = step_flat_name(tensor.dtype, tensor.device)
+        self._start_flat = start_flat
+        return Pending(functools.partial(self._step_result, name))
+
+    def _step_result(self, name: str) -> torch.Tensor:
+        if name in self._step_held:
+            self._start_step_flats()
+        flat = self._step_flats[self.flat_of[name]]
+        start, shape = flat.places.pop(name)
+        result = flat.pending()
+        if not flat.places:  # every gradient of this flat has its slice
+            del self._step_flats[self.flat_of[name]]
+        return result.reshape(-1)[start:start + shape.numel()].view(shape)
+
+    def _start_step_flats(self) -> None:
+        held, self._step_held = self._step_held, {}
+        start_flat, self._start_flat = self._start_flat, None
+        assert start_flat is not None
+        members: dict[str, list[str]] = {}
+        for name in sorted(held):
+            members.setdefault(self.flat_of[name], []).append(name)
+        for flat_name, names in members.items():
+            places, offset = {}, 0
+            for name in names:
+                places[name] = (offset, held[name].shape)
+                offset += held[name].numel()
+            flat = torch.cat([held[name].reshape(-1) for name in names])
+            self._step_flats[flat_name] = _StepFlat(start_flat(flat, flat_name), places)
+
     def unlaunched(self) -> set[str]:
         """The tensors sent this step whose collectives this rank has not launched (their bucket
-        still waits for other members, or the caller's launch): waiting for those would never end."""
-        return {parcel.name for parcel in self._held} | {name for entries in self._open.values() for name in entries}
+        still waits for other members or the caller's launch; held for the step's flat, no result
+        of the step was asked for yet): waiting for those would never end."""
+        return ({parcel.name for parcel in self._held} | {name for entries in self._open.values() for name in entries}
+                | set(self._step_held))
+
+    def end_step(self) -> None:
+        """The step is over: what of its flats nobody asked for, held or arrived, is not kept."""
+        self._step_held.clear()
+        self._start_flat = None
+        self._step_flats.clear()
 
     def abandon(self) -> None:
         """Drop what has not taken off: the step was abandoned."""
         self._open.clear()
         self._held.clear()
         self._flights.clear()
+        self.end_step()
 
     def carried_with(self, name: str) -> list[str]:
         """``name`` and the tensors fused with it in its planned bucket."""

@@ -7,12 +7,15 @@ import functools
 import math
 from collections.abc import Sequence
 from fractions import Fraction
+from typing import Any, ClassVar
 
 import torch
 
 from grace_legacy.compressors.sparse import SparseContext, densify, scatter_sum
 from grace_legacy.core.compressor import Compressor, Payload
+from grace_legacy.core.memory import Memory, NoMemory
 from grace_legacy.core.parameter import ScheduledParameter
+from grace_legacy.core.state import UndoLog
 from grace_legacy.runtime.buffers import LARGE, BufferPool
 
 DENSITY = ScheduledParameter("ratio", low=0.0, high=1.0, low_inclusive=False, high_inclusive=True, dense=1.0)
@@ -52,3 +55,47 @@ class EntrySparsifier(Compressor):
 
     def scatter_context(self, ctx: SparseContext) -> SparseContext:
         return ctx
+
+
+class OwnFeedback(EntrySparsifier):
+    """An :class:`EntrySparsifier` that keeps what it did not send itself, per tensor, in the dicts
+    named by :attr:`stores` (AdaComp's residue, the variance sparsifier's sums): its own error
+    feedback, so it pairs with ``NoMemory`` only; the stores are replaced out of place under an
+    :class:`UndoLog`, saved by :meth:`state_dict` and, holding this rank's own gradients, kept by a
+    rank that survives a change of world."""
+
+    sends_entries = False  # it sends its state's entries, not the input's own
+    #: the attributes, each a ``dict[str, torch.Tensor]`` by tensor name, that make its state
+    stores: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self) -> None:
+        super().__init__()
+        for store in self.stores:
+            setattr(self, store, {})
+        self.undo_log = UndoLog()
+
+    def _keep(self, name: str, **tensors: torch.Tensor) -> None:
+        """Store each of ``tensors`` (by store name) as ``name``'s next state, undoably."""
+        for store, tensor in tensors.items():
+            kept = getattr(self, store)
+            self.undo_log.remember(kept, name)
+            kept[name] = tensor
+
+    def check_memory(self, memory: Memory) -> None:
+        if type(memory) is not NoMemory:
+            raise ValueError(f"{type(self).__name__} keeps its own error feedback ({', '.join(self.stores)}); "
+                             f"{memory!r} would add a second one: use memory=NoMemory() (the default)")
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), **{store: {name: t.detach().clone() for name, t in getattr(self, store).items()}
+                                           for store in self.stores}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        for store in self.stores:  # in place: the copies a schedule configures share these dicts
+            kept = getattr(self, store)
+            kept.clear()
+            kept.update({name: t.clone() for name, t in state[store].items()})
+
+    def rejoin_state(self, shared: dict[str, Any], own: dict[str, Any]) -> dict[str, Any]:
+        return {**super().rejoin_state(shared, own), **{store: own[store] for store in self.stores}}

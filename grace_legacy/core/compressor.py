@@ -98,6 +98,12 @@ class Compressor(_EarlierNames, Stateful, ABC):
     #: tensors back to back in one flat gives their payloads back to back (:meth:`decompress_flat`
     #: decodes them at once), so a caller's whole bucket can go as one tensor (FP16, BF16, none)
     elementwise: ClassVar[bool] = False
+    #: one selection over every gradient of the step: the bundle holds a step's tensors and compresses
+    #: their concatenation once, as one tensor (``GlobalTopK``, ``CAT``; grace_legacy/communicators/fusion.py)
+    spans_step: ClassVar[bool] = False
+    #: a part of a tensor may be compressed as a tensor of its own (a scatter-gather's segments);
+    #: ``False`` where the compressor needs what it knows of the whole tensor (per-sample moments)
+    shardable: ClassVar[bool] = True
 
     #: set by the bundle that runs this compressor: what :attr:`stats` reports
     ledger: Ledger | None = None

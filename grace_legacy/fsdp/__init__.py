@@ -95,6 +95,11 @@ def _refuse(compressor: object) -> None:
                          f"the previous round's sum of the whole tensor; a reduce-scatter delivers each rank its "
                          f"shard only. Use a single-round compressor (TopK, QSGD, ...), or PowerSGD with "
                          f"DistributedDataParallel (grace_legacy.ddp)")
+    if compressor.spans_step or not compressor.shardable:
+        whole = "every gradient of the step as one tensor" if compressor.spans_step else "whole tensors only"
+        raise ValueError(f"{_OWNER}: {compressor!r} compresses {whole}, but a reduce-scatter compresses each "
+                         f"parameter's segments apart, unit by unit as the backward pass reaches it. Use a per-tensor "
+                         f"compressor (TopK, QSGD, ...), or DistributedDataParallel (grace_legacy.ddp)")
     if isinstance(compressor, Accordion | LGreCo):
         raise ValueError(f"{_OWNER}: {type(compressor).__name__} decides from the synchronized gradient of every "
                          f"tensor, which FSDP never assembles on one rank; use Legacy or DGCWarmup, which decide "

@@ -67,7 +67,8 @@ def route_link_bytes(concrete: Compressor | None, shape: int | Sequence[int], dt
     a gathered payload of ``b`` packed bytes costs ``(P - 1) b`` gathered and about
     ``2 (P - 1) / P * b`` scattered and gathered again (an all-to-all of the shards, then the
     owners' re-compressed shards gathered); the dense route ``2 (P - 1) / P`` of the dense bytes.
-    A payload whose size the data decides (Threshold) has only its gather; a majority vote no
+    A payload whose size the data decides (Threshold) has only its gather, as has a compressor of
+    whole tensors only (not ``shardable``: no owner can re-compress a shard); a majority vote no
     dense route (a dense mean would change its update). ``busiest``: the scatter-gather's bytes
     on its busiest link instead of the mean over the ranks (:func:`scatter_gather_bytes`)."""
     shape = torch.Size([shape]) if isinstance(shape, int) else torch.Size(shape)
@@ -86,7 +87,7 @@ def route_link_bytes(concrete: Compressor | None, shape: int | Sequence[int], dt
         return {"allreduce": ring_allreduce_bytes(raw, world_size)}
     packed = wire.packed_size_of(spec, with_header=not concrete.uniform_payload)
     costs["allgather"] = float((world_size - 1) * packed)
-    if concrete.rounds == 1:
+    if concrete.rounds == 1 and concrete.shardable:  # its owners compress shards as tensors of their own
         costs["scattergather"] = scatter_gather_bytes(concrete, shape.numel(), dtype, world_size, busiest=busiest)
     return costs
 

@@ -147,3 +147,11 @@ def positive_number(value: Any, argument: str, owner: str) -> float:
     if not math.isfinite(converted) or not converted > 0:
         raise ValueError(f"{owner}: {argument} must be a finite number > 0, got {value!r}")
     return converted
+
+
+def required(parameter: ScheduledParameter, value: Any, owner: str) -> Any:
+    """A constructor argument checked against ``parameter``'s range, ``None`` refused: the
+    ``ValueError`` or :class:`ArgumentTypeError` names the argument and the range."""
+    if value is None:
+        raise ArgumentTypeError(f"{owner}: {parameter.name} must be {parameter.describe_range()}, got None")
+    return checked_value(parameter, value, owner)

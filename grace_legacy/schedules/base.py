@@ -100,6 +100,14 @@ class Schedule(Compressor):
     def aggregates_by_mean(self) -> bool:  # type: ignore[override]
         return self.base.aggregates_by_mean
 
+    @property
+    def spans_step(self) -> bool:  # type: ignore[override]
+        return self.base.spans_step
+
+    @property
+    def shardable(self) -> bool:  # type: ignore[override]
+        return self.base.shardable
+
     def check_ready(self) -> None:
         pass
 

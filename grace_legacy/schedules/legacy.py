@@ -43,6 +43,10 @@ class Legacy(Schedule):
         if by not in self.MODES:
             raise ValueError(f"Legacy: by must be one of {', '.join(map(repr, self.MODES))}, got {by!r}")
         by_layer, by_phase = by in ("layer", "both"), by in ("epoch", "both")
+        if by_layer and base.spans_step:
+            raise ValueError(f"Legacy: by={by!r} sets a value per layer, but {type(base).__name__} makes one selection "
+                             f"over every layer of the step together, so no layer has a value of its own; use "
+                             f"by='epoch', or a per-layer compressor (TopK) by layer")
 
         if by_layer:
             self.splits = check_increasing_positive_ints([] if splits is None else splits, "splits", "Legacy")

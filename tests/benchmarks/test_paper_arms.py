@@ -12,8 +12,9 @@ from fractions import Fraction
 import pytest
 import torch
 
-from benchmarks.common.paper_arms import TABLES, scale
+from benchmarks.common.paper_arms import TABLES, expected_volume, scale
 from benchmarks.common.resnets import ResNet9, ResNet18, counterpart_splits
+from grace_legacy import TopK
 
 #: The rebuttal's groups, written out: under 600 elements, under 100k, under 1M, the rest.
 BOUNDS = (600, 100_000, 1_000_000)
@@ -147,3 +148,15 @@ def test_arms_must_be_a_tables_arms_and_the_table_must_have_earlier_runs(tmp_pat
     args.arms = ["uniform s=3"]
     with pytest.raises(ValueError, match="not among"):
         _earlier_tables(args)
+
+
+def test_the_topk_table_puts_legacy_and_whole_model_top_k_at_the_uniform_arms_link_bytes():
+    table = TABLES["mnist1d-topk"]
+    model = table.build()
+    uniform = expected_volume(TopK(table.reference), model, 1, 4, route="allgather")
+    for arm in table.schedules:
+        compressor = arm.build(None).compressor
+        # Solved to three significant figures: within 2% of the uniform arm's link bytes.
+        assert abs(expected_volume(compressor, model, 1, 4, route="allgather") / uniform - 1) < 0.02, arm.name
+    assert table.comparisons == [tuple(arm.name for arm in table.schedules)]
+    assert [arm.build(None).compressor.spans_step for arm in table.schedules] == [False, True]

@@ -38,11 +38,13 @@ def test_paper_tables_quick(tmp_path):
     for where in ("digits", "mnist1d"):
         assert f"## QSGD, ResNet-9 (rebuttal: CIFAR-10; here: {where})" in text
         assert f"## PowerSGD, ResNet-18 (rebuttal: CIFAR-100; here: {where})" in text
-    assert text.count("| H | 1,000,000 -") == 4 and text.count("**Headroom** (dense - uniform") == 4
+    assert "## Top-k + EF, ResNet-9 (not in the rebuttal; here: mnist1d)" in text
+    assert "| whole-model Top-k d=" in text and "**LEGACY layer d=-," in text
+    assert text.count("| H | 1,000,000 -") == 5 and text.count("**Headroom** (dense - uniform") == 5
     assert "times 1/16" in text and "within noise" in text
     assert (tmp_path / "paper_tables.png").stat().st_size > 1000
     runs = json.loads((tmp_path / "paper_tables.json").read_text())
-    assert set(runs) == {"qsgd", "powersgd", "mnist1d-qsgd", "mnist1d-powersgd"}
+    assert set(runs) == {"qsgd", "powersgd", "mnist1d-qsgd", "mnist1d-powersgd", "mnist1d-topk"}
     assert {run["seed"] for result in runs.values() for run in result["runs"]} == {0, 1}
 
 
@@ -74,6 +76,7 @@ def test_throughput_benchmark_quick(tmp_path):
     run_module("benchmarks.performance.throughput", tmp_path, timeout=300)
     text = (tmp_path / "performance.md").read_text()
     assert "Compressor throughput" in text and "TopK 0.001" in text and "PowerSGD" in text
+    assert all(f"| {label} |" in text for label in ("GlobalTopK 0.01", "CAT", "AdaComp 50", "VarianceSparsifier 1.0"))
     assert (tmp_path / "throughput.png").stat().st_size > 1000
     assert (tmp_path / "throughput.json").exists()
 

@@ -53,6 +53,7 @@ from tests.distributed.harness import STEPS, Net, batch, loss_of
 from tests.distributed.resume_worker import differences
 from tests.distributed.zoo import Observation, cases, mean_rule
 from tests.distributed.zoo_worker import compare_with_rule, twin_step_sent
+from tests.reference import twin_contributions
 from tests.registry import LR, RESUME_AT, RESUME_SETUPS, RESUME_STEPS, every_pair
 from tests.torch_gather import torch_gather_from_ranks
 
@@ -156,9 +157,10 @@ def run_case(rec: Recorder, case, options: dict, routes_of_the_case: bool = True
         opt.zero_grad()
         local = local_gradients(model, step, passes)
         backward_passes(ddp, step, passes)
-        twins = {name: twin_step_sent(twin, twin_memory, local[name], name, communicator,
-                                      getattr(compression, "dense_fallback", True), world_size=dist.get_world_size())
-                 for name, _ in model.named_parameters()}
+        twins = twin_contributions(lambda grad, name: twin_step_sent(
+            twin, twin_memory, grad, name, communicator, getattr(compression, "dense_fallback", True),
+            world_size=dist.get_world_size()),
+            {name: local[name] for name, _ in model.named_parameters()}, state.grace.compressor.spans_step)
         # Every parameter's contribution and synchronized gradient in one gather per step, exact in
         # float64: far fewer collectives to wait for than two per parameter.
         mine = [contribution for contribution, *_ in twins.values()] + [p.grad for p in model.parameters()]

@@ -17,7 +17,7 @@ from grace_legacy.runtime import paths, wire
 from tests.distributed.checks import Recorder, gather_from_ranks, gathered_goes_dense, parse_args
 from tests.distributed.harness import STEPS, Net, batch, local_gradients, loss_of
 from tests.distributed.zoo import FAMILIES, Observation, cases, mean_rule
-from tests.reference import beyond_bound, expected_and_bound
+from tests.reference import beyond_bound, expected_and_bound, twin_contributions
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -97,9 +97,9 @@ def run_case(rec: Recorder, case, dtype: torch.dtype) -> None:
         local = local_gradients(model, step, 1)
         loss_of(model, batch(step, hvd.rank())).backward()
         opt.synchronize()
-        twins = {name: twin_step_sent(twin, twin_memory, local[name], name, communicator,
-                                      getattr(compression, "dense_fallback", True))
-                 for name, _ in model.named_parameters()}
+        twins = twin_contributions(lambda grad, name: twin_step_sent(
+            twin, twin_memory, grad, name, communicator, getattr(compression, "dense_fallback", True)),
+            {name: local[name] for name, _ in model.named_parameters()}, compression.compressor.spans_step)
         # Every parameter's contribution in one gather per step, exact in float64: far fewer
         # collectives to wait for than one per parameter.
         flat = torch.cat([contribution.reshape(-1).double() for contribution, *_ in twins.values()])

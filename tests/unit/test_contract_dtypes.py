@@ -21,7 +21,7 @@ import torch
 from grace_legacy import Grace
 from grace_legacy.grace import _DENSE
 from tests.helpers import ThreadBackend, run_ranks
-from tests.reference import majority_vote_rule, mean_rule
+from tests.reference import majority_vote_rule, mean_rule, per_gradient, step_units
 from tests.registry import ENTRIES, MEMORIES, OWN_MEMORY, case_bundle
 from tests.unit.test_contract_undo import tensors_of
 
@@ -95,8 +95,9 @@ def reduced_in_rank_order(parts_per_rank: list[list[torch.Tensor]]) -> list[torc
     return out
 
 
-def twins(make_twin, make_memory, dtype: torch.dtype) -> list[list[dict]]:
-    """What the twins compute, rank by rank, with the same results layout as :func:`library`."""
+def twins(make_twin, make_memory, dtype: torch.dtype, spans_step: bool = False) -> list[list[dict]]:
+    """What the twins compute, rank by rank, with the same results layout as :func:`library`
+    (``spans_step``: the step's tensors compressed end to end, :func:`tests.reference.step_units`)."""
     compressors = [make_twin() for _ in range(RANKS)]
     memories = [make_memory() for _ in range(RANKS)]
     for rank, compressor in enumerate(compressors):
@@ -104,8 +105,11 @@ def twins(make_twin, make_memory, dtype: torch.dtype) -> list[list[dict]]:
     out: list[list[dict]] = [[] for _ in range(RANKS)]
     for step in range(STEPS):
         results: list[dict] = [{} for _ in range(RANKS)]
-        for name, shape, scale in TENSORS:
-            grads = [gradient(shape, scale, step, rank, dtype) for rank in range(RANKS)]
+        local = [{name: gradient(shape, scale, step, rank, dtype) for name, shape, scale in TENSORS}
+                 for rank in range(RANKS)]
+        units = [step_units(local[rank], spans_step) for rank in range(RANKS)]
+        for index, (name, _, _) in enumerate(units[0]):
+            grads = [units[rank][index][1] for rank in range(RANKS)]
             compensated = [memories[r].compensate(grads[r], name) for r in range(RANKS)]
             concrete = [compressors[r].compressor_for(compensated[r], name) for r in range(RANKS)]
             if concrete[0] is None:
@@ -133,7 +137,8 @@ def twins(make_twin, make_memory, dtype: torch.dtype) -> list[list[dict]]:
                 rule = mean_rule if concrete[0].aggregates_by_mean else majority_vote_rule
                 combined = rule(decoded).to(dtype)
             for r in range(RANKS):
-                results[r][name] = memories[r].aggregated(name, combined.clone())
+                aggregated = memories[r].aggregated(name, combined.clone())
+                results[r].update(per_gradient(units[r][index], aggregated, local[r]))
         for r in range(RANKS):
             memories[r].end_step()
             compressors[r].end_step()
@@ -154,7 +159,7 @@ def test_takes_the_dtype_exactly_as_its_reference_or_refuses_it_by_name(setup, d
         with pytest.raises(TypeError, match=str(dtype).removeprefix("torch.")):
             library(make, make_memory, dtype)
         return
-    got, want = library(make, make_memory, dtype), twins(make_twin, make_memory, dtype)
+    got, want = library(make, make_memory, dtype), twins(make_twin, make_memory, dtype, make().spans_step)
     for rank in range(RANKS):
         for step in range(STEPS):
             for name, _, _ in TENSORS:

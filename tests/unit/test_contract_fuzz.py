@@ -129,12 +129,12 @@ class Spec:
 
 
 def _alone(entry: Entry) -> Spec:
-    return Spec(entry.name, entry.compressor, entry.fuzz, entry.typical)
+    return Spec(entry.name, entry.make, entry.fuzz, entry.typical)
 
 
 def _legacy(entry: Entry) -> Spec:
     def build(small: Any, large: Any, split: int) -> Compressor:
-        return Legacy(entry.compressor(), by="layer", values=[small, large], splits=[split])
+        return Legacy(entry.make(), by="layer", values=[small, large], splits=[split])
 
     values = st.one_of(st.none(), parameter_values(entry.compressor.parameter))
     return Spec(f"Legacy({entry.name})", build, {"small": values, "large": values, "split": st.integers(1, 10**6)},
@@ -154,7 +154,8 @@ def _lgreco() -> Compressor:
 
 
 #: Every registered compressor alone, each one with a parameter inside Legacy, and the adaptive schedules.
-SPECS = [_alone(entry) for entry in ENTRIES] + [_legacy(entry) for entry in ENTRIES if entry.compressor.parameter] + [
+SPECS = [_alone(entry) for entry in ENTRIES] + [_legacy(entry) for entry in ENTRIES
+                                               if entry.compressor.parameter and not entry.compressor.spans_step] + [
     Spec("DGCWarmup(TopK)", _warmup, {"target": st.floats(1e-9, 1.0, exclude_max=True), "epoch": st.integers(0, 6)},
          lambda: _warmup(0.01, 1)),
     Spec("Accordion(QSGD)", _accordion, {}, _accordion),
@@ -277,7 +278,7 @@ def knob_accepts(parameter: ScheduledParameter, value: Any) -> bool:
 # (label, parameter, constructor from the one argument fuzzed): every registered compressor's parameter,
 # then the other numeric arguments.
 KNOB_ARGUMENTS: list[tuple[str, ScheduledParameter, Callable[[Any], Any]]] = [
-    (f"{entry.name}: {entry.compressor.parameter.name}", entry.compressor.parameter, entry.compressor)
+    (f"{entry.name}: {entry.compressor.parameter.name}", entry.compressor.parameter, entry.make)
     for entry in ENTRIES if entry.compressor.parameter
 ] + [
     ("Signum: momentum", MOMENTUM, Signum),
@@ -335,7 +336,9 @@ def test_wrong_types_raise_type_error(argument, value):
 def test_none_is_unset_alone_and_dense_in_a_schedule(base):
     with pytest.raises(ValueError, match=r"was built without its \w+: pass one"):
         base(None).compress(torch.randn(5, 7), "w")
-    assert Legacy(base(), by="layer", values=[None]).compressor_for(torch.randn(5, 7), "w") is None
+    # One selection over the step has no layer of its own: its schedule goes by epoch.
+    by = {"by": "epoch", "epochs": 1} if base.spans_step else {"by": "layer"}
+    assert Legacy(base(), values=[None], **by).compressor_for(torch.randn(5, 7), "w") is None
 
 
 @pytest.mark.parametrize("build", [Signum, EFSignSGD, lambda v: DGC(0.1, sample_ratio=v)])

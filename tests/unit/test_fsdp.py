@@ -12,11 +12,13 @@ from torch.distributed.fsdp import fully_shard
 
 import grace_legacy.fsdp as fsdp
 from grace_legacy import (
+    CAT,
     QSGD,
     Accordion,
     Allgather,
     EFSignSGD,
     EFSignSGDMemory,
+    GlobalTopK,
     Grace,
     Legacy,
     LGreCo,
@@ -24,6 +26,7 @@ from grace_legacy import (
     PowerSGD,
     Residual,
     TopK,
+    VarianceSparsifier,
 )
 from grace_legacy.fsdp.layout import dim0_shape, unit_pieces
 from grace_legacy.fsdp.reduce_scatter import reduction_of
@@ -90,6 +93,9 @@ def test_the_default_bundle_leaves_error_feedback_out_and_says_so():
     (Accordion(TopK(), low=0.5, high=0.1, interval=2), "Legacy or DGCWarmup"),
     (LGreCo(TopK(), [1.0, 0.1], reference=0.1, interval=2), "Legacy or DGCWarmup"),
     (Grace(TopK(0.1), communicator=Allgather()), "communicator"),
+    (CAT(), "every gradient of the step"),
+    (Legacy(GlobalTopK(), by="epoch", values=[0.1, 0.01], epochs=4), "every gradient of the step"),
+    (VarianceSparsifier(1.0), "whole tensors only"),
 ])
 def test_what_cannot_travel_in_a_reduce_scatter_is_refused(compression, names):
     with pytest.raises(ValueError, match=names):

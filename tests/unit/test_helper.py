@@ -12,12 +12,14 @@ from grace_legacy import (
     FP16,
     INCEPTIONN,
     QSGD,
+    AdaComp,
     AdaQ,
     Allreduce,
     Broadcast,
     DGCMemory,
     EFSignSGD,
     EFSignSGDMemory,
+    GlobalTopK,
     Grace,
     Legacy,
     NoCompression,
@@ -31,6 +33,7 @@ from grace_legacy import (
     Threshold,
     TopK,
     U8bit,
+    VarianceSparsifier,
     grace_from_params,
 )
 from grace_legacy.helper import COMMUNICATORS, COMPRESSORS, MEMORIES
@@ -61,6 +64,10 @@ def test_defaults_are_gracess_no_compression_no_memory_allreduce():
     ({"compressor": "inceptionn", "communicator": "allgather", "error_bound": 2**-10}, INCEPTIONN, 2**-10),
     ({"compressor": "sketch", "communicator": "allgather"}, Sketch, 64),
     ({"compressor": "sketch", "communicator": "allgather", "quantiles": 256}, Sketch, 256),
+    # The LEGACY reference's own compressors: their keys (ours) and defaults.
+    ({"compressor": "globaltopk", "communicator": "allgather", "compress_ratio": 0.01}, GlobalTopK, 0.01),
+    ({"compressor": "adacomp", "communicator": "allgather"}, AdaComp, 50),
+    ({"compressor": "variance", "communicator": "allgather", "var_alpha": 1.5}, VarianceSparsifier, 1.5),
 ])
 def test_each_knob_takes_gracess_key_and_default(params, kind, parameter):
     grc = grace_from_params(params)
@@ -68,10 +75,21 @@ def test_each_knob_takes_gracess_key_and_default(params, kind, parameter):
     assert grc.compressor.value == parameter
 
 
+def test_cat_takes_its_cost_model_and_refuses_a_bad_one_by_key():
+    assert repr(grace_from_params({"compressor": "cat", "communicator": "allgather", "cat_c0": 576, "cat_c1": 64,
+                                   "packet_bits": 512}).compressor) == "CAT(c0=576.0, c1=64.0, packet_bits=512)"
+    with pytest.raises(ValueError, match="packet_bits=0"):
+        grace_from_params({"compressor": "cat", "communicator": "allgather", "packet_bits": 0})
+    with pytest.raises(ValueError, match="one selection over every layer"):
+        grace_from_params({"compressor": "globaltopk", "communicator": "allgather", "legacy_by": "layer",
+                           "group_compressions": "100,1", "group_splits": "1000"})
+
+
 def test_every_name_gracess_helper_knows_builds_a_bundle():
     assert set(COMPRESSORS) == {"none", "fp16", "topk", "randomk", "dgc", "threshold", "qsgd", "terngrad",
                                 "natural", "signsgd", "signum", "efsignsgd", "onebit", "powersgd",
-                                "adaq", "inceptionn", "sketch", "u8bit", "bf16"}
+                                "adaq", "inceptionn", "sketch", "u8bit", "bf16", "globaltopk", "cat", "adacomp",
+                                "variance"}
     assert set(MEMORIES) == {"none", "residual", "dgc", "efsignsgd", "powersgd"}
     assert set(COMMUNICATORS) == {"allreduce", "allgather", "broadcast", "scattergather", "default", "auto"}
     for name in COMPRESSORS:

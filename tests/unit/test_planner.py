@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from grace_legacy import Legacy, TopK
+from grace_legacy import GlobalTopK, Legacy, TopK
 from grace_legacy.__main__ import main
 from grace_legacy.planner import model_shapes, plan
 from grace_legacy.runtime.cost import choose_route, route_link_bytes
@@ -156,3 +156,13 @@ def test_flags_that_do_not_fit_are_named(capsys, argv, message):
         main(["plan", *argv])
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_whole_step_compressor_is_planned_on_the_tensors_end_to_end():
+    shapes = [600, 20, 100, 5000]
+    for world_size in (2, 8):
+        whole = plan(GlobalTopK(0.01), shapes, world_size=world_size)
+        one = plan(TopK(0.01), [5720], world_size=world_size)
+        assert whole.rank_link_bytes(0) == one.rank_link_bytes(0) and whole.volume == one.volume
+    by_epoch = plan(Legacy(GlobalTopK(), by="epoch", values=[1.0, 0.01], epochs=2), shapes)
+    assert [sum(t.numel for t in phase) for phase in by_epoch.tensors] == [5720, 5720]

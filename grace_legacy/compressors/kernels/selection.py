@@ -96,6 +96,34 @@ def top_k_indices(flat: torch.Tensor, k: int) -> torch.Tensor:
     return _top_k_indices_torch(flat, k)
 
 
+def top_k_first(flat: torch.Tensor, k: int) -> torch.Tensor:
+    """The flat indices (int64, increasing) of the ``k`` entries of the 1-D ``flat`` with the largest
+    magnitudes, ties at the k-th magnitude going to the lower index: the first ``k`` of a stable
+    sort by magnitude, descending (NaN above infinity above every finite magnitude). A rule that
+    depends on the values alone, so that an independent reference picks the same set. One pass
+    more than :func:`top_k_indices`: every entry at or above the k-th magnitude it found."""
+    kth = _kth_magnitude(flat, top_k_indices(flat, k))
+    if paths.cpu_path(flat):
+        bits, mask = _magnitude_bits(flat)
+        positions, magnitudes = candidates_at_or_above(bits.numpy(), mask, kth, 2 * k)
+        if positions.size > k:  # ties at the k-th magnitude: the first ones
+            tied = magnitudes == kth
+            keep = ~tied | (np.cumsum(tied) <= k - (positions.size - int(tied.sum())))
+            positions = positions[keep]
+        return torch.from_numpy(positions)
+    bits, mask = _magnitude_bits(flat)
+    magnitudes = bits.bitwise_and(mask)
+    above = torch.nonzero(magnitudes > kth).reshape(-1)
+    tied = torch.nonzero(magnitudes == kth).reshape(-1)[: k - above.numel()]
+    return torch.cat([above, tied]).sort().values
+
+
+def _kth_magnitude(flat: torch.Tensor, chosen: torch.Tensor) -> int:
+    """The smallest magnitude bits among the entries of ``flat`` at ``chosen``."""
+    bits, mask = _magnitude_bits(flat.index_select(0, chosen.to(flat.device)))
+    return int(bits.bitwise_and(mask).min())
+
+
 def _top_k_indices_torch(flat: torch.Tensor, k: int) -> torch.Tensor:
     """:func:`top_k_indices` for a large ``flat`` (``k <= numel / 4``) in torch, on any device."""
     numel = flat.numel()
