@@ -6,9 +6,9 @@ fused bucket a flight of many (docs/DESIGN.md#fused-buckets)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -24,6 +24,8 @@ from grace_legacy.runtime.cost import ring_allreduce_bytes
 #: (decoded by ``encoder`` where it is not the parcel's compressor: a payload compressed segment by
 #: segment)
 UpdateMemory = Callable[..., None]
+
+T = TypeVar("T")
 
 
 def nbytes(parts: Payload) -> int:
@@ -56,6 +58,14 @@ class Parcel:
 
     def _not_flown(self) -> torch.Tensor:
         raise RuntimeError(f"the gradient of {self.name!r} was waited for before its bucket was complete")
+
+
+def computed_once(backend: Backend, handle: Any, key: Hashable, compute: Callable[[], T]) -> T:
+    """``compute()``: what every rank computes alike from what the collective ``handle`` delivered
+    (a gathered payload's aggregate). A backend that hosts many ranks in one process (the simulator,
+    :mod:`grace_legacy.simulate`) offers ``computed_once`` to compute it once for all of them."""
+    once = getattr(backend, "computed_once", None)
+    return compute() if once is None else once(handle, key, compute)
 
 
 def raising(error: BaseException) -> Callable[[], torch.Tensor]:
@@ -278,14 +288,19 @@ class BucketExchange:
                 self.label, sum(ctx.numel for ctx in contexts), layout.dtypes[0], parcels[0].payload[0].device)
             gathered = self.backend.wait(handle)
             values, indices = wire.unpack_columns(gathered, layout, self.backend.size(), self.label)
-            sums = scatter_sum_columns(values, indices, layout.counts[0], contexts, self.average, out=out)
-            if out is not None:
+
+            def summed() -> tuple[list[torch.Tensor], bool]:
+                sums = scatter_sum_columns(values, indices, layout.counts[0], contexts, self.average, out=out)
+                if out is None:
+                    return sums, False
                 # Only the entries written can be inf or NaN: when none is, nobody needs to look
                 # at the parcels' results again (Pending.finite).
                 positions = bucket_positions(indices, layout.counts[0], contexts).reshape(-1)
-                if bool(torch.isfinite(out.index_select(0, positions)).all()):
-                    for parcel in parcels:
-                        parcel.pending.finite = True
+                return sums, bool(torch.isfinite(out.index_select(0, positions)).all())
+
+            sums, finite = computed_once(self.backend, handle, "columns", summed)
+            for parcel in parcels:
+                parcel.pending.finite = parcel.pending.finite or finite
             return {m.name: total for m, total in zip(parcels, sums, strict=True)}
         gathered = self.backend.wait(handle)
         if any(with_header for _, with_header in layout):
@@ -294,20 +309,26 @@ class BucketExchange:
             for parcel, payloads, (_, with_header) in zip(parcels, received, layout, strict=True):
                 parcel.pending.wire_bytes = float(sum(wire.packed_size(payload, with_header)
                                                       for rank, payload in enumerate(payloads) if rank != me))
-            return {m.name: m.compressor.aggregate(payloads, m.ctx, self.average)
-                    for m, payloads in zip(parcels, received, strict=True)}
+            return {m.name: computed_once(self.backend, handle, index,
+                                          lambda m=m, payloads=payloads: m.compressor.aggregate(payloads, m.ctx,
+                                                                                                self.average))
+                    for index, (m, payloads) in enumerate(zip(parcels, received, strict=True))}
         # Every rank sent the local layout: each part is one view over all ranks, and the
         # scatter-add parcels share one zero buffer and one scatter-add.
         results: dict[str, torch.Tensor] = {}
         scattered: list[tuple[str, tuple]] = []
-        for parcel, parts in zip(parcels, wire.unpack_stacked(gathered, layout, self.backend.size(), self.label),
-                                 strict=True):
+        for index, (parcel, parts) in enumerate(zip(parcels, wire.unpack_stacked(gathered, layout, self.backend.size(),
+                                                                                 self.label), strict=True)):
             ctx = parcel.compressor.scatter_context(parcel.ctx)
             if ctx is not None:
                 scattered.append((parcel.name, (parts[0], parts[1], ctx)))
                 continue
-            results[parcel.name] = parcel.compressor.aggregate(wire.per_rank(parts), parcel.ctx, self.average)
-        sums = scatter_sum_many([entries for _, entries in scattered], self.average)
+            results[parcel.name] = computed_once(
+                self.backend, handle, index,
+                lambda parcel=parcel, parts=parts: parcel.compressor.aggregate(wire.per_rank(parts), parcel.ctx,
+                                                                               self.average))
+        sums = computed_once(self.backend, handle, "scattered",
+                             lambda: scatter_sum_many([entries for _, entries in scattered], self.average))
         results.update(zip((name for name, _ in scattered), sums, strict=True))
         return results
 
