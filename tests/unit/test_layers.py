@@ -32,6 +32,7 @@ ALLOWED = {
     "elastic": {"core", "runtime", "grace", "optimizer"},
     "ddp": {"core", "runtime", "backends", "consistency", "grace"},
     "lightning": {"core", "runtime", "grace", "ddp"},
+    "simulate": {"core", "runtime", "schedules", "grace"},
     "__main__": {"core", "runtime", "schedules", "helper", "planner"},
 }
 
