@@ -22,6 +22,7 @@ or decides from the aggregated gradients (Accordion, L-GreCo) is refused.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -76,6 +77,9 @@ class Simulation:
         self.lockstep = LockStep(self.workers)
         self._worlds: dict[int, SimulatedWorld] = {}
         self._failure: BaseException | None = None
+        #: seconds spent in each phase of :meth:`backward` so far: the workers' gradients, their
+        #: starts (compression, launches) and their finishes (aggregation, end of step)
+        self.seconds = {"gradients": 0.0, "start": 0.0, "finish": 0.0}
 
     def world(self, size: int) -> SimulatedWorld:
         """The world of ``size`` ranks the steps with that many participants run in."""
@@ -99,15 +103,17 @@ class Simulation:
                              f"{workers[:8]}")
         if len(workers) < self.workers:
             self._check_partial()
+        started_at = time.perf_counter()
         grads, losses = self.gradients([chosen[w][0] for w in workers], [chosen[w][1] for w in workers], workers)
         world = self.world(len(workers))
-
+        computed_at = time.perf_counter()
         try:
             # What the backward pass's hooks do on every rank first (launching, never waiting), then
             # each rank's synchronize() in lock-step: only waits for collectives launched there
             # (a scatter-gather's second phase, PowerSGD's later rounds) make the ranks take turns.
             started = [start_all(self.bundles[worker], {name: grads[name][rank] for name in self.parameters},
                                  world.backend(rank), self.average) for rank, worker in enumerate(workers)]
+            launched_at = time.perf_counter()
             results = self.lockstep.run([
                 lambda rank=rank, worker=worker: finish_all(self.bundles[worker], started[rank], world.backend(rank))
                 for rank, worker in enumerate(workers)])
@@ -115,6 +121,10 @@ class Simulation:
             self._failure = error
             world.abandon()
             raise
+        finished_at = time.perf_counter()
+        for phase, seconds in (("gradients", computed_at - started_at), ("start", launched_at - computed_at),
+                               ("finish", finished_at - launched_at)):
+            self.seconds[phase] += seconds
         if self.check:
             _check_agree(results, workers)
         for name, p in self.parameters.items():

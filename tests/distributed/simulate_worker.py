@@ -2,8 +2,8 @@
 with (``test_simulate.py``): under ``horovodrun`` through ``hvd.DistributedOptimizer`` (the user's
 path), under ``torchrun`` through :func:`grace_legacy.simulate.synchronize` with the
 ``torch.distributed`` backend (the optimizer's step on any backend). Each launcher runs its share
-of the cases on all the ranks (8), then on each half of them (two worlds of 4, as process sets or
-groups, side by side).
+of the cases on all the ranks, then on each half of them (two worlds, as process sets or groups,
+side by side).
 Each rank saves its runs to ``<out>/rank<r>.pt``."""
 
 from __future__ import annotations

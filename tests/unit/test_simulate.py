@@ -10,15 +10,33 @@ import pytest
 import torch
 from torch import nn
 
-from grace_legacy import QSGD, Allgather, Grace, Legacy, NoCompression, NoMemory, Residual, ScatterGather, Threshold
-from grace_legacy import TopK
+from grace_legacy import (
+    QSGD,
+    Allgather,
+    Grace,
+    Legacy,
+    NoCompression,
+    NoMemory,
+    Residual,
+    ScatterGather,
+    Threshold,
+    TopK,
+)
 from grace_legacy.grace import as_bundle
-from grace_legacy.simulate import Deadlock, LockStep, Shards, SimulatedWorld, Simulation, WorkerGradients
-from grace_legacy.simulate import participants, plan_buckets, synchronize
+from grace_legacy.simulate import (
+    Deadlock,
+    LockStep,
+    Shards,
+    SimulatedWorld,
+    Simulation,
+    WorkerGradients,
+    participants,
+    plan_buckets,
+    synchronize,
+)
 from grace_legacy.simulate.sums import REDUCTIONS, gloo_ring, recursive_doubling, ring_chunks
 from tests.distributed.harness import Net, batch
 from tests.helpers import bits, run_ranks
-
 
 # -- the orders of addition, against the algorithms run message by message ------------------------
 
@@ -28,9 +46,13 @@ def ring_reference(rows: list[np.ndarray], max_segment: int) -> np.ndarray:
     size, n = len(rows), rows[0].size
     e = rows[0].itemsize
     total = n * e
+
+    def up(value: int, multiple: int) -> int:
+        return (value + multiple - 1) // multiple * multiple
+
     largest = e * max(1, max_segment // e)
-    segments = -(-max(-(-total // largest), 2 * size) // size) * size
-    seg = -(-(-(-total // segments)) // e) * e
+    segments = up(max((total + largest - 1) // largest, 2 * size), size)
+    seg = up((total + segments - 1) // segments, e)
     per_rank = segments // size
     out = [r.copy() for r in rows]
 
@@ -256,7 +278,7 @@ def test_partial_participation_refuses_schedules_only_participants_could_follow(
 def test_looped_gradients_are_each_ranks_backward_and_vectorised_ones_agree_within_rounding():
     torch.manual_seed(0)
     model = Net()
-    xs, ys = zip(*[batch(0, r) for r in range(4)])
+    xs, ys = zip(*[batch(0, r) for r in range(4)], strict=True)
     looped, _ = WorkerGradients(model, nn.functional.cross_entropy, vectorize=False)(list(xs), list(ys), range(4))
     batched, _ = WorkerGradients(model, nn.functional.cross_entropy, vectorize=True)(list(xs), list(ys), range(4))
     for r in range(4):
