@@ -42,7 +42,7 @@ class WorkerGradients:
             raise ArgumentTypeError(f"WorkerGradients: loss must be callable (outputs, targets) -> loss, got {loss!r}")
         if vectorize not in ("auto", True, False) or isinstance(vectorize, int) and not isinstance(vectorize, bool):
             raise ValueError(f"WorkerGradients: vectorize must be 'auto', True or False, got {vectorize!r}")
-        self.model, self.loss, self.vectorize = model, loss, vectorize
+        self.model, self.loss = model, loss
         #: whether the gradients are vectorised (``None`` until the first call decides)
         self.vectorized: bool | None = None if vectorize == "auto" else bool(vectorize)
         #: why they are not, when ``"auto"`` fell back to the loop

@@ -104,10 +104,6 @@ class LockStep:
         self._crew = _Crew()
         self._finalizer = weakref.finalize(self, self._crew.stop)
 
-    def worker(self) -> int:
-        """The index of the worker calling (``-1`` outside a worker)."""
-        return self._crew.current
-
     def run(self, tasks: Sequence[Callable[[], Any]]) -> list[Any]:
         """Every task on a worker of its own (task ``i`` on worker ``i``); their results, in order.
         A task that raises makes every waiting task give up (:class:`Abandoned`), and its error is

@@ -60,13 +60,13 @@ class _Collective:
 
 def _ranges(ranks: Sequence[int]) -> str:
     """``[0, 1, 2, 5]`` as ``"0-2, 5"``."""
-    out: list[str] = []
-    for r in ranks:
-        if out and out[-1].split("-")[-1] == str(r - 1):
-            out[-1] = f"{out[-1].split('-')[0]}-{r}"
+    runs: list[list[int]] = []
+    for rank in ranks:
+        if runs and runs[-1][1] == rank - 1:
+            runs[-1][1] = rank
         else:
-            out.append(str(r))
-    return ", ".join(out) or "none"
+            runs.append([rank, rank])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs) or "none"
 
 
 def _copied(value: Any) -> Any:
