@@ -81,9 +81,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     setting = Setting(epochs=1, global_batch=64) if args.quick else Setting()
     path = args.results / f"{NAME}.json"
     data = _load(path)
-    if data.get("setting", dataclasses.asdict(setting)) != dataclasses.asdict(setting):
+    described = json.loads(json.dumps(dataclasses.asdict(setting)))  # as the JSON holds it (lists, not tuples)
+    if data.get("setting", described) != described:
         raise ValueError(f"{path} holds runs of another setting; move it away to start afresh")
-    data.update(setting=dataclasses.asdict(setting), task="mnist1d", data=[len(train[1]), len(test[1])])
+    data.update(setting=described, task="mnist1d", data=[len(train[1]), len(test[1])])
     done = {(r["arm"], r["workers"], r["seed"]) for r in data["runs"]}
     todo = [key for key in _planned(args) if key not in done]
     load_before, started = os.getloadavg(), time.perf_counter()

@@ -230,13 +230,16 @@ def test_variable_gather_benchmark_quick(tmp_path):
 def test_many_workers_study_quick(tmp_path):
     run_module("benchmarks.accuracy.many_workers", tmp_path, timeout=600)
     text = (tmp_path / "many_workers.md").read_text()
-    assert "## The 100-worker sentence" in text and "**headroom**" in text
+    assert "## The 100-worker sentence" in text and "**Headroom** at 8 workers" in text
     for arm in ("dense", "uniform Top-0.1% + EF", "LEGACY layer + EF", "QSGD s=2 two-phase"):
         assert f"| {arm} |" in text
     assert "### 4 workers" in text and "### 8 workers" in text and "## Gathered against two-phase" in text
-    runs = json.loads((tmp_path / "many_workers.json").read_text())["runs"]
+    first = json.loads((tmp_path / "many_workers.json").read_text())
+    runs = first["runs"]
     assert {(r["workers"], r["seed"]) for r in runs} == {(w, s) for w in (4, 8) for s in (0, 1)}
     assert (tmp_path / "many_workers.png").stat().st_size > 1000
+    run_module("benchmarks.accuracy.many_workers", tmp_path, timeout=120)  # a second launch resumes: none to add
+    assert json.loads((tmp_path / "many_workers.json").read_text()) == first
 
 
 def test_simulate_step_benchmark_quick(tmp_path):
