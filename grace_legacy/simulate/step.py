@@ -42,13 +42,13 @@ def finish_all(bundle: Grace, pending: Mapping[str, Pending], backend: Backend) 
     ``synchronize()`` does; the synchronized gradients, in registration order."""
     results = {name: wait() for name, wait in pending.items()}
     names = list(reversed(list(pending)))
-    flagged = bundle.nonfinite_names(sorted(names), backend)
+    flagged = bundle.guard.nonfinite_names(sorted(names), backend)
     for name in flagged:
         if bool(torch.isfinite(results[name]).all()):
             results[name] = torch.full_like(results[name], float("nan"))
     if flagged:
         for name in names:
-            bundle.undo(name)
+            bundle.guard.undo(name)
     bundle.end_step(backend)
     return {name: results[name] for name in names}
 
