@@ -42,14 +42,16 @@ def _routes_of(entry: Any) -> list[tuple[str, Any]]:
 LAUNCHERS = ("gloo", "mpi", "torch")
 
 
-def setups(launcher: str | None = None) -> list[tuple[str, Callable[[], Grace]]]:
+def setups(launcher: str | None = None, world: int | None = None) -> list[tuple[str, Callable[[], Grace]]]:
     """(label, bundle factory) of every case, each factory building new objects; with ``launcher``
     (one of :data:`LAUNCHERS`) its share: every third case, so that each launcher runs every kind
-    of route and the three together run every case."""
+    of route and the three together run every case; with ``world`` too (``0``: the launcher's whole
+    job, ``1``: each half of it) every other case of that share, so that each case runs once."""
     cases = _all_setups()
     if launcher is None:
         return cases
-    return cases[LAUNCHERS.index(launcher)::len(LAUNCHERS)]
+    share = cases[LAUNCHERS.index(launcher)::len(LAUNCHERS)]
+    return share if world is None else share[world::2]
 
 
 def _all_setups() -> list[tuple[str, Callable[[], Grace]]]:

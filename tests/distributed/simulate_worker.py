@@ -2,8 +2,8 @@
 with (``test_simulate.py``): under ``horovodrun`` through ``hvd.DistributedOptimizer`` (the user's
 path), under ``torchrun`` through :func:`grace_legacy.simulate.synchronize` with the
 ``torch.distributed`` backend (the optimizer's step on any backend). Each launcher runs its share
-of the cases on all the ranks, then on each half of them (two worlds, as process sets or groups,
-side by side).
+of the cases, half of it on all the ranks, the other half on each half of them (two worlds, as
+process sets or groups, side by side).
 Each rank saves its runs to ``<out>/rank<r>.pt``."""
 
 from __future__ import annotations
@@ -27,8 +27,9 @@ def horovod_runs(out: Path, launcher: str) -> None:
     half = hvd.size() // 2
     halves = [hvd.add_process_set(list(range(half))), hvd.add_process_set(list(range(half, hvd.size())))]
     runs = {}
-    for world, process_set in ((hvd.size(), hvd.global_process_set), (half, halves[hvd.rank() // half])):
-        for label, make in setups(launcher):
+    for index, (world, process_set) in enumerate(((hvd.size(), hvd.global_process_set),
+                                                  (half, halves[hvd.rank() // half]))):
+        for label, make in setups(launcher, index):
             torch.manual_seed(0)
             model = Net()
             compression = make()
@@ -58,9 +59,9 @@ def torch_runs(out: Path, launcher: str) -> None:
     half = size // 2
     halves = [dist.new_group(list(range(half))), dist.new_group(list(range(half, size)))]
     runs = {}
-    for world, group in ((size, None), (half, halves[rank // half])):
+    for index, (world, group) in enumerate(((size, None), (half, halves[rank // half]))):
         backend = TorchDistributedBackend(group)
-        for label, make in setups(launcher):
+        for label, make in setups(launcher, index):
             torch.manual_seed(0)
             model = Net()
             bundle = as_bundle(make(), "simulate_worker")
