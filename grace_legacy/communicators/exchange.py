@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from grace_legacy.compressors.sparse import bucket_positions, scatter_sum_columns, scatter_sum_many
-from grace_legacy.core.backend import Backend, Pending
+from grace_legacy.core.backend import Backend, Pending, computed_once
 from grace_legacy.core.communicator import Communicator, Flight, Parcel
 from grace_legacy.core.compressor import Payload
 from grace_legacy.runtime import wire
@@ -247,14 +247,19 @@ class BucketExchange:
                 self.label, sum(ctx.numel for ctx in contexts), layout.dtypes[0], parcels[0].payload[0].device)
             gathered = self.backend.wait(handle)
             values, indices = wire.unpack_columns(gathered, layout, self.backend.size(), self.label)
-            sums = scatter_sum_columns(values, indices, layout.counts[0], contexts, self.average, out=out)
-            if out is not None:
+
+            def summed() -> tuple[list[torch.Tensor], bool]:
+                sums = scatter_sum_columns(values, indices, layout.counts[0], contexts, self.average, out=out)
+                if out is None:
+                    return sums, False
                 # Only the entries written can be inf or NaN: when none is, nobody needs to look
                 # at the parcels' results again (Pending.finite).
                 positions = bucket_positions(indices, layout.counts[0], contexts).reshape(-1)
-                if bool(torch.isfinite(out.index_select(0, positions)).all()):
-                    for parcel in parcels:
-                        parcel.pending.finite = True
+                return sums, bool(torch.isfinite(out.index_select(0, positions)).all())
+
+            sums, finite = computed_once(self.backend, handle, "columns", summed)
+            for parcel in parcels:
+                parcel.pending.finite = parcel.pending.finite or finite
             return {m.name: total for m, total in zip(parcels, sums, strict=True)}
         gathered = self.backend.wait(handle)
         if any(with_header for _, with_header in layout):
@@ -263,22 +268,29 @@ class BucketExchange:
             for parcel, payloads, (_, with_header) in zip(parcels, received, layout, strict=True):
                 parcel.pending.wire_bytes = float(sum(wire.packed_size(payload, with_header)
                                                       for rank, payload in enumerate(payloads) if rank != me))
-            return {m.name: m.compressor.aggregate(payloads, m.ctx, self.average)
-                    for m, payloads in zip(parcels, received, strict=True)}
+            return {m.name: self._aggregate(handle, index, m, payloads)
+                    for index, (m, payloads) in enumerate(zip(parcels, received, strict=True))}
         # Every rank sent the local layout: each part is one view over all ranks, and the
         # scatter-add parcels share one zero buffer and one scatter-add.
         results: dict[str, torch.Tensor] = {}
         scattered: list[tuple[str, tuple]] = []
-        for parcel, parts in zip(parcels, wire.unpack_stacked(gathered, layout, self.backend.size(), self.label),
-                                 strict=True):
+        stacked = wire.unpack_stacked(gathered, layout, self.backend.size(), self.label)
+        for index, (parcel, parts) in enumerate(zip(parcels, stacked, strict=True)):
             ctx = parcel.compressor.scatter_context(parcel.ctx)
             if ctx is not None:
                 scattered.append((parcel.name, (parts[0], parts[1], ctx)))
                 continue
-            results[parcel.name] = parcel.compressor.aggregate(wire.per_rank(parts), parcel.ctx, self.average)
-        sums = scatter_sum_many([entries for _, entries in scattered], self.average)
+            results[parcel.name] = self._aggregate(handle, index, parcel, wire.per_rank(parts))
+        sums = computed_once(self.backend, handle, "scattered",
+                             lambda: scatter_sum_many([entries for _, entries in scattered], self.average))
         results.update(zip((name for name, _ in scattered), sums, strict=True))
         return results
+
+    def _aggregate(self, handle: Any, index: int, parcel: Parcel, payloads: Sequence[Payload]) -> torch.Tensor:
+        """The gathered ``payloads`` of the flight's ``index``-th parcel combined by its compressor's
+        rule: the same on every rank, so computed once where the backend hosts them all."""
+        return computed_once(self.backend, handle, index,
+                             lambda: parcel.compressor.aggregate(payloads, parcel.ctx, self.average))
 
 
 class ExchangeCommunicator(Communicator):

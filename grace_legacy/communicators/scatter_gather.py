@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from grace_legacy.core.backend import Backend, Pending
+from grace_legacy.core.backend import Backend, Pending, computed_once
 from grace_legacy.core.communicator import Communicator, Flight, Parcel
 from grace_legacy.core.compressor import Compressor, Payload
 from grace_legacy.runtime import wire
@@ -208,20 +208,27 @@ class ShardedExchange:
             if mine else torch.empty(0, dtype=torch.uint8)
         for i, payload in zip(mine, sums, strict=True):
             self.parcels[self.segments[i].parcel].pending.bytes_sent += wire.packed_size(payload, self.sum_headers[i])
-        gathered = self.backend.wait(self.backend.allgather_async(packed, f"{self.label}.s2"))
+        handle = self.backend.allgather_async(packed, f"{self.label}.s2")
+        gathered = self.backend.wait(handle)
         # Each owner's payloads of its segments, in owner order: the order of the segments.
         layout = [(self.payloads[i], self.sum_headers[i]) for i in range(len(self.segments))]
         owners = wire.unpack_gathered_many(gathered, layout, 1, f"{self.label}.s2")
-        flats = [torch.empty(shape.numel(), dtype=dtype, device=device) for shape, dtype, device in self._like]
         for i, (segment, payloads) in enumerate(zip(self.segments, owners, strict=True)):
-            parcel = self.parcels[segment.parcel]
-            encoder = parcel.compressor.for_sums()
-            flats[segment.parcel][segment.start: segment.stop] = \
-                encoder.decompress(payloads[0], self.contexts[i]).reshape(-1)
             if segment.owner != self.rank:
-                parcel.pending.wire_bytes += wire.packed_size(payloads[0], self.sum_headers[i])
+                self.parcels[segment.parcel].pending.wire_bytes += wire.packed_size(payloads[0], self.sum_headers[i])
+        # Every rank decodes the same owners' payloads: once, where the backend hosts them all.
+        flats = computed_once(self.backend, handle, "decoded", lambda: self._decoded(owners))
         return {parcel.name: flat.view(like[0]) for parcel, flat, like in zip(self.parcels, flats, self._like,
                                                                               strict=True)}
+
+    def _decoded(self, owners: list[list[Payload]]) -> list[torch.Tensor]:
+        """Each parcel's result, flat: its segments' owner payloads decoded back to back."""
+        flats = [torch.empty(shape.numel(), dtype=dtype, device=device) for shape, dtype, device in self._like]
+        for i, (segment, payloads) in enumerate(zip(self.segments, owners, strict=True)):
+            encoder = self.parcels[segment.parcel].compressor.for_sums()
+            flats[segment.parcel][segment.start: segment.stop] = \
+                encoder.decompress(payloads[0], self.contexts[i]).reshape(-1)
+        return flats
 
     def _reencode(self, index: int, payloads: list[Payload]) -> Payload:
         """The owner's payload of segment ``index``: every rank's payloads aggregated, then

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, Protocol
+from collections.abc import Callable, Hashable
+from typing import Any, Protocol, TypeVar
 
 import torch
 
@@ -22,6 +22,19 @@ class Backend(Protocol):
         is what every rank sent this one, in rank order (the counts may differ between ranks)."""
         ...
     def wait(self, handle: Any) -> torch.Tensor: ...
+
+
+T = TypeVar("T")
+
+
+def computed_once(backend: Backend, handle: Any, key: Hashable, compute: Callable[[], T]) -> T:
+    """``compute()``: what every rank computes alike from what the collective ``handle`` delivered
+    (a gathered payload's aggregate, the owners' decoded payloads), ``key`` naming which result of
+    it. A backend hosting many ranks in one process (:mod:`grace_legacy.simulate`) may offer
+    ``computed_once(handle, key, compute)`` to compute it once for all of them; real backends, which
+    host one rank, do not, and every rank computes it."""
+    once = getattr(backend, "computed_once", None)
+    return compute() if once is None else once(handle, key, compute)
 
 
 class Pending:

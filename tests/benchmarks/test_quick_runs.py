@@ -1,12 +1,16 @@
 """Smoke tests of the benchmark pipelines: each ``--quick`` run completes and writes its files.
 They check that the pipelines work, not the numbers (those are measured, not asserted)."""
 
+import argparse
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
+
+from benchmarks.accuracy import many_workers
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -228,3 +232,32 @@ def test_variable_gather_benchmark_quick(tmp_path):
     text = (tmp_path / "variable_gather.md").read_text()
     assert "padded vs exact" in text and "two empty, two 1 MiB" in text
     assert (tmp_path / "variable_gather.json").exists()
+
+
+def test_many_workers_study_quick(tmp_path):
+    run_module("benchmarks.accuracy.many_workers", tmp_path, timeout=600)
+    text = (tmp_path / "many_workers.md").read_text()
+    assert "## The 100-worker sentence" in text and "**Headroom** at 8 workers" in text
+    for arm in ("dense", "uniform Top-0.1% + EF", "LEGACY layer + EF", "QSGD s=2 two-phase"):
+        assert f"| {arm} |" in text
+    assert "### 4 workers" in text and "### 8 workers" in text and "## Gathered against two-phase" in text
+    first = json.loads((tmp_path / "many_workers.json").read_text())
+    runs = first["runs"]
+    assert {(r["workers"], r["seed"]) for r in runs} == {(w, s) for w in (4, 8) for s in (0, 1)}
+    assert (tmp_path / "many_workers.png").stat().st_size > 1000
+    # A second launch resumes from the JSON: nothing left to run, nothing changed (in process: no
+    # second start-up of torch, the data and the plots).
+    threads = torch.get_num_threads()
+    try:
+        again = many_workers.run(argparse.Namespace(quick=True, workers=list(many_workers.QUICK_WORKERS), arms=None,
+                                                    seeds=many_workers.QUICK_SEEDS, results=tmp_path))
+    finally:
+        torch.set_num_threads(threads)
+    assert again == first
+
+
+def test_simulate_step_benchmark_quick(tmp_path):
+    run_module("benchmarks.performance.simulate_step", tmp_path, timeout=300)
+    text = (tmp_path / "performance.md").read_text()
+    assert "A simulated step: W workers against one worker's step" in text and "| 8 | 2 |" in text
+    assert (tmp_path / "simulate_step.png").stat().st_size > 1000

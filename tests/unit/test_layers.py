@@ -34,6 +34,7 @@ ALLOWED = {
     "ddp": {"core", "runtime", "backends", "consistency", "grace"},
     "fsdp": {"core", "runtime", "compressors", "schedules", "communicators", "backends", "consistency", "grace"},
     "lightning": {"core", "runtime", "grace", "ddp"},
+    "simulate": {"core", "runtime", "schedules", "grace"},
     "__main__": {"core", "runtime", "schedules", "helper", "planner"},
 }
 
