@@ -11,20 +11,27 @@ Needs root: real workers, each in its own Linux network namespace on links rate 
 :mod:`benchmarks.common.time_to_accuracy_arms` (mnist1d with a wide MLP: little compute per
 step, about a million parameters), the workers in :mod:`benchmarks.common.time_to_accuracy_worker`.
 
-The measurement is split into launches, one per framework, worker count and link rate. Each first
-times every arm's step side by side, then trains (arm, seed) runs, each for ``--epochs`` at a
-constant rate, evaluating every ``--eval-epochs``. Rank 0 appends each finished run to
-``time_to_accuracy.json`` under ``--results``; a rerun of the same command skips what is there, and
-no run is started that the launch's own step timing says would end past ``--max-minutes`` after the
-command started. So the full measurement runs in parts of at most that long (default 40 minutes;
-a run is capped at ``--run-cap-minutes``), each writing the report from everything measured so far.
+The measurement is split into launches, one per framework, worker count, link rate and seed (so a
+stopped measurement has every arm of its first seeds rather than one framework's). The first launch
+of a framework, worker count and rate times every arm's step side by side; each then trains its
+(arm, seed) runs, each for ``--epochs`` at a constant rate, evaluating every ``--eval-epochs``.
+Rank 0 appends each finished run to ``time_to_accuracy.json`` under ``--results``; a rerun of the
+same command skips what is there, and no run is started that the launch's own step timing says
+would end past ``--max-minutes`` after the command started. So the full measurement runs in parts
+of at most that long (default 40 minutes; a run is capped at ``--run-cap-minutes``), each writing
+the report from everything measured so far; the last line printed says how much is left. A results
+file holds one set-up: other ``--epochs``, ``--eval-epochs`` or ``--quick`` need another
+``--results`` folder.
 
 Where runs are real (``--real``: worker count @ rate), the time to target is the clock of real runs;
 at the other launches (``--workers`` x ``--rates``) only the steps are timed, and the time to target
 is projected: each real run's steps to target, at the same worker count, times the median step
-there. The projection is validated at the launches that have both. The report
-(:mod:`benchmarks.common.time_to_accuracy_report`) is ``time_to_accuracy.md`` and ``.png`` under
-``--results``, its summary in the JSON.
+there. The projection is validated at the launches that have both. The default plan: all arms at 8
+workers, the main arms at 16; real runs at 8 workers at both rates and at 16 workers at 1 Gbit/s,
+16 workers at 100 Mbit/s projected. On a quiet 2-core machine its dense-class runs at 100 Mbit/s
+take several minutes each (about 600 steps at the link's time for 8 MB), the whole plan some five
+hours: about eight parts. The report (:mod:`benchmarks.common.time_to_accuracy_report`) is
+``time_to_accuracy.md`` and ``.png`` under ``--results``, its summary in the JSON.
 """
 
 from __future__ import annotations
@@ -165,12 +172,14 @@ def launches(args: argparse.Namespace) -> list[Launch]:
 
 
 def pending(launch: Launch, results: dict[str, Any]) -> tuple[bool, list[tuple[str, int]]]:
-    """Whether ``launch``'s steps are still to be timed, and its runs still to be made."""
+    """Whether ``launch``'s steps are still to be timed (no timing of every one of its arms), and
+    its runs still to be made."""
     done = {run["key"] for run in results["runs"]}
-    timed = {timing["key"] for timing in results["timings"]}
+    key = timing_key(launch.framework, launch.workers, launch.rate)
+    timed = [set(timing["ways"]) for timing in results["timings"] if timing["key"] == key]
     runs = [(arm, seed) for seed in launch.seeds for arm in launch.arms
             if run_key(launch.framework, launch.workers, launch.rate, arm, seed) not in done]
-    return timing_key(launch.framework, launch.workers, launch.rate) not in timed, runs
+    return not any(set(launch.arms) <= ways for ways in timed), runs
 
 
 def check_setup(path: Path, results: dict[str, Any], setup: dict[str, Any]) -> None:
@@ -233,6 +242,9 @@ def run_part(args: argparse.Namespace, path: Path) -> dict[str, Any]:
         run_one_launch(launch, runs, timing, setup, path, deadline)
         part["launches"].append({"launch": launch.label, "timed": timing,
                                  "runs": len(load_results(path)["runs"]) - before})
+        if pending(launch, load_results(path))[1]:
+            print(f"part's time is up within {launch.label}: rerun the same command to go on", flush=True)
+            break
     part.update(load_after=os.getloadavg()[0], duration_s=time.time() - started)
     return part
 

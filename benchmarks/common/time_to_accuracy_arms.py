@@ -26,7 +26,7 @@ from torch import nn
 
 #: Samples per step over all workers, and SGD's rate and momentum for that batch.
 GLOBAL_BATCH = 256
-LR, MOMENTUM = 0.05, 0.9
+LR, MOMENTUM = 0.2, 0.9
 #: The MLP's widths: 40 inputs, two hidden layers, 10 classes (``QUICK_WIDTHS`` for the smoke run).
 WIDTHS = (40, 1024, 1024, 10)
 QUICK_WIDTHS = (40, 32, 10)

@@ -26,6 +26,7 @@ from benchmarks.common.time_to_accuracy_analysis import (
     cells,
     claims,
     compute_share,
+    median_step,
     planner_check,
     speedups,
     stops_paying,
@@ -33,7 +34,7 @@ from benchmarks.common.time_to_accuracy_analysis import (
     timing_of,
     validation,
 )
-from benchmarks.common.time_to_accuracy_arms import ARM_LIST, HOROVOD, wide_mlp
+from benchmarks.common.time_to_accuracy_arms import ARM_LIST, ARMS, HOROVOD, wide_mlp
 
 #: The share of a dense fp32 step at 8 workers and 100 Mbit/s that must be communication.
 COMMUNICATION_SHARE = 0.70
@@ -150,15 +151,24 @@ def _validation_lines(checks: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _ties(check: dict[str, Any]) -> str:
+    others = [name for name in check["tied"] if name != check["pick"]]
+    return f" (the slowest of its estimate's ties, with {', '.join(others)})" if others else ""
+
+
+def _rho(value: float) -> str:
+    return "n/a (fewer than 3 arms)" if value != value else f"{value:.2f}"
+
+
 def _planner_lines(checks: list[dict[str, Any]]) -> list[str]:
     lines = []
     for check in checks:
         lines += [f"**{check['framework']}, {check['workers']} workers, {label(check['rate'])}**: compute "
                   f"{check['compute_s']:.3f} s, latency {check['latency_s'] * 1e6:.0f} us per collective step "
                   f"(the measured 8-byte allreduce over its {2 * (check['workers'] - 1)} ring steps). The "
-                  f"planner's pick **{check['pick']}** measures {check['pick_vs_fastest']:.2f}x the fastest "
-                  f"({check['fastest']}): {_verdict(check['met'])} the {PLANNER_TOLERANCE:.0%} target; rank "
-                  f"correlation of estimate and measurement {check['spearman']:.2f}.", "",
+                  f"planner's pick **{check['pick']}**{_ties(check)} measures {check['pick_vs_fastest']:.2f}x the "
+                  f"fastest ({check['fastest']}): {_verdict(check['met'])} the {PLANNER_TOLERANCE:.0%} target; "
+                  f"rank correlation of estimate and measurement {_rho(check['spearman'])}.", "",
                   "| arm | planned as | route | estimated step s | measured step s |", "|---" * 5 + "|"]
         for name, row in sorted(check["rows"].items(), key=lambda item: item[1]["estimate_s"]):
             lines.append(f"| {name} | `{row['compressor']}` | {row['route']} | {row['estimate_s']:.3f} | "
@@ -167,32 +177,46 @@ def _planner_lines(checks: list[dict[str, Any]]) -> list[str]:
     return lines or ["No step timing yet."]
 
 
-def plot(results: dict[str, Any], goal: dict[int, dict[str, float]], path: Path) -> None:
-    """Accuracy against the training clock, a panel per worker count and rate with real runs: every
-    seed's curve, a colour per arm (Horovod's solid, DDP's dashed), the target dashed in black."""
+def _curves(results: dict[str, Any], arm: str, workers: int, rate: float) -> list[list[tuple[float, float]]]:
+    """(clock s, accuracy %) per run of ``arm`` at ``workers`` and ``rate``: the real runs' clocks, or
+    where there are none, the runs at that worker count (a seed's first) with each evaluation's steps
+    times the launch's timed step there (the projection)."""
+    runs = [r for r in results["runs"] if (r["arm"], r["workers"], r["rate"]) == (arm, workers, rate)]
+    if runs:
+        return [[(p[1], 100 * p[2]) for p in run["curve"]] for run in runs]
+    step = median_step(timing_of(results["timings"], ARMS[arm].framework, workers, rate), arm)
+    firsts: dict[int, dict[str, Any]] = {}
+    for run in results["runs"]:
+        if (run["arm"], run["workers"]) == (arm, workers):
+            firsts.setdefault(run["seed"], run)
+    return [] if step is None else [[(p[0] * step, 100 * p[2]) for p in run["curve"]] for run in firsts.values()]
+
+
+def plot(results: dict[str, Any], goal: dict[int, dict[str, float]], panels: list[tuple[int, float, str]],
+         path: Path) -> None:
+    """Accuracy against the training clock, a panel per worker count and rate (``panels``: workers,
+    rate, source): every seed's curve, a colour per arm (Horovod's solid, DDP's dashed), the target
+    dotted in black."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    configs = sorted({(r["workers"], r["rate"]) for r in results["runs"]})
-    figure, axes = plt.subplots(1, max(1, len(configs)), figsize=(7 * max(1, len(configs)), 5.5), squeeze=False)
+    figure, axes = plt.subplots(1, max(1, len(panels)), figsize=(7 * max(1, len(panels)), 5.5), squeeze=False)
     colours = plt.get_cmap("tab10")
-    for axis, (workers, rate) in zip(axes[0], configs, strict=False):
+    for axis, (workers, rate, source) in zip(axes[0], panels, strict=False):
         for framework, style in ((HOROVOD, "-"), ("ddp", "--")):
-            arms = [arm for arm in ARM_LIST if arm.framework == framework]
-            for index, arm in enumerate(arms):
-                runs = [r for r in results["runs"] if (r["arm"], r["workers"], r["rate"]) == (arm.name, workers, rate)]
-                for number, run in enumerate(runs):
-                    axis.plot([p[1] for p in run["curve"]], [100 * p[2] for p in run["curve"]], style,
-                              color=colours(index % 10), linewidth=1.2, alpha=0.85,
-                              label=arm.name if number == 0 else None)
+            for index, arm in enumerate(a for a in ARM_LIST if a.framework == framework):
+                for number, curve in enumerate(_curves(results, arm.name, workers, rate)):
+                    axis.plot([x for x, _ in curve], [y for _, y in curve], style, color=colours(index % 10),
+                              linewidth=1.2, alpha=0.85, label=arm.name if number == 0 else None)
         if workers in goal:
             axis.axhline(100 * goal[workers]["target"], color="black", linestyle=":", linewidth=1.2, label="target")
         axis.set_xlim(left=0)
-        axis.set_xlabel("training clock (s, evaluations excluded)")
+        axis.set_xlabel("training clock (s, evaluations excluded)" + (
+            "" if source == "real" else "; projected: steps x timed step"))
         axis.set_ylabel("held-out accuracy (%)")
-        axis.set_title(f"{workers} workers, {label(rate)} links")
+        axis.set_title(f"{workers} workers, {label(rate)} links ({source})")
         axis.grid(True, alpha=0.3)
         axis.legend(fontsize=7, loc="lower right")
     figure.tight_layout()
@@ -269,7 +293,9 @@ def write_report(path: Path, results_dir: Path, margin: float, plan: dict[str, A
         "![accuracy against the training clock](time_to_accuracy.png)", ""])
     results_dir.mkdir(parents=True, exist_ok=True)
     (results_dir / "time_to_accuracy.md").write_text(text)
-    plot(results, goal, results_dir / "time_to_accuracy.png")
+    panels = [(w, r, " + ".join(sorted({c.source for c in table if (c.workers, c.rate) == (w, r)}, reverse=True)))
+              for w, r in sorted({(c.workers, c.rate) for c in table})]
+    plot(results, goal, panels, results_dir / "time_to_accuracy.png")
     summary = {"targets": {str(w): g for w, g in goal.items()}, "claims": claim, "compute_share": share,
                "stops_paying_at_1gbit": {str(w): v for w, v in paying.items()}, "validation": checks,
                "planner": planners, "plan": plan,

@@ -59,10 +59,11 @@ def load_results(path: Path) -> dict[str, Any]:
 
 
 def append_result(path: Path, kind: str, record: dict[str, Any]) -> None:
-    """Add ``record`` to the list ``kind`` of the results file, written under another name and then
+    """Add ``record`` to the list ``kind`` of the results file, in place of one with the same key
+    (a launch's step timing made again for more arms); written under another name and then
     renamed, so that a launch stopped while writing leaves the previous file whole."""
     results = load_results(path)
-    results[kind].append(record)
+    results[kind] = [r for r in results[kind] if r["key"] != record["key"]] + [record]
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     temporary.write_text(json.dumps(results, indent=1))
     temporary.replace(path)

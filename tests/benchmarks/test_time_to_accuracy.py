@@ -19,7 +19,14 @@ from benchmarks.common.time_to_accuracy_analysis import (
     targets,
     validation,
 )
-from benchmarks.common.time_to_accuracy_arms import ARMS, QUICK_WIDTHS, equal_bytes_density, shapes_of, wide_mlp
+from benchmarks.common.time_to_accuracy_arms import (
+    ARMS,
+    QUICK_WIDTHS,
+    WIDTHS,
+    equal_bytes_density,
+    shapes_of,
+    wide_mlp,
+)
 from benchmarks.common.time_to_accuracy_report import write_report
 from benchmarks.common.time_to_accuracy_worker import append_result, load_results, run_key
 
@@ -165,8 +172,11 @@ def test_launches_go_seed_by_seed_and_a_rerun_skips_what_is_done(tmp_path):
     append_result(path, "timings", timing("horovod", 8, RATE, {"dense fp32": 1.0}))
     append_result(path, "runs", run("dense fp32", 0, [(0, 0, 0.1), (10, 1.0, 0.5)]))
     untimed, runs = driver.pending(plan[0], load_results(path))
-    assert not untimed and ("dense fp32", 0) not in runs and len(runs) == len(plan[0].arms) - 1
-    assert driver.pending(plan[2], load_results(path))[1][0] == ("dense fp32", 1)
+    assert untimed, "a timing of fewer arms than the launch has is made again"
+    assert ("dense fp32", 0) not in runs and len(runs) == len(plan[0].arms) - 1
+    append_result(path, "timings", timing("horovod", 8, RATE, {name: 1.0 for name in plan[0].arms}))
+    assert not driver.pending(plan[0], load_results(path))[0] and len(load_results(path)["timings"]) == 1
+    assert driver.pending(plan[2], load_results(path)) == (False, [(arm, 1) for arm in plan[2].arms])
 
 
 def test_a_results_file_of_another_set_up_is_refused(tmp_path):
@@ -187,3 +197,12 @@ def test_the_equal_bytes_density_gives_the_two_phase_route_the_gathered_routes_l
     two_phase = plan(TopK(density), shapes, world_size=8, route="auto").phase_totals(0)[0]
     assert two_phase == pytest.approx(gathered, rel=1e-3) and 0.03 < density < 0.05  # about P / 2 x at P = 8
     assert "scattergather" in plan(TopK(density), shapes, world_size=8, route="auto").routes()
+
+
+def test_arms_the_planner_cannot_tell_apart_are_all_its_pick_and_the_slowest_is_held_to_the_fastest():
+    timed = timing("ddp", 8, RATE, {"compute only": 0.1, "DDP allreduce fp32": 1.0, "PowerSGD rank 4": 0.2,
+                                    "torch powerSGD_hook rank 4": 0.25})
+    check = planner_check(timed, list(WIDTHS))
+    assert check["tied"] == ["PowerSGD rank 4", "torch powerSGD_hook rank 4"]
+    assert check["pick"] == "torch powerSGD_hook rank 4" and check["fastest"] == "PowerSGD rank 4"
+    assert check["pick_vs_fastest"] == pytest.approx(1.25) and not check["met"]
