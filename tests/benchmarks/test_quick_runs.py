@@ -261,3 +261,29 @@ def test_simulate_step_benchmark_quick(tmp_path):
     text = (tmp_path / "performance.md").read_text()
     assert "A simulated step: W workers against one worker's step" in text and "| 8 | 2 |" in text
     assert (tmp_path / "simulate_step.png").stat().st_size > 1000
+
+
+def test_time_to_accuracy_quick(tmp_path):
+    """The time-to-accuracy smoke run: 2 Horovod workers on 100 Mbit/s links, its three arms timed
+    and trained (one seed), each run appended to the JSON; run again, it launches nothing and keeps
+    what was measured."""
+    from benchmarks.common.time_to_accuracy_arms import QUICK_ARMS
+
+    reason = bandwidth_unavailable()
+    if reason:
+        pytest.skip(reason)
+    run_module("benchmarks.accuracy.time_to_accuracy", tmp_path, timeout=300)
+    results = json.loads((tmp_path / "time_to_accuracy.json").read_text())
+    assert sorted(run["arm"] for run in results["runs"]) == sorted(QUICK_ARMS)
+    assert [set(t["ways"]) for t in results["timings"]] == [{"compute only", *QUICK_ARMS}]
+    for run in results["runs"]:
+        assert run["workers"] == 2 and run["steps"] == run["budget_steps"] and run["link_bytes_per_step"] > 0
+        assert [point[0] for point in run["curve"]][0] == 0 and len(run["curve"]) >= 3
+    text = (tmp_path / "time_to_accuracy.md").read_text()
+    for arm in QUICK_ARMS:
+        assert f"| {arm} | real | " in text
+    assert "### 2 workers, 100 Mbit/s" in text and "## The planner's ranking" in text and "Status: complete" in text
+    assert (tmp_path / "time_to_accuracy.png").stat().st_size > 1000
+    run_module("benchmarks.accuracy.time_to_accuracy", tmp_path, timeout=120)
+    again = json.loads((tmp_path / "time_to_accuracy.json").read_text())
+    assert again["runs"] == results["runs"] and again["parts"][-1]["launches"] == []

@@ -1,0 +1,208 @@
+"""The time-to-accuracy benchmark's statistics, report and resuming, on made-up runs whose answers
+are worked out by hand: the target from the dense runs, the time and steps to it, medians that
+never invent a time for a run that did not reach it, projections from step timing, the issue's
+verdicts and the planner's ranking (``benchmarks/common/time_to_accuracy_*.py``)."""
+
+import json
+
+import pytest
+
+from benchmarks.accuracy import time_to_accuracy as driver
+from benchmarks.common.time_to_accuracy_analysis import (
+    cells,
+    claims,
+    compute_share,
+    median_or_none,
+    planner_check,
+    reached,
+    speedups,
+    targets,
+    validation,
+)
+from benchmarks.common.time_to_accuracy_arms import (
+    ARMS,
+    QUICK_WIDTHS,
+    WIDTHS,
+    equal_bytes_density,
+    shapes_of,
+    wide_mlp,
+)
+from benchmarks.common.time_to_accuracy_report import write_report
+from benchmarks.common.time_to_accuracy_worker import append_result, load_results, run_key
+
+RATE = 1e8
+
+
+def run(arm, seed, curve, workers=8, rate=RATE, stopped_by="budget"):
+    """A run record as the workers write it; ``curve``: (step, clock s, accuracy) rows."""
+    steps = curve[-1][0]
+    return {"key": run_key(ARMS[arm].framework, workers, rate, arm, seed), "arm": arm, "framework": ARMS[arm].framework,
+            "seed": seed, "workers": workers, "rate": rate, "curve": [list(p) for p in curve], "steps": steps,
+            "budget_steps": steps, "stopped_by": stopped_by, "train_s": curve[-1][1], "link_bytes_per_step": 1e6,
+            "load_average": [0.5, 0.5]}
+
+
+def dense(seed, final, workers=8, rate=RATE, step_s=1.0):
+    """A dense run: 0.5 at step 10, then ``final`` at steps 20, 30 and 40."""
+    return run("dense fp32", seed, [(0, 0, 0.1), (10, 10 * step_s, 0.5), (20, 20 * step_s, final),
+                                    (30, 30 * step_s, final), (40, 40 * step_s, final)], workers, rate)
+
+
+def timing(framework, workers, rate, steps):
+    """A step timing with every way's steps (``steps``: way -> seconds, the same every iteration)."""
+    ways = {name: {"iteration": [0, 1, 2], "step_s": [s, s, s], "link_bytes": [2e6] * 3}
+            for name, s in steps.items()}
+    return {"key": f"timing/{framework}/{workers}/{rate!r}", "framework": framework, "workers": workers, "rate": rate,
+            "ways": ways, "tiny_collective_s": 0.0014, "routes": {}, "load_average": [0.5, 0.5]}
+
+
+def test_the_target_is_the_dense_runs_median_final_accuracy_less_the_margin():
+    runs = [dense(0, 0.60), dense(1, 0.64), dense(2, 0.62),
+            {**dense(3, 0.99), "stopped_by": "time cap"}]  # a run cut short is not a final accuracy
+    goal = targets(runs, margin_points=1.0)
+    assert goal[8]["dense_final"] == pytest.approx(0.62) and goal[8]["dense_runs"] == 3
+    assert goal[8]["target"] == pytest.approx(0.61)
+
+
+def test_time_and_steps_to_target_are_those_of_the_first_evaluation_at_or_above_it():
+    record = run("Top-k + EF two-phase", 0, [(0, 0, 0.1), (5, 1.5, 0.4), (10, 3.0, 0.61), (15, 4.5, 0.7)])
+    assert reached(record, 0.61) == (10, 3.0)
+    assert reached(record, 0.71) is None
+
+
+def test_a_median_over_seeds_is_a_time_only_if_more_than_half_reached_the_target():
+    assert median_or_none([3.0, None, 1.0]) == 3.0
+    assert median_or_none([3.0, None, None]) is None
+    assert median_or_none([1.0, 2.0]) == 1.5 and median_or_none([1.0, None]) is None
+    assert median_or_none([]) is None
+
+
+def _results():
+    """Three seeds at 8 workers and 100 Mbit/s: dense reaches 0.61 at step 20 (20 s), Top-k two-phase
+    at step 30 after 3 s, LEGACY at step 20 after 2 s (seed 2: never), the fp16 hook at step 20
+    after 10 s; a step timing there and at 1 Gbit/s (projected)."""
+    runs = []
+    for seed in range(3):
+        runs.append(dense(seed, 0.62))
+        runs.append(run("Top-k + EF two-phase", seed, [(0, 0, 0.1), (20, 2.0, 0.5), (30, 3.0 + seed, 0.61),
+                                                       (40, 4.0 + seed, 0.62)]))
+        legacy = 0.7 if seed < 2 else 0.5
+        runs.append(run("LEGACY layer + EF two-phase", seed, [(0, 0, 0.1), (20, 2.0, legacy), (40, 4.0, legacy)]))
+        runs.append(run("torch fp16_compress_hook", seed, [(0, 0, 0.1), (20, 10.0, 0.62), (40, 20.0, 0.62)]))
+    fast = {"compute only": 0.05, "dense fp32": 0.1, "Top-k + EF two-phase": 0.06, "LEGACY layer + EF two-phase": 0.07}
+    return {"setup": {"widths": list(QUICK_WIDTHS)}, "runs": runs, "parts": [],
+            "timings": [timing("horovod", 8, RATE, {"compute only": 0.1, "dense fp32": 1.0,
+                                                    "Top-k + EF two-phase": 0.11, "LEGACY layer + EF two-phase": 0.1}),
+                        timing("horovod", 8, 1e9, fast)]}
+
+
+def test_cells_speedups_and_the_issues_verdicts_follow_the_runs():
+    results = _results()
+    goal = targets(results["runs"], 1.0)
+    table = cells(results, goal)
+    by = {(c.arm, c.rate): c for c in table}
+    topk = by[("Top-k + EF two-phase", RATE)]
+    assert topk.source == "real" and topk.median_s == 4.0 and topk.range_s == (3.0, 5.0)
+    assert topk.median_steps == 30 and topk.run_step_s == pytest.approx(5.0 / 40)
+    legacy = by[("LEGACY layer + EF two-phase", RATE)]
+    assert legacy.times == {0: 2.0, 1: 2.0, 2: None} and legacy.median_s == 2.0 and legacy.range_s == (2.0, None)
+    ups = speedups(table)
+    assert ups[(8, RATE, "Top-k + EF two-phase")]["vs_dense"] == pytest.approx(20 / 4)
+    assert ups[(8, RATE, "LEGACY layer + EF two-phase")]["vs_best_baseline"] == pytest.approx(10 / 2)
+    assert ups[(8, RATE, "LEGACY layer + EF two-phase")]["best_baseline"] == "torch fp16_compress_hook"
+    verdict = claims(table, ups)
+    assert verdict["best_ours"] == "LEGACY layer + EF two-phase" and verdict["vs_dense"] == pytest.approx(10)
+    assert verdict["vs_dense_met"] and verdict["vs_best_baseline_met"]
+    pair = verdict["legacy_vs_uniform"]  # seeds 0 and 1: 2 - 3 and 2 - 4; seed 2 reached by Top-k only
+    assert pair["seeds"] == 2 and pair["mean_s"] == pytest.approx(-1.5)
+    assert pair["only_reached"] == {"arm": [], "reference": [2]} and not pair["no_later"]
+
+
+def test_projections_are_real_steps_to_target_times_the_timed_step_and_are_checked_against_real_runs():
+    results = _results()
+    table = cells(results, targets(results["runs"], 1.0))
+    by = {(c.arm, c.rate): c for c in table}
+    projected = by[("Top-k + EF two-phase", 1e9)]  # no real runs at 1 Gbit/s: 30 steps x 0.06 s
+    assert projected.source == "projected" and projected.median_s == pytest.approx(1.8)
+    assert by[("dense fp32", 1e9)].median_s == pytest.approx(20 * 0.1)
+    checks = {c["arm"]: c for c in validation(table)}
+    assert checks["dense fp32"]["projected_s"] == pytest.approx(20 * 1.0) and checks["dense fp32"]["within"]
+    assert checks["Top-k + EF two-phase"]["ratio"] == pytest.approx(30 * 0.11 / 4.0)  # 0.825: outside 15%
+    assert not checks["Top-k + EF two-phase"]["within"]
+
+
+def test_the_communication_share_and_the_planner_check_come_from_the_step_timing():
+    timed = _results()["timings"][0]
+    share = compute_share(timed)
+    assert share["share"] == pytest.approx(0.9) and share["paired_share"] == pytest.approx(0.9)
+    check = planner_check(timed, list(QUICK_WIDTHS))
+    assert check["latency_s"] == pytest.approx(0.0014 / 14)  # 2 (P - 1) ring steps at P = 8
+    assert check["rows"]["dense fp32"]["estimate_s"] > check["rows"]["Top-k + EF two-phase"]["estimate_s"]
+    assert check["pick"] in ("Top-k + EF two-phase", "LEGACY layer + EF two-phase")
+    assert check["fastest"] == "LEGACY layer + EF two-phase" and check["met"] == (check["pick_vs_fastest"] <= 1.1)
+
+
+def test_the_report_says_when_a_target_was_never_reached_and_invents_no_time(tmp_path):
+    results = _results()
+    results["setup"].update(global_batch=256, lr=0.05, momentum=0.9, epochs=4, eval_epochs=1)
+    results["runs"] = [r for r in results["runs"] if r["arm"] != "torch fp16_compress_hook"]
+    for r in results["runs"]:  # nothing but dense reaches dense's final accuracy
+        if r["arm"] != "dense fp32":
+            r["curve"] = [[s, t, min(a, 0.55)] for s, t, a in r["curve"]]
+    path = tmp_path / "time_to_accuracy.json"
+    path.write_text(json.dumps(results))
+    summary = write_report(path, tmp_path, margin=1.0, plan={"left": 2, "seeds": 3})
+    text = (tmp_path / "time_to_accuracy.md").read_text()
+    assert "| LEGACY layer + EF two-phase | real | 0/3 | **not reached** | - | - |" in text
+    assert "seed 2 not reached: stopped by its budget after 40 steps, 4.0 s" in text
+    assert "none of our arms has a time to target yet" in text and "**partial**: 2 launch parts" in text
+    assert summary["claims"]["vs_dense"] is None and summary["claims"]["vs_dense_met"] is None
+    assert (tmp_path / "time_to_accuracy.png").stat().st_size > 1000
+    assert json.loads(path.read_text())["summary"]["targets"]["8"]["target"] == pytest.approx(0.61)
+
+
+def test_launches_go_seed_by_seed_and_a_rerun_skips_what_is_done(tmp_path):
+    args = driver.parse(["--seeds", "2", "--workers", "8", "16", "--rates", "1e8", "--real", "8@1e8"])
+    plan = driver.launches(args)
+    assert [(launch.framework, launch.workers, launch.seeds) for launch in plan] == [
+        ("horovod", 8, (0,)), ("ddp", 8, (0,)), ("horovod", 8, (1,)), ("ddp", 8, (1,)),
+        ("horovod", 16, ()), ("ddp", 16, ())]
+    assert "FP16" in plan[0].arms and "FP16" not in plan[4].arms  # above 8 workers, the main arms only
+    path = tmp_path / "time_to_accuracy.json"
+    append_result(path, "timings", timing("horovod", 8, RATE, {"dense fp32": 1.0}))
+    append_result(path, "runs", run("dense fp32", 0, [(0, 0, 0.1), (10, 1.0, 0.5)]))
+    untimed, runs = driver.pending(plan[0], load_results(path))
+    assert untimed, "a timing of fewer arms than the launch has is made again"
+    assert ("dense fp32", 0) not in runs and len(runs) == len(plan[0].arms) - 1
+    append_result(path, "timings", timing("horovod", 8, RATE, {name: 1.0 for name in plan[0].arms}))
+    assert not driver.pending(plan[0], load_results(path))[0] and len(load_results(path)["timings"]) == 1
+    assert driver.pending(plan[2], load_results(path)) == (False, [(arm, 1) for arm in plan[2].arms])
+
+
+def test_a_results_file_of_another_set_up_is_refused(tmp_path):
+    path = tmp_path / "time_to_accuracy.json"
+    driver.start_results(path, driver.parse(["--quick"]))
+    driver.start_results(path, driver.parse(["--quick", "--seeds", "3", "--margin", "2"]))  # same set-up
+    with pytest.raises(SystemExit, match="another set-up.*epochs: 2.0, now 5.0"):
+        driver.start_results(path, driver.parse(["--quick", "--epochs", "5"]))
+
+
+def test_the_equal_bytes_density_gives_the_two_phase_route_the_gathered_routes_link_bytes():
+    from grace_legacy import TopK
+    from grace_legacy.planner import plan
+
+    shapes = shapes_of(wide_mlp())
+    density = equal_bytes_density(shapes, 8)
+    gathered = plan(TopK(0.01), shapes, world_size=8).phase_totals(0)[0]
+    two_phase = plan(TopK(density), shapes, world_size=8, route="auto").phase_totals(0)[0]
+    assert two_phase == pytest.approx(gathered, rel=1e-3) and 0.03 < density < 0.05  # about P / 2 x at P = 8
+    assert "scattergather" in plan(TopK(density), shapes, world_size=8, route="auto").routes()
+
+
+def test_arms_the_planner_cannot_tell_apart_are_all_its_pick_and_the_slowest_is_held_to_the_fastest():
+    timed = timing("ddp", 8, RATE, {"compute only": 0.1, "DDP allreduce fp32": 1.0, "PowerSGD rank 4": 0.2,
+                                    "torch powerSGD_hook rank 4": 0.25})
+    check = planner_check(timed, list(WIDTHS))
+    assert check["tied"] == ["PowerSGD rank 4", "torch powerSGD_hook rank 4"]
+    assert check["pick"] == "torch powerSGD_hook rank 4" and check["fastest"] == "PowerSGD rank 4"
+    assert check["pick_vs_fastest"] == pytest.approx(1.25) and not check["met"]
