@@ -17,11 +17,14 @@ $(STAMP): pyproject.toml scripts/setup.sh scripts/constraints.txt scripts/build_
 run: setup
 	$(VENV)/bin/horovodrun -np $(NP) -H localhost:$(NP) --$(CONTROLLER) $(PY) examples/train_digits.py
 
-# Prints its own wall time at the end: CI allows 90 minutes with the set-up, and the suite's budget
-# is 30 (the slowest tests are listed by --durations).
+# Two pytest-xdist workers (tests/conftest.py says how they share the suite). Prints its own wall
+# time at the end: CI allows 90 minutes with the set-up, and the suite's budget is 30 (the slowest
+# tests are listed by --durations).
+XDIST := -n 2 --dist loadgroup
+
 test: setup
 	@start=$$(date +%s); \
-	$(PY) -m ruff check . && $(PY) -m pytest --durations=40; status=$$?; \
+	$(PY) -m ruff check . && $(PY) -m pytest $(XDIST) --durations=40; status=$$?; \
 	echo "make test: $$(( ($$(date +%s) - start) / 60 )) min $$(( ($$(date +%s) - start) % 60 )) s"; exit $$status
 
 # The quick loop for one's own edits (a few minutes): lint, the unit tests but the exhaustive
@@ -29,7 +32,7 @@ test: setup
 # tests marked `smoke`.
 test-quick: setup
 	$(PY) -m ruff check .
-	$(PY) -m pytest tests/unit tests/benchmarks -m "not distributed and not slow"
+	$(PY) -m pytest $(XDIST) tests/unit tests/benchmarks -m "not distributed and not slow"
 	$(PY) -m pytest tests/distributed -m smoke
 
 unit: setup
