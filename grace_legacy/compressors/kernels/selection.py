@@ -218,53 +218,35 @@ def largest(positions: np.ndarray, magnitudes: np.ndarray, k: int) -> np.ndarray
     return out
 
 
-@compiled.loop
-def _at_or_above(bits, mask, lower, positions, magnitudes):  # pragma: no cover - compiled
-    found = 0
-    room = positions.size
-    for i in range(bits.size):
-        magnitude = bits[i] & mask
-        if magnitude >= lower:
-            if found < room:
-                positions[found] = i
-                magnitudes[found] = magnitude
-            found += 1
+@compiled.inline
+def _keep(magnitude, lower, position, positions, magnitudes, found, room):  # pragma: no cover - compiled
+    """Writes a magnitude at or above ``lower`` as candidate ``found`` if there is room; returns the
+    candidates counted so far."""
+    if magnitude >= lower:
+        if found < room:
+            positions[found] = position
+            magnitudes[found] = magnitude
+        return found + 1
     return found
 
 
+# Where sparse, by sub-blocks: a branch-free count of each, then a scan of those that hold any.
 @compiled.loop
-def _at_or_above_in_blocks(bits, mask, lower, positions, magnitudes):  # pragma: no cover - compiled
+def _candidates(bits, mask, lower, positions, magnitudes, sparse):  # pragma: no cover - compiled
     found = 0
     room = positions.size
     n = bits.size
-    whole = n - n % SUB_BLOCK
+    whole = n - n % SUB_BLOCK if sparse else 0
     for start in range(0, whole, SUB_BLOCK):
         hits = 0
         for i in range(start, start + SUB_BLOCK):  # a fixed trip count, no branch: vectorized
             hits += (bits[i] & mask) >= lower
         if hits:
             for i in range(start, start + SUB_BLOCK):
-                magnitude = bits[i] & mask
-                if magnitude >= lower:
-                    if found < room:
-                        positions[found] = i
-                        magnitudes[found] = magnitude
-                    found += 1
+                found = _keep(bits[i] & mask, lower, i, positions, magnitudes, found, room)
     for i in range(whole, n):
-        magnitude = bits[i] & mask
-        if magnitude >= lower:
-            if found < room:
-                positions[found] = i
-                magnitudes[found] = magnitude
-            found += 1
+        found = _keep(bits[i] & mask, lower, i, positions, magnitudes, found, room)
     return found
-
-
-@compiled.loop
-def _candidates(bits, mask, lower, positions, magnitudes, sparse):  # pragma: no cover - compiled
-    if sparse:
-        return _at_or_above_in_blocks(bits, mask, lower, positions, magnitudes)
-    return _at_or_above(bits, mask, lower, positions, magnitudes)
 
 
 # On several threads, by blocks of compiled.BLOCK entries (the blocked pass's sub-blocks lie
@@ -286,6 +268,7 @@ def _write_range(bits, mask, lower, positions, magnitudes, at, start, end, spars
     bits, n = bits[start:end], end - start
     positions, magnitudes = positions[at:], magnitudes[at:]
     found = 0
+    room = positions.size  # the block's count was made room for: every candidate fits
     whole = n // SUB_BLOCK * SUB_BLOCK if sparse else 0
     for first in range(0, whole, SUB_BLOCK):
         hits = 0
@@ -293,17 +276,9 @@ def _write_range(bits, mask, lower, positions, magnitudes, at, start, end, spars
             hits += (bits[i] & mask) >= lower
         if hits:
             for i in range(first, first + SUB_BLOCK):
-                magnitude = bits[i] & mask
-                if magnitude >= lower:
-                    positions[found] = start + i
-                    magnitudes[found] = magnitude
-                    found += 1
+                found = _keep(bits[i] & mask, lower, start + i, positions, magnitudes, found, room)
     for i in range(whole, n):
-        magnitude = bits[i] & mask
-        if magnitude >= lower:
-            positions[found] = start + i
-            magnitudes[found] = magnitude
-            found += 1
+        found = _keep(bits[i] & mask, lower, start + i, positions, magnitudes, found, room)
 
 
 @compiled.parallel_loop
