@@ -28,6 +28,7 @@ from grace_legacy.core import Backend as Backend
 from grace_legacy.core import Communicator as Communicator
 from grace_legacy.core import Compressor as Compressor
 from grace_legacy.core import Memory as Memory
+from grace_legacy.core import Parcel as Parcel
 from grace_legacy.core import Pending as Pending
 from grace_legacy.core import ScheduledParameter as ScheduledParameter
 from grace_legacy.grace import Grace as Grace
@@ -65,7 +66,8 @@ def __getattr__(name: str) -> object:
     raise AttributeError(f"module 'grace_legacy' has no attribute {name!r}")
 
 __all__ = sorted([
-    "Backend", "Communicator", "Compressor", "Grace", "ScheduledParameter", "LegacyCompressor", "Memory", "Pending",
+    "Backend", "Communicator", "Compressor", "Grace", "ScheduledParameter", "LegacyCompressor", "Memory", "Parcel",
+    "Pending",
     "RanksDisagree", "RanksStalled", "grace_from_params", *_HOROVOD_NAMES,
     *communicators.__all__, *compressors.__all__, *memories.__all__, *schedules.__all__,
 ])

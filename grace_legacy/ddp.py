@@ -157,11 +157,12 @@ class GraceState:
                 for name, gradient in zip(names, gradients, strict=True):
                     step.pending[name] = self.grace.start(gradient, name, self.backend, average=True, hold=True)
                 step.held.append(index)
-            if step.held and (bucket.is_last() or not (self.fuse_rounds and self.grace.holds_later_rounds())):
+            fusion = self.grace.fusion
+            if step.held and (bucket.is_last() or not (self.fuse_rounds and fusion.holds_later_rounds())):
                 # Alone, the bucket's gradients are compressed by now: its results may be decoded into it.
                 alone = step.held == [index] and buffer.is_contiguous()
                 label = f"ddp{index}" if len(step.held) == 1 else f"ddp{step.held[0]}-{index}"
-                self.grace.launch_held(label, self.backend, average=True, into=buffer if alone else None)
+                fusion.launch_held(label, self.backend, average=True, into=buffer if alone else None)
                 step.held.clear()
         except BaseException:
             self._step = None  # the backward pass fails with the error; the next one starts afresh
@@ -180,12 +181,12 @@ class GraceState:
             missing = [name for name in self._order if name not in arrived]
             if missing:
                 raise RuntimeError(f"grace_legacy.ddp: the buckets of this backward pass lacked {missing}")
-            self.grace.advance_held()  # every bucket's later rounds in flight together
+            self.grace.fusion.advance_held()  # every bucket's later rounds in flight together
             results = {name: pending() for name, pending in step.pending.items()}
             for _, _, _, whole in step.buckets:
                 if whole is not None:
                     whole()  # decoded into the bucket itself, where an inf or NaN of any rank shows
-            flagged = self.grace.nonfinite_names(self._sorted_names, self.backend)
+            flagged = self.grace.guard.nonfinite_names(self._sorted_names, self.backend)
             for name in flagged.intersection(results):
                 # A compressor may have dropped the inf; GradScaler must see it on every rank.
                 if bool(torch.isfinite(results[name]).all()):
@@ -193,7 +194,7 @@ class GraceState:
             if flagged:
                 # GradScaler skips the whole step, so no tensor's memory or schedule may keep it.
                 for name in self._order:
-                    self.grace.undo(name)
+                    self.grace.guard.undo(name)
             self.grace.end_step(self.backend)
         except BaseException as error:
             for _, _, future, _ in step.buckets:

@@ -5,7 +5,7 @@ in front of Horovod's elastic handler registry, matching only ``Grace`` bundles 
 compressors. For the bundle that runs the compression (for a bare compressor, the one
 ``hvd.DistributedOptimizer`` built around it), ``state.commit()`` saves a copy of its state, a
 failure restores every survivor to it and drops the interrupted step, and after every reset each
-rank continues from rank 0's shared state (:meth:`Grace.rejoin`).
+rank continues from rank 0's shared state (:func:`rejoin`).
 """
 
 from __future__ import annotations
@@ -17,11 +17,29 @@ import horovod.torch as hvd
 from horovod.torch.elastic import state as _hvd_state
 
 from grace_legacy.core.compressor import Compressor
+from grace_legacy.core.state import refuse_other_configuration, saved_configuration
 from grace_legacy.grace import Grace
 from grace_legacy.optimizer import bundle_of
 
 #: The type names Horovod's registry matches against: our objects and nothing else.
 COMPRESSION_TYPES = (Grace, Compressor)
+
+
+def shared_state(bundle: Grace) -> dict[str, Any]:
+    """What :func:`rejoin` takes from the rank every rank follows: the configuration and the
+    compressor's state, without the memory's per-rank tensors (nobody else uses them)."""
+    return {"config": bundle.configuration(), "compressor": bundle.compressor.state_dict()}
+
+
+def rejoin(bundle: Grace, shared: dict[str, Any]) -> None:
+    """Continue in a changed world from ``shared``, rank 0's :func:`shared_state`: what every rank
+    must agree on comes from it, this process's residuals and byte counts stay
+    (docs/DESIGN.md#elastic-state). ``ValueError`` if another configuration saved ``shared``."""
+    saved = saved_configuration(shared, "grace_legacy.elastic.rejoin")
+    refuse_other_configuration("grace_legacy.elastic.rejoin", saved, bundle.configuration())
+    compressor = bundle.compressor
+    compressor.load_state_dict(compressor.rejoin_state(shared["compressor"], compressor.state_dict()))
+    bundle.leave_world()
 
 
 class CompressionStateHandler(_hvd_state.StateHandler):
@@ -59,9 +77,9 @@ class CompressionStateHandler(_hvd_state.StateHandler):
 
     def sync(self) -> None:
         bundle = self._bundle()
-        shared = hvd.broadcast_object(bundle.shared_state() if hvd.rank() == 0 else None, root_rank=0,
+        shared = hvd.broadcast_object(shared_state(bundle) if hvd.rank() == 0 else None, root_rank=0,
                                       name="grace.elastic.state")
-        bundle.rejoin(shared)
+        rejoin(bundle, shared)
         self._saved = self._state()
 
     def set_value(self, value: Grace | Compressor) -> None:

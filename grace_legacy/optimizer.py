@@ -135,7 +135,7 @@ def _grace_synchronize(self: Any) -> None:
     _hvd_optimizer._DistributedOptimizer.synchronize(self)
     if self._requires_update and self.process_set.included():
         by_name = {self._parameter_names[p]: p for p in self._requires_update}
-        flagged = self._grace.nonfinite_names(sorted(by_name), self._grace_backend)
+        flagged = self._grace.guard.nonfinite_names(sorted(by_name), self._grace_backend)
         for name in flagged:
             grad = by_name[name].grad
             # A compressor may have dropped the inf; make sure GradScaler sees it on every rank.
@@ -144,7 +144,7 @@ def _grace_synchronize(self: Any) -> None:
         if flagged:
             # GradScaler skips the whole step, so no tensor's memory or schedule may keep it.
             for name in by_name:
-                self._grace.undo(name)
+                self._grace.guard.undo(name)
     self._grace.end_step(self._grace_backend)
 
 

@@ -18,7 +18,7 @@ link with bandwidth-optimal algorithms. For ``P`` workers and one tensor of ``D`
 The route of each tensor is :func:`~grace_legacy.runtime.cost.choose_route`'s, the function the
 bundle calls (with no communicator named: the route of the compressor's own aggregation; with
 ``route="auto"``: the fewest link bytes, two-phase included, as ``Grace(communicator="auto")``);
-the fused buckets are the bundle's :class:`~grace_legacy.communicators.buckets.BucketPlan`
+the fused buckets are the bundle's :class:`~grace_legacy.communicators.fusion.BucketPlan`
 over the tensors in reverse registration order (the order the optimizer and the DDP hook plan them),
 ``default_bucket_bytes()`` unless told. So the planned link bytes of rank ``r`` per step,
 :meth:`Plan.rank_link_bytes`, are what that rank's ``compression.stats["wire_bytes"]`` records for
@@ -51,7 +51,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from grace_legacy.communicators.buckets import BucketPlan, default_bucket_bytes
+from grace_legacy.communicators.fusion import BucketPlan, default_bucket_bytes
 from grace_legacy.core.compressor import Compressor
 from grace_legacy.runtime import wire
 from grace_legacy.runtime.cost import choose_route, ring_allreduce_bytes, segment_bytes

@@ -114,10 +114,10 @@ class CollectiveCounter:
             counter._gathers[handle] = _nbytes(tensor)
             return handle
 
-        def counted_alltoall(backend: Any, tensor: Any, splits: list[int], name: str) -> Any:
+        def counted_alltoall(backend: Any, tensor: Any, splits: list[int], name: str, **options: Any) -> Any:
             row = _nbytes(tensor) // max(tensor.shape[0], 1) if tensor.dim() else tensor.element_size()
             counter._add("alltoall", row * (sum(splits) - splits[backend.rank()]))
-            return alltoall(backend, tensor, splits, name)
+            return alltoall(backend, tensor, splits, name, **options)
 
         def counted_broadcast(backend: Any, tensor: Any, root_rank: int, name: str) -> Any:
             counter._add("broadcast", _nbytes(tensor) * (backend.size() - 1) / backend.size())

@@ -21,7 +21,11 @@ recorded with its status and time:
    (:mod:`benchmarks.device_check.ddp_worker`) run every zoo case through the DDP hook, NCCL with
    one rank (NCCL refuses two ranks on one GPU), Gloo with CUDA tensors on two ranks sharing the
    GPU (the cases' twins model the routes a default bundle takes at two ranks).
-5. ``throughput``: :mod:`benchmarks.performance.throughput` on the device (CUDA events), ResNet-50
+5. ``fsdp gloo 2 ranks``: grace_legacy.fsdp's test worker (``tests/distributed/fsdp_worker.py``) on
+   two ranks sharing the GPU over Gloo, the FSDP2 model and its gradients on the device: every
+   unit's compressed reduce-scatter against the independent reference, in FSDP2's reduce-scatter
+   stream.
+6. ``throughput``: :mod:`benchmarks.performance.throughput` on the device (CUDA events), ResNet-50
    and the Transformer-base encoder, grace-legacy against the GRACE-style reference.
 
 The report goes to ``DIR/gpu.md`` and ``DIR/gpu.json`` (with ``DIR/throughput.png``): commit it as
@@ -224,6 +228,39 @@ def _ddp(stage: Stage, device: torch.device, backend: str, ranks: int, quick: bo
                                  f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
 
 
+def fsdp(stage: Stage, device: torch.device, quick: bool, timeout: float) -> None:
+    """grace_legacy.fsdp's test worker (``tests/distributed/fsdp_worker.py``) on two ranks with the
+    model and gradients on ``device``, over Gloo: every unit's compressed reduce-scatter at every
+    step against the independent reference."""
+    from tests.helpers import free_port
+
+    with tempfile.TemporaryDirectory() as where:
+        command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr",
+                   "127.0.0.1", "--master-port", str(free_port()), "--max-restarts", "0",
+                   str(REPO / "tests" / "distributed" / "fsdp_worker.py"), "--out", where, "--device", device.type,
+                   *(["--quick"] if quick else [])]
+        path = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
+        env = {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+        if device.type == "cpu":
+            env["GRACE_LEGACY_DEVICE_PATH"] = "1"
+        try:
+            result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired as err:
+            stage.status = "failed"
+            stage.details.append(f"torchrun did not finish in {timeout:.0f} s: {(err.stdout or '')[-2000:]}")
+            return
+        reports = [json.loads(report.read_text()) for report in sorted(Path(where).glob("rank*.json"))]
+    checks = [check for report in reports for check in report["checks"]]
+    stage.data = {"ranks": 2, "exit status": result.returncode, "checks": len(checks)}
+    failures = [f"{check['name']}: {check['detail'][:400]}" for check in checks if not check["ok"]]
+    if result.returncode != 0 or len(reports) != 2 or failures or not checks:
+        stage.status = "failed"
+        stage.details += failures[:40]
+        if result.returncode != 0 or len(reports) != 2:
+            stage.details.append(f"torchrun exited {result.returncode} with {len(reports)} of 2 reports:\n"
+                                 f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+
+
 def throughput(stage: Stage, device: torch.device, quick: bool, out: Path) -> None:
     from benchmarks.performance import throughput as benchmark
     from grace_legacy.runtime import paths
@@ -302,6 +339,9 @@ def main() -> None:
                   lambda stage, b=backend, r=ranks: ddp(stage, device, b, r, args.quick,
                                                         timeout=max(30.0, check.left() - (20 if args.quick else 120))),
                   needs=40)
+    check.run("fsdp gloo 2 ranks", lambda stage: fsdp(stage, device, args.quick,
+                                                      timeout=max(30.0, check.left() - (20 if args.quick else 120))),
+              needs=40)
     check.run("throughput", lambda stage: throughput(stage, device, args.quick, args.out),
               needs=20 if args.quick else 100)
     ok = write(check, args.out, device, command)

@@ -72,10 +72,8 @@ PAIRS = {"FP16": (GRACE_FP16, TORCH_FP16, 0.97), "PowerSGD": (GRACE_POWERSGD, TO
 #: grace_legacy's code by part: (file under grace_legacy/, function name or "*") -> part, first match wins.
 PARTS = (
     (("ddp.py", "*"), "hook entry and exit"),
-    (("grace.py", "_watch"), "non-finite checks"),
-    (("grace.py", "nonfinite_names"), "non-finite checks"),
+    (("step_guard.py", "*"), "non-finite checks"),
     (("consistency.py", "*"), "rank agreement checks"),
-    (("grace.py", "record_traffic"), "traffic accounting"),
     (("runtime/traffic.py", "*"), "traffic accounting"),
     (("runtime/cost.py", "*"), "traffic accounting"),
     (("backends/torch_distributed.py", "wait"), "collective wait"),

@@ -60,11 +60,12 @@ def worker(args: argparse.Namespace) -> None:
     import horovod.torch as hvd
     import torch
 
-    from grace_legacy import TopK
+    from grace_legacy import Allgather, TopK
     from grace_legacy.backends.horovod import HorovodBackend, synchronize
-    from grace_legacy.communicators.buckets import BucketFiller, BucketPlan
-    from grace_legacy.communicators.exchange import BucketExchange, Parcel
+    from grace_legacy.communicators.exchange import BucketExchange
+    from grace_legacy.communicators.fusion import BucketPlan, Fusion
     from grace_legacy.compressors.sparse import SparseContext
+    from grace_legacy.core.communicator import Parcel
 
     hvd.init()
     torch.set_num_threads(1)
@@ -99,11 +100,13 @@ def worker(args: argparse.Namespace) -> None:
     compressed = {name: compressor.compress(g, name) for name, g in grads.items()}
     order = [name for name, _ in reversed(shapes)]
     # Fixed rather than HOROVOD_FUSION_THRESHOLD, which this benchmark varies for Horovod itself.
-    plan = BucketPlan([(n, grads[n].numel() * 4) for n in order], BUCKET_BYTES)
+    sizes = [(n, grads[n].numel() * 4) for n in order]
+    plan = BucketPlan(sizes, BUCKET_BYTES)
     backend = CountingBackend()
+    gather = Allgather()
 
     def members():
-        return [Parcel(n, compressed[n][0], compressed[n][1], compressor, gathered=True) for n in order]
+        return [Parcel(n, compressed[n][0], compressed[n][1], compressor, gather) for n in order]
 
     def per_tensor():
         flights = [(m, BucketExchange(m.name, [m], backend, True)) for m in members()]
@@ -123,8 +126,9 @@ def worker(args: argparse.Namespace) -> None:
         return out
 
     def fused(packed_at: list[float] | None = None):
-        exchange = BucketFiller(plan)
-        pending = [exchange.add(m, backend, True) for m in members()]
+        fusion = Fusion(BUCKET_BYTES)
+        fusion.plan_buckets(sizes)
+        pending = [fusion.send(m, backend, True) for m in members()]
         if packed_at is not None:  # every bucket is packed and its collective submitted
             packed_at.append(time.perf_counter())
         return [p() for p in pending]

@@ -200,7 +200,7 @@ class Run:
         pending = [self.bundle.start(gradients[n], n, self.backend, True) for n in self.names]
         for p in pending:
             p()
-        self.bundle.nonfinite_names(self.names, self.backend)
+        self.bundle.guard.nonfinite_names(self.names, self.backend)
         self.bundle.end_step(self.backend)
         compressor = self.bundle.compressor
         if hasattr(compressor, "set_lr") and self.steps % 20 == 10:

@@ -144,24 +144,30 @@ class _Gather:
 
 
 class _AllToAll:
-    """An all-to-all whose receive counts are exchanged first (a few bytes), then the rows."""
+    """An all-to-all whose receive counts are exchanged first (a few bytes, unless the caller knows
+    them), then the rows."""
 
     def __init__(self, backend: TorchDistributedBackend, local: torch.Tensor, splits: list[int],
-                 device: torch.device) -> None:
+                 device: torch.device, received: list[int] | None = None) -> None:
         self.backend, self.local, self.splits, self.device = backend, local, list(splits), device
-        self.sent = torch.tensor(self.splits, dtype=torch.int64, device=local.device)
-        self.received = torch.empty(backend.size(), dtype=torch.int64, device=local.device)
-        self.counts_work: Any = _issue(dist.all_to_all_single, (self.received, self.sent), group=backend.group,
-                                       async_op=True)
+        self.counts: list[int] | None = None if received is None else list(received)
+        self.counts_work: Any = None
+        if self.counts is None:
+            self.sent = torch.tensor(self.splits, dtype=torch.int64, device=local.device)
+            self.received = torch.empty(backend.size(), dtype=torch.int64, device=local.device)
+            self.counts_work = _issue(dist.all_to_all_single, (self.received, self.sent), group=backend.group,
+                                      async_op=True)
         self.launched: tuple[Any, torch.Tensor] | None = None
 
     def launch(self) -> None:
-        """Wait for the counts and launch the rows (once)."""
+        """Wait for the counts (unless the caller knew them) and launch the rows (once)."""
         if self.launched is not None:
             return
-        self.counts_work.wait()
-        self.counts_work = None
-        counts = self.received.tolist()
+        if self.counts is None:
+            self.counts_work.wait()
+            self.counts_work = None
+            self.counts = self.received.tolist()
+        counts = self.counts
         out = self.local.new_empty((sum(counts), *self.local.shape[1:]))
         work = _issue(dist.all_to_all_single, (out, self.local), output_split_sizes=counts,
                       input_split_sizes=self.splits, group=self.backend.group, async_op=True)
@@ -245,13 +251,18 @@ class TorchDistributedBackend:
         self._unlaunched.append(gather)
         return gather
 
-    def alltoall_async(self, tensor: torch.Tensor, splits: list[int], name: str) -> _AllToAll:
-        """Rows of ``tensor`` to each rank by ``splits``; what every rank sent this one, in rank order."""
+    def alltoall_async(self, tensor: torch.Tensor, splits: list[int], name: str,
+                       received: list[int] | None = None) -> _AllToAll:
+        """Rows of ``tensor`` to each rank by ``splits``; what every rank sent this one, in rank order.
+        ``received``: how many rows each rank sends this one, where the caller knows (no counts
+        are exchanged then); every rank must know it, or none."""
         if len(splits) != self._size or sum(splits) != tensor.shape[0]:
             raise ValueError(f"alltoall {name!r}: splits {splits} must give each of {self._size} ranks its rows "
                              f"of the {tensor.shape[0]}")
+        if received is not None and (len(received) != self._size or min(received) < 0):
+            raise ValueError(f"alltoall {name!r}: received {received} must give a count for each of {self._size} ranks")
         self._launch_waiting_gathers()
-        exchange = _AllToAll(self, self._staged(tensor, copy=False), splits, tensor.device)
+        exchange = _AllToAll(self, self._staged(tensor, copy=False), splits, tensor.device, received)
         self._unlaunched.append(exchange)
         return exchange
 

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from grace_legacy.core.backend import Backend, Pending
-from grace_legacy.core.communicator import Communicator
+from grace_legacy.core.communicator import Communicator, Parcel
 from grace_legacy.core.compressor import Compressor, Payload
 from grace_legacy.runtime import wire
 
@@ -24,15 +24,15 @@ class Broadcast(Communicator):
 
     route = "broadcast"
 
-    def start(self, payload: Payload, ctx: Any, name: str, compressor: Compressor, backend: Backend,
-              average: bool, on_final_payload: Callable[[Payload, Any], None] | None = None) -> Pending:
+    def start(self, parcel: Parcel, backend: Backend, average: bool) -> Pending:
+        payload, ctx, name, compressor = parcel.payload, parcel.ctx, parcel.name, parcel.compressor
         if compressor.rounds != 1:
             raise ValueError(f"Broadcast cannot run {compressor!r}: it needs {compressor.rounds} allreduce rounds")
-        if on_final_payload is not None:
-            on_final_payload(payload, ctx)
-        if compressor.uniform_payload:
-            return self._start_uniform(payload, ctx, name, compressor, backend, average)
-        return self._start_with_headers(payload, ctx, name, compressor, backend, average)
+        parcel.feed_back(payload, ctx)
+        start = self._start_uniform if compressor.uniform_payload else self._start_with_headers
+        finish, parcel.pending.bytes_sent = start(payload, ctx, name, compressor, backend, average)
+        parcel.pending.finish_with(finish)
+        return parcel.pending
 
     @staticmethod
     def _launch(body: torch.Tensor, length: int, root: int, name: str, backend: Backend) -> Any:
@@ -44,7 +44,7 @@ class Broadcast(Communicator):
         return backend.broadcast_async(tensor, root, name)
 
     def _start_uniform(self, payload: Payload, ctx: Any, name: str, compressor: Compressor, backend: Backend,
-                       average: bool) -> Pending:
+                       average: bool) -> tuple[Callable[[], torch.Tensor], int]:
         body = wire.pack(payload, with_header=False)
         handles = [self._launch(body, body.numel(), root, name, backend) for root in range(backend.size())]
 
@@ -53,10 +53,10 @@ class Broadcast(Communicator):
             payloads = wire.unpack_gathered(torch.cat(bodies), payload, backend.size(), False, name)
             return compressor.aggregate(payloads, ctx, average)
 
-        return Pending(finish, body.numel())
+        return finish, body.numel()
 
     def _start_with_headers(self, payload: Payload, ctx: Any, name: str, compressor: Compressor,
-                            backend: Backend, average: bool) -> Pending:
+                            backend: Backend, average: bool) -> tuple[Callable[[], torch.Tensor], int]:
         packed = wire.pack(payload, with_header=True)
         # The same parts with no rows lay out as the header alone: its length, from wire itself.
         header_length = wire.layout(payload, [0] * len(payload), True)[1]
@@ -82,4 +82,4 @@ class Broadcast(Communicator):
             payloads = wire.unpack_gathered(torch.cat(pieces), payload, size, True, name)
             return compressor.aggregate(payloads, ctx, average)
 
-        return Pending(finish, packed.numel())
+        return finish, packed.numel()

@@ -7,61 +7,26 @@ fused bucket a flight of many (docs/DESIGN.md#fused-buckets)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from grace_legacy.compressors.sparse import bucket_positions, scatter_sum_columns, scatter_sum_many
 from grace_legacy.core.backend import Backend, Pending
-from grace_legacy.core.communicator import Communicator
-from grace_legacy.core.compressor import Compressor, Payload
+from grace_legacy.core.communicator import Communicator, Flight, Parcel
+from grace_legacy.core.compressor import Payload
 from grace_legacy.runtime import wire
 from grace_legacy.runtime.buffers import BufferPool
 from grace_legacy.runtime.cost import ring_allreduce_bytes
-
-#: ``update_memory(payload, ctx, encoder=None)``: error feedback learns from the last local payload
-#: (decoded by ``encoder`` where it is not the parcel's compressor: a payload compressed segment by
-#: segment)
-UpdateMemory = Callable[..., None]
 
 
 def nbytes(parts: Payload) -> int:
     return sum(part.numel() * part.element_size() for part in parts)
 
 
-@dataclass
-class Parcel:
-    """One tensor's part of a flight."""
-
-    name: str
-    payload: Payload
-    ctx: Any
-    compressor: Compressor
-    gathered: bool
-    #: compressed by its exchange, shard by shard (``payload`` holds the uncompressed tensor until then)
-    sharded: bool = False
-    #: called with the last round's local payload (error feedback learns from it)
-    update_memory: UpdateMemory | None = None
-    pending: Pending = field(init=False)
-
-    def __post_init__(self) -> None:
-        if self.sharded:
-            sent = 0
-        elif self.gathered:
-            sent = wire.packed_size(self.payload, not self.compressor.uniform_payload)
-        else:
-            sent = nbytes(self.payload)
-        self.pending = Pending(self._not_flown, sent)
-
-    def _not_flown(self) -> torch.Tensor:
-        raise RuntimeError(f"the gradient of {self.name!r} was waited for before its bucket was complete")
-
-
-def raising(error: BaseException) -> Callable[[], torch.Tensor]:
-    def finish() -> torch.Tensor:
-        raise error
-    return finish
+def gathered(parcel: Parcel) -> bool:
+    """Whether ``parcel`` travels in the flight's allgather (else in its allreduces)."""
+    return parcel.communicator.carries_non_additive
 
 
 class BucketExchange:
@@ -70,6 +35,7 @@ class BucketExchange:
     def __init__(self, label: str, parcels: Sequence[Parcel], backend: Backend, average: bool,
                  recycler: BufferPool | None = None, into: torch.Tensor | None = None) -> None:
         self.label, self.parcels, self.backend, self.average = label, list(parcels), backend, average
+        self._gathered = {id(parcel): gathered(parcel) for parcel in self.parcels}
         #: keeps the buffer a by-part bucket aggregates into, for the next flight of the same label
         self.recycler = recycler
         #: a 1-D tensor the results may be decoded into, back to back in the parcels' order, when one
@@ -79,24 +45,27 @@ class BucketExchange:
         self._collectives = 0
         self._failure: BaseException | None = None
         for parcel in self.parcels:
-            if parcel.update_memory is not None and parcel.compressor.rounds == 1:
-                parcel.update_memory(parcel.payload, parcel.ctx)
-            if parcel.gathered and parcel.compressor.rounds != 1:
+            is_gathered = self._gathered[id(parcel)]
+            if is_gathered and parcel.compressor.rounds != 1:
                 raise ValueError(f"{parcel.compressor!r} needs {parcel.compressor.rounds} allreduce rounds; "
                                  f"it cannot be gathered")
+            parcel.pending.bytes_sent = wire.packed_size(parcel.payload, not parcel.compressor.uniform_payload) \
+                if is_gathered else nbytes(parcel.payload)
+            if parcel.compressor.rounds == 1:
+                parcel.feed_back(parcel.payload, parcel.ctx)
         try:
             self._launch()
         except BaseException as error:
             # Launched whole or not at all: waiting for a parcel of a failed launch raises what the
             # launch raised (the engine's error), never something about a half-built exchange.
             for parcel in self.parcels:
-                parcel.pending._finish = raising(error)
+                parcel.pending.fail_with(error)
             raise
         for parcel in self.parcels:
-            parcel.pending._finish = self._finisher(parcel.name)
+            parcel.pending.finish_with(self._finisher(parcel.name))
 
     def _launch(self) -> None:
-        gathered = [m for m in self.parcels if m.gathered]
+        gathered = [m for m in self.parcels if self._gathered[id(m)]]
         self._gather = None
         if gathered:
             columns = self._by_part(gathered)
@@ -108,8 +77,8 @@ class BucketExchange:
                 layouts = [(m.payload, not m.compressor.uniform_payload) for m in gathered]
                 self._gather = (gathered, layouts,
                                 self.backend.allgather_async(wire.pack_many(layouts), self._name(0)))
-        self._reduced = {id(m): list(m.payload) for m in self.parcels if not m.gathered}
-        self._reducing = [m for m in self.parcels if not m.gathered]
+        self._reducing = [m for m in self.parcels if not self._gathered[id(m)]]
+        self._reduced = {id(m): list(m.payload) for m in self._reducing}
         for parcel in self._reducing:
             parcel.pending.wire_bytes = ring_allreduce_bytes(parcel.pending.bytes_sent, self.backend.size())
         #: the allreduce rounds of the additive parcels; the one whose allreduces are in flight
@@ -218,8 +187,8 @@ class BucketExchange:
                 local, parcel.ctx = parcel.compressor.next_round(self._reduced[id(parcel)], parcel.ctx)
                 parcel.pending.bytes_sent += nbytes(local)
                 parcel.pending.wire_bytes += ring_allreduce_bytes(nbytes(local), self.backend.size())
-                if round_index == parcel.compressor.rounds - 1 and parcel.update_memory is not None:
-                    parcel.update_memory(local, parcel.ctx)
+                if round_index == parcel.compressor.rounds - 1:
+                    parcel.feed_back(local, parcel.ctx)
                 self._reduced[id(parcel)] = list(local)
             self._reduce = self._launch_reduce(active, round_index)
         except BaseException as error:
@@ -313,13 +282,16 @@ class BucketExchange:
 
 
 class ExchangeCommunicator(Communicator):
-    """Sends each tensor as a flight of its own, gathered or reduced (:attr:`carries_non_additive`)."""
+    """Sends each tensor, or each fused bucket, as one flight: one allgather of the gathered
+    parcels (:attr:`carries_non_additive`), one allreduce per dtype and round of the others."""
 
     fusable = True
 
-    def start(self, payload: Payload, ctx: Any, name: str, compressor: Compressor, backend: Backend,
-              average: bool, on_final_payload: UpdateMemory | None = None) -> Pending:
-        parcel = Parcel(name, payload, ctx, compressor, gathered=self.carries_non_additive,
-                        update_memory=on_final_payload)
-        BucketExchange(name, [parcel], backend, average)
+    def start(self, parcel: Parcel, backend: Backend, average: bool) -> Pending:
+        BucketExchange(parcel.name, [parcel], backend, average)
         return parcel.pending
+
+    def start_many(self, label: str, parcels: Sequence[Parcel], backend: Backend, average: bool,
+                   into: torch.Tensor | None = None, pool: Any = None) -> Flight | None:
+        exchange = BucketExchange(label, parcels, backend, average, pool, into)
+        return exchange if exchange.rounds > 1 else None

@@ -27,11 +27,9 @@ from typing import Any, NamedTuple
 
 import torch
 
-from grace_legacy.communicators.exchange import Parcel, UpdateMemory, raising
 from grace_legacy.core.backend import Backend, Pending
-from grace_legacy.core.communicator import Communicator
+from grace_legacy.core.communicator import Communicator, Flight, Parcel
 from grace_legacy.core.compressor import Compressor, Payload
-from grace_legacy.core.memory import Memory
 from grace_legacy.runtime import wire
 
 
@@ -117,15 +115,12 @@ class Segmented:
 
 class ShardedExchange:
     """The two phases of one set of parcels (a bucket's, or one tensor's), launched at
-    construction (the all-to-all) and finished once (the owners' allgather).
+    construction (the all-to-all) and finished once (the owners' allgather). The owners apply the
+    parcels' ``owner_memory`` (keyed by segment; one per bundle) before re-compressing their sums."""
 
-    ``owner_memory``: the error feedback the owner applies before re-compressing its aggregates
-    (keyed by segment), or ``None``."""
-
-    def __init__(self, label: str, parcels: Sequence[Parcel], backend: Backend, average: bool,
-                 owner_memory: Memory | None) -> None:
+    def __init__(self, label: str, parcels: Sequence[Parcel], backend: Backend, average: bool) -> None:
         self.label, self.parcels, self.backend, self.average = label, list(parcels), backend, average
-        self.owner_memory = owner_memory
+        self.owner_memory = self.parcels[0].owner_memory
         self.size, self.rank = backend.size(), backend.rank()
         self._failure: BaseException | None = None
         self.results: dict[str, torch.Tensor] | None = None
@@ -152,8 +147,7 @@ class ShardedExchange:
                              [len(self.payloads[i]) for i in mine], [self.contexts[i] for i in mine])
             parcel.payload = [part for i in mine for part in self.payloads[i]]
             parcel.ctx = pieces
-            if parcel.update_memory is not None:
-                parcel.update_memory(parcel.payload, parcel.ctx, Segmented(parcel.compressor))
+            parcel.feed_back(parcel.payload, parcel.ctx, Segmented(parcel.compressor))
         self.headers = [not self.parcels[s.parcel].compressor.uniform_payload for s in self.segments]
         # The owners' payloads have the layout of this rank's own payload of the same segment,
         # unless the owners encode with another compressor (a vote's code) or the size varies.
@@ -164,10 +158,10 @@ class ShardedExchange:
             self._launch()
         except BaseException as error:
             for parcel in self.parcels:
-                parcel.pending._finish = raising(error)
+                parcel.pending.fail_with(error)
             raise
         for parcel in self.parcels:
-            parcel.pending._finish = self._finisher(parcel.name)
+            parcel.pending.finish_with(self._finisher(parcel.name))
 
     def _owned(self, owner: int) -> list[int]:
         return [i for i, s in enumerate(self.segments) if s.owner == owner]
@@ -249,19 +243,21 @@ class ScatterGather(Communicator):
     """The two-phase compressed allreduce (see the module docstring) of each tensor, or of each
     fused bucket: for a compressor whose payload is not additive (signs, codes, entries), so that
     its link bytes stay the compressor's own share of a dense allreduce at any number of ranks.
-    ``Grace(..., communicator=ScatterGather())`` forces it; by default the bundle takes it where
-    it moves the fewest bytes."""
+    ``Grace(..., communicator=ScatterGather())`` forces it; ``Grace(..., communicator="auto")``
+    takes it where it moves the fewest bytes."""
 
     route = "scattergather"
     fusable = True
     compresses = True
 
-    def start(self, payload: Payload, ctx: Any, name: str, compressor: Compressor, backend: Backend,
-              average: bool, on_final_payload: UpdateMemory | None = None,
-              owner_memory: Memory | None = None) -> Pending:
-        parcel = Parcel(name, payload, ctx, compressor, gathered=False, sharded=True, update_memory=on_final_payload)
-        ShardedExchange(name, [parcel], backend, average, owner_memory)
+    def start(self, parcel: Parcel, backend: Backend, average: bool) -> Pending:
+        ShardedExchange(parcel.name, [parcel], backend, average)
         return parcel.pending
+
+    def start_many(self, label: str, parcels: Sequence[Parcel], backend: Backend, average: bool,
+                   into: torch.Tensor | None = None, pool: Any = None) -> Flight | None:
+        ShardedExchange(label, parcels, backend, average)
+        return None
 
 
 def owner_link_bytes(sizes: Sequence[int], payload_bytes: Callable[[int, int], int], world_size: int) -> float:

@@ -3,9 +3,10 @@ ScheduledParameter. One step's data flow: docs/ARCHITECTURE.md#one-step-one-way 
 leaves a rank, ``ctx`` never does). This package imports nothing else of grace_legacy."""
 
 from grace_legacy.core.backend import Backend, Pending
-from grace_legacy.core.communicator import Communicator
+from grace_legacy.core.communicator import Communicator, Parcel
 from grace_legacy.core.compressor import Compressor, Payload
 from grace_legacy.core.memory import Memory, NoMemory
 from grace_legacy.core.parameter import ScheduledParameter
 
-__all__ = ["Backend", "Communicator", "Compressor", "ScheduledParameter", "Memory", "NoMemory", "Payload", "Pending"]
+__all__ = ["Backend", "Communicator", "Compressor", "ScheduledParameter", "Memory", "NoMemory", "Parcel", "Payload",
+           "Pending"]

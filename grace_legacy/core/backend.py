@@ -27,17 +27,30 @@ class Backend(Protocol):
 class Pending:
     """A gradient on its way: ``pending()`` waits for the collectives and returns the result (later
     calls return the same tensor). ``bytes_sent``: what this rank handed to the backend; ``finite``:
-    set by a communicator that has seen the result hold no inf or NaN, so nobody looks again."""
+    set by a communicator that has seen the result hold no inf or NaN, so nobody looks again.
+
+    A communicator that launches later than it is handed the tensor (a fused bucket takes off once
+    its last member arrives) makes the ``Pending`` first, with no ``finish``, and says how it
+    finishes when it launches (:meth:`finish_with`, :meth:`fail_with`); waiting before that is a
+    ``RuntimeError``."""
 
     __slots__ = ("bytes_sent", "wire_bytes", "finite", "_finish", "_result")
 
-    def __init__(self, finish: Callable[[], torch.Tensor], bytes_sent: int) -> None:
-        self._finish: Callable[[], torch.Tensor] | None = finish
+    def __init__(self, finish: Callable[[], torch.Tensor] | None = None, bytes_sent: int = 0) -> None:
+        self._finish: Callable[[], torch.Tensor] | None = finish or _not_launched
         self._result: torch.Tensor | None = None
         self.bytes_sent = bytes_sent
         #: what the collectives put on this rank's link for it (runtime/traffic.py), once it arrived
         self.wire_bytes = 0.0
         self.finite = False
+
+    def finish_with(self, finish: Callable[[], torch.Tensor]) -> None:
+        """Compute the result with ``finish()`` when it is asked for (once; it waits for the collectives)."""
+        self._finish = finish
+
+    def fail_with(self, error: BaseException) -> None:
+        """Raise ``error`` when the result is asked for: the launch failed, and its handles are spent."""
+        self._finish = _Failed(error)
 
     def __call__(self) -> torch.Tensor:
         if self._finish is not None:
@@ -51,6 +64,11 @@ class Pending:
             self._finish = None
         assert self._result is not None
         return self._result
+
+
+def _not_launched() -> torch.Tensor:
+    raise RuntimeError("a gradient was waited for before its collectives were launched (a fused bucket still "
+                       "waits for other members)")
 
 
 class _Failed:

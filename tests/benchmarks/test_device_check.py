@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.distributed
 
 STAGES = ["environment", "zoo in process", "same payloads on the CPU", "ddp gloo 1 rank", "ddp gloo 2 ranks",
-          "throughput"]
+          "fsdp gloo 2 ranks", "throughput"]
 
 
 def test_the_device_check_runs_every_stage_on_a_cpu(tmp_path):

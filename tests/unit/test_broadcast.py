@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from grace_legacy import DGC, FP16, Broadcast, Grace, NoCompression, RandomK, Residual, Threshold, TopK
+from grace_legacy import DGC, FP16, Broadcast, Grace, NoCompression, Parcel, RandomK, Residual, Threshold, TopK
 from grace_legacy.communicators import Allgather
 from grace_legacy.runtime import wire
 from tests.helpers import run_ranks
@@ -91,7 +91,7 @@ class TwoRounds(NoCompression):
 
 def test_broadcast_refuses_multi_round_compressors():
     with pytest.raises(ValueError, match=r"Broadcast cannot run TwoRounds\(\): it needs 2 allreduce rounds"):
-        Broadcast().start([torch.ones(2)], None, "w", TwoRounds(), backend=None, average=True)
+        Broadcast().start(Parcel("w", [torch.ones(2)], None, TwoRounds(), Broadcast()), backend=None, average=True)
 
 
 def test_broadcast_is_exported_and_carries_anything():

@@ -1,4 +1,4 @@
-"""Fused buckets (``communicators/buckets.py``): they give exactly what per-tensor collectives give,
+"""Fused buckets (``communicators/fusion.py``): they give exactly what per-tensor collectives give,
 with fewer collectives, for every kind of payload (a bucket of scattered members as each member
 alone), however the gradients arrive; a tensor larger than a bucket; waiting before a bucket is
 complete is an error, not a hang; the plan's checks and its default size (Horovod's fusion
@@ -21,7 +21,7 @@ from grace_legacy import (
     Threshold,
     TopK,
 )
-from grace_legacy.communicators.buckets import BUCKET_BYTES_CAP, BucketPlan, default_bucket_bytes
+from grace_legacy.communicators.fusion import BUCKET_BYTES_CAP, BucketPlan, default_bucket_bytes
 from tests.helpers import run_ranks
 
 SHAPES = {"conv": (8, 4, 3), "fc1": (60, 40), "bias1": (60,), "fc2": (10, 60), "bias2": (10,), "scale": ()}
@@ -155,13 +155,13 @@ def test_exactly_the_tensors_whose_gradient_or_sum_is_not_finite_are_named(kind,
                 pending[name] = bundle.start(grad, name, backend, True)
             results = {name: p() for name, p in pending.items()}
             before = len(backend.calls)
-            flagged = bundle.nonfinite_names(list(SHAPES), backend)
+            flagged = bundle.guard.nonfinite_names(list(SHAPES), backend)
             assert len(backend.calls) - before == (0 if kind == "topk" else 1)
             if kind == "topk":  # seen in the results themselves
                 assert flagged == {name for name, r in results.items() if not bool(torch.isfinite(r).all())}
             named.append(flagged)
             for name in flagged:
-                bundle.undo(name)
+                bundle.guard.undo(name)
             bundle.end_step()
         return named
 

@@ -72,9 +72,9 @@ def step_results(bundle: Grace, backend, index: int, gradients=gradient) -> dict
 def step(bundle: Grace, backend, index: int, gradients=gradient) -> dict[str, torch.Tensor]:
     """One synchronized step as the Horovod integration runs it (without its NaN fill)."""
     out = step_results(bundle, backend, index, gradients)
-    if bundle.nonfinite_names(NAMES, backend):
+    if bundle.guard.nonfinite_names(NAMES, backend):
         for n in NAMES:
-            bundle.undo(n)
+            bundle.guard.undo(n)
     bundle.end_step(backend)
     return out
 

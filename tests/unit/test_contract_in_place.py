@@ -55,7 +55,7 @@ def test_the_residual_is_untouched_until_the_step_is_kept(make):
     gradient = steps[1][0].clone()
     synchronize([bundle], [[gradient]], overwrite=True)
     assert not torch.equal(gradient, steps[1][0])  # it was used up
-    bundle.undo("w")
+    bundle.guard.undo("w")
     assert torch.equal(bits(memory.residuals["w"]), bits(before))
 
 

@@ -94,7 +94,7 @@ def test_undoing_a_tensor_undoes_its_segments_state_on_the_scatter_gather(setup)
         before = {**tensors_of(bundle.compressor.state_dict(), "c."),
                   **tensors_of(bundle.owner_memory.state_dict() if bundle.owner_memory else {}, "o.")}
         bundle.start(torch.randn(40), "w", backend, average=True)()
-        bundle.undo("w")
+        bundle.guard.undo("w")
         after = {**tensors_of(bundle.compressor.state_dict(), "c."),
                  **tensors_of(bundle.owner_memory.state_dict() if bundle.owner_memory else {}, "o.")}
         return before, after

@@ -37,9 +37,9 @@ def test_survivors_keep_their_residuals_and_everyone_takes_rank_zeros_shared_sta
     # Rank 0 is lost; old ranks 1 and 2 become 0 and 1, and a newcomer joins as rank 2.
     survivors, newcomer = bundles[1:], SETUPS[setup]()
     before = [b.state_dict() for b in survivors]
-    shared = survivors[0].shared_state()
+    shared = elastic.shared_state(survivors[0])
     for bundle in [*survivors, newcomer]:
-        bundle.rejoin(shared)
+        elastic.rejoin(bundle, shared)
     for bundle, kept in zip(survivors, before, strict=True):
         if bundle.memory.survives_world_change:
             assert differences(bundle.memory.state_dict(), kept["memory"]) == []
@@ -76,9 +76,9 @@ def test_a_bundle_notices_a_new_rank_or_size_without_being_told():
 
 
 def test_rejoining_from_another_configuration_is_refused():
-    shared = Grace(TopK(0.2)).shared_state()
-    with pytest.raises(ValueError, match=r"(?s)Grace.rejoin: .*ratio=0.2.*ratio=0.1"):
-        Grace(TopK(0.1)).rejoin(shared)
+    shared = elastic.shared_state(Grace(TopK(0.2)))
+    with pytest.raises(ValueError, match=r"(?s)grace_legacy.elastic.rejoin: .*ratio=0.2.*ratio=0.1"):
+        elastic.rejoin(Grace(TopK(0.1)), shared)
 
 
 def test_restore_goes_back_to_the_last_commit():

@@ -8,8 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grace_legacy import TopK
-from grace_legacy.communicators.exchange import BucketExchange, Parcel
+from grace_legacy import Allgather, Allreduce, TopK
+from grace_legacy.communicators.exchange import BucketExchange
+from grace_legacy.core.communicator import Parcel
 from grace_legacy.runtime import wire
 from tests.helpers import run_ranks
 
@@ -45,7 +46,7 @@ def test_a_bucket_goes_by_part_only_when_that_sends_the_same_bytes_and_aggregate
         monkeypatch.setattr(wire, packing, spy(packing))
 
     def body(backend):
-        members = [Parcel(n, payload, ctx, compressor, gathered=True)
+        members = [Parcel(n, payload, ctx, compressor, Allgather())
                    for n, (payload, ctx) in payloads(backend.rank()).items()]
         BucketExchange("bucket", members, backend, average=True)
         return {m.name: m.pending() for m in members}, sum(m.pending.bytes_sent for m in members), list(backend.calls)
@@ -90,7 +91,7 @@ def test_a_bucket_of_fp16_payloads_is_decoded_at_once_bit_for_bit_and_looked_at_
         return grads
 
     def body(backend):
-        members = [Parcel(n, *compressor.compress(g, n), compressor, gathered=False)
+        members = [Parcel(n, *compressor.compress(g, n), compressor, Allreduce())
                    for n, g in gradients(backend.rank()).items()]
         bucket = torch.full((sum(torch.Size(s).numel() for s in shapes.values()),), float("nan")) if into else None
         BucketExchange("bucket", members, backend, average=True, into=bucket)
@@ -128,7 +129,7 @@ def test_later_rounds_advanced_in_lockstep_issue_in_one_order_and_give_the_same_
                 for i, shape in enumerate(members):
                     grad = torch.randn(shape, generator=torch.Generator().manual_seed(100 * backend.rank() + i))
                     parcels.append(Parcel(f"{label}{i}", *compressor.compress(grad, f"{label}{i}"), compressor,
-                                          gathered=False))
+                                          Allreduce()))
                 flights.append((BucketExchange(label, parcels, backend, average=True), parcels))
             if lockstep:
                 advancing = [flight for flight, _ in flights]

@@ -44,7 +44,7 @@ def test_grace_flags_a_raw_nan_that_compression_drops(memory_class):
             g[7] = float("nan")
         result = bundle.start(g, "w", backend, average=True)()
         assert bool(torch.isfinite(result).all())  # only the flag can tell
-        return bundle.nonfinite_names(["w"], backend)
+        return bundle.guard.nonfinite_names(["w"], backend)
 
     assert run_ranks(2, body) == [{"w"}, {"w"}]
 
@@ -81,9 +81,9 @@ def test_a_nonfinite_gradient_on_one_rank_is_flagged_everywhere_and_rolled_back(
         step(bundle, backend, 0, gradients)
         before = bundle.state_dict()["memory"]
         step_results(bundle, backend, 1, gradients)
-        flagged = bundle.nonfinite_names(NAMES, backend)
+        flagged = bundle.guard.nonfinite_names(NAMES, backend)
         for n in NAMES:
-            bundle.undo(n)
+            bundle.guard.undo(n)
         bundle.end_step(backend)
         state = bundle.state_dict()
         return flagged, all_finite(state), not differences(state["memory"], before)
@@ -102,11 +102,11 @@ def test_an_overflow_of_finite_gradients_is_flagged_too():
         flags = []
         for i in range(3):
             results = step_results(bundle, backend, i, gradients)
-            flagged = bundle.nonfinite_names(NAMES, backend)
+            flagged = bundle.guard.nonfinite_names(NAMES, backend)
             flags.append((flagged, bool(torch.isfinite(results["v"]).all())))
             if flagged:
                 for n in NAMES:
-                    bundle.undo(n)
+                    bundle.guard.undo(n)
             bundle.end_step(backend)
         return flags, all_finite(bundle.state_dict())
 
@@ -125,10 +125,10 @@ def test_a_compensated_gradient_that_overflows_is_flagged():
         flags = []
         for i in range(2):
             results = step_results(bundle, backend, i, gradients)
-            flags.append((bundle.nonfinite_names(NAMES, backend), bool(torch.isfinite(results["v"]).all())))
+            flags.append((bundle.guard.nonfinite_names(NAMES, backend), bool(torch.isfinite(results["v"]).all())))
             if flags[-1][0]:
                 for n in NAMES:
-                    bundle.undo(n)
+                    bundle.guard.undo(n)
             bundle.end_step(backend)
         return flags, all_finite(bundle.state_dict())
 

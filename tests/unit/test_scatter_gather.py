@@ -166,7 +166,7 @@ def test_an_undone_step_leaves_every_segments_state_as_it_was(label, fused):
         pending = [bundle.start(g, name, backend, average=True) for name, g in zip(SIZES, poisoned, strict=True)]
         [finish() for finish in pending]
         for name in SIZES:
-            bundle.undo(name)
+            bundle.guard.undo(name)
         return before, state(bundle)
 
     for before, after in run_ranks(world, body):

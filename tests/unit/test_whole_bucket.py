@@ -42,9 +42,9 @@ def one_step(backend, bundle: Grace, whole: bool, dtype=torch.float32, poison=No
         results = {n: v.clone() for n, v in zip(names, views, strict=True)}
     else:
         started = {n: bundle.start(v, n, backend, average=True, hold=True) for n, v in zip(names, views, strict=True)}
-        bundle.launch_held("b0", backend, average=True, into=flat)
+        bundle.fusion.launch_held("b0", backend, average=True, into=flat)
         results = {n: p().clone() for n, p in started.items()}
-    flagged = bundle.nonfinite_names(sorted(names), backend)
+    flagged = bundle.guard.nonfinite_names(sorted(names), backend)
     bundle.end_step(backend)
     return results, flagged, bundle.stats
 
