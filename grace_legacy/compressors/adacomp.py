@@ -8,7 +8,7 @@ import torch
 
 from grace_legacy.compressors.entries import OwnFeedback
 from grace_legacy.compressors.kernels import accumulating
-from grace_legacy.compressors.signs import accumulator_dtype
+from grace_legacy.compressors.kernels.sign_passes import accumulator_dtype
 from grace_legacy.compressors.sparse import SparseContext, index_dtype
 from grace_legacy.core.compressor import Payload
 from grace_legacy.core.parameter import ScheduledParameter

@@ -7,8 +7,8 @@ from typing import Any
 import torch
 
 from grace_legacy.compressors.kernels import sign_passes
-from grace_legacy.compressors.kernels.bits import pack_bits, packed_length
-from grace_legacy.compressors.signs import SignContext, accumulator_dtype, choose, sign_context
+from grace_legacy.compressors.kernels.bits import packed_length
+from grace_legacy.compressors.signs import SignContext, choose, sign_context
 from grace_legacy.core.compressor import Compressor, Payload
 from grace_legacy.core.memory import Memory
 from grace_legacy.memories.efsignsgd import EFSignSGDMemory, check_learning_rate
@@ -32,14 +32,8 @@ class EFSignSGD(Compressor):
 
     def compress(self, tensor: torch.Tensor, name: str) -> tuple[Payload, Any]:
         ctx = sign_context(tensor, "EFSignSGD")
-        flat = tensor.reshape(-1)
-        if sign_passes.kernels_apply(flat):
-            packed, nonnegative, negative, _ = sign_passes.pack_and_sum_sides(flat)
-            # sum |x_i| in float64; a NaN on the negative side stays NaN, an inf stays inf.
-            scale = torch.tensor([(nonnegative - negative) / ctx.numel], dtype=tensor.dtype)
-            return [packed, scale], ctx
-        scale = torch.mean(flat.abs(), dtype=accumulator_dtype(tensor.dtype)).to(tensor.dtype).reshape(1)
-        return [pack_bits(flat >= 0), scale], ctx
+        packed, scale = sign_passes.mean_magnitude(tensor.reshape(-1))
+        return [packed, scale], ctx
 
     def decompress(self, payload: Payload, ctx: SignContext) -> torch.Tensor:
         packed, scale = payload

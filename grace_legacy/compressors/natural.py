@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
 
-from grace_legacy.compressors.kernels import stochastic
-from grace_legacy.compressors.kernels.draws import uniform
+from grace_legacy.compressors.kernels import natural_passes
 from grace_legacy.compressors.quantization import (
     ScaledContext,
     check_seed,
@@ -18,31 +16,6 @@ from grace_legacy.compressors.quantization import (
 from grace_legacy.core.compressor import Compressor, Payload
 from grace_legacy.core.memory import Memory, NoMemory
 from grace_legacy.runtime.validation import check_gradient
-
-#: Exponents a code byte covers below the tensor's top exponent.
-NATURAL_SPAN = 127
-
-
-#: The code byte of an element that was inf or NaN.
-NON_FINITE_CODE = 0x80
-
-
-# Per float dtype: the integer dtype of its bits, mantissa bits, exponent bias, least exponent.
-_LAYOUT = {torch.float32: (torch.int32, 23, 127, -149), torch.float64: (torch.int64, 52, 1023, -1074)}
-
-
-def pow2(exponent: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``2 ** exponent`` exactly (``torch.pow`` may miss by an ulp), as float32 or float64 built from
-    its bits: subnormal where the dtype has them, 0 below, inf above."""
-    int_dtype, mantissa_bits, bias, least = _LAYOUT[dtype]
-    k = exponent.to(int_dtype)
-    one = torch.ones_like(k)
-    normal = torch.bitwise_left_shift(k.clamp(1 - bias, bias) + bias, mantissa_bits)
-    subnormal = torch.bitwise_left_shift(one, (k - least).clamp(0, mantissa_bits - 1))
-    infinity = (2 * bias + 1) << mantissa_bits
-    bits = torch.where(k > bias, infinity,
-                       torch.where(k >= 1 - bias, normal, torch.where(k >= least, subnormal, 0)))
-    return bits.view(dtype)
 
 
 class Natural(Compressor):
@@ -67,54 +40,12 @@ class Natural(Compressor):
         check_gradient(tensor, "Natural")
         work = work_dtype(tensor.dtype)
         x = tensor.detach().reshape(-1).to(work)
-        key = draw_key(self, self.seed, name)
-        ctx = ScaledContext(tensor.shape, tensor.dtype, work)
-        if stochastic.kernels_apply(x):
-            largest = stochastic.largest_finite_magnitude(x)
-            # frexp's exponent grows with the magnitude: the largest's is every element's top.
-            top = math.frexp(largest)[1] if largest > 0 else 0
-            code = torch.empty(x.numel(), dtype=torch.uint8)
-            stochastic.natural_codes(x, top - (NATURAL_SPAN - 1), key, code)
-            return [torch.tensor([top], dtype=torch.int16), code], ctx
-        # In place wherever the tensor is this call's own: every fresh full-size tensor costs.
-        magnitude = x.abs()
-        finite = torch.isfinite(x)
-        absent = (magnitude > 0).logical_and_(finite).logical_not_()
-        # |x| = m * 2^e with m in [0.5, 1): a = e - 1, and the chance of rounding up, |x| / 2^a - 1,
-        # is 2m - 1, exact.
-        mantissa, exponent = torch.frexp(magnitude.masked_fill_(~finite, 0.0))
-        a = exponent - 1
-        lowest = torch.iinfo(a.dtype).min
-        top = torch.where(absent.all(), 0, a.masked_fill(absent, lowest).amax() + 1)
-        bottom = top - (NATURAL_SPAN - 1)
-        draw = uniform(key, x.numel(), work, x.device)
-
-        # The code in range is a + (rounded up) - bottom + 1 (1..127: 2^(bottom - 1 + code)).
-        code = (draw < 2 * mantissa - 1).to(a.dtype).add_(a).sub_(bottom - 1)
-        below = a < bottom
-        if bool(below.any()):  # elements some 2^126 under the largest: rare, so only then
-            # Below the range the two neighbours are 0 and 2^bottom; e - bottom <= 0, so no overflow.
-            below_code = (draw < mantissa * pow2(exponent - bottom, work)).to(a.dtype)
-            code = torch.where(below, below_code, code)
-        code.masked_fill_(absent, 0)
-        # The sign bit only on nonzero codes (<= 127, so | 0x80 is + 0x80): 0x80 is kept for inf and NaN.
-        code.add_((x < 0).logical_and_(code > 0), alpha=0x80)
-        code.masked_fill_(~finite, NON_FINITE_CODE)
-        return [top.to(torch.int16).reshape(1), code.to(torch.uint8)], ctx
+        top, codes = natural_passes.codes(x, draw_key(self, self.seed, name))
+        return [top, codes], ScaledContext(tensor.shape, tensor.dtype, work)
 
     def decompress(self, payload: Payload, ctx: ScaledContext) -> torch.Tensor:
         top, codes = payload
-        # A code byte has 256 values: decode those once, then look every element up (one gather
-        # instead of a dozen elementwise passes).
-        every_code = torch.arange(256, dtype=torch.int32, device=codes.device)
-        magnitude_code = every_code & 0x7F
-        table = pow2(top.to(torch.int32) - NATURAL_SPAN + magnitude_code, ctx.work)
-        table = torch.where(every_code >= 0x80, -table, table)
-        table = torch.where(magnitude_code == 0, 0.0, table)
-        table = torch.where(every_code == NON_FINITE_CODE, float("nan"), table)
-        if stochastic.kernels_apply(codes):
-            return stochastic.look_up(codes, table).to(ctx.dtype).view(ctx.shape)
-        return table.to(ctx.dtype).index_select(0, codes.to(torch.int32)).view(ctx.shape)
+        return natural_passes.decoded(top, codes, ctx.work, ctx.dtype).view(ctx.shape)
 
     def payload_spec(self, numel: int, dtype: torch.dtype) -> list[tuple[int, torch.dtype]]:
         return [(1, torch.int16), (numel, torch.uint8)]

@@ -7,8 +7,8 @@ from typing import Any
 import torch
 
 from grace_legacy.compressors.kernels import sign_passes
-from grace_legacy.compressors.kernels.bits import pack_bits, packed_length
-from grace_legacy.compressors.signs import SignContext, accumulator_dtype, choose, sign_context
+from grace_legacy.compressors.kernels.bits import packed_length
+from grace_legacy.compressors.signs import SignContext, choose, sign_context
 from grace_legacy.core.compressor import Compressor, Payload
 from grace_legacy.core.memory import Memory
 from grace_legacy.memories.residual import Residual
@@ -27,21 +27,8 @@ class OneBit(Compressor):
 
     def compress(self, tensor: torch.Tensor, name: str) -> tuple[Payload, Any]:
         ctx = sign_context(tensor, "OneBit")
-        flat = tensor.reshape(-1)
-        if sign_passes.kernels_apply(flat):
-            packed, up, down, count = sign_passes.pack_and_sum_sides(flat)
-            # A side with no entry has sum 0 and mean 0.
-            means = torch.tensor([up / max(count, 1), down / max(ctx.numel - count, 1)], dtype=tensor.dtype)
-            return [packed, means], ctx
-        nonnegative = flat >= 0
-        wide = flat.to(accumulator_dtype(tensor.dtype))
-        zero = wide.new_zeros(())
-        sums = torch.stack([torch.where(nonnegative, wide, zero).sum(), torch.where(nonnegative, zero, wide).sum()])
-        count = nonnegative.sum()
-        # A side with no entry has sum 0; dividing by 1 makes its mean 0 without a branch (no sync).
-        counts = torch.stack([count, ctx.numel - count]).clamp(min=1)
-        means = (sums / counts).to(tensor.dtype)
-        return [pack_bits(nonnegative), means], ctx
+        packed, means = sign_passes.side_means(tensor.reshape(-1))
+        return [packed, means], ctx
 
     def decompress(self, payload: Payload, ctx: SignContext) -> torch.Tensor:
         packed, means = payload

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from torch.nn import functional
 
-from grace_legacy.compressors.signs import accumulator_dtype
+from grace_legacy.compressors.kernels.sign_passes import accumulator_dtype
 
 #: The layers whose per-sample gradients the hooks compute.
 SUPPORTED = (nn.Linear, nn.Conv2d)

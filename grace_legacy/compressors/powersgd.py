@@ -107,16 +107,14 @@ class PowerSGD(Compressor):
         work = self._work_dtype(tensor.dtype)
         matrix = tensor.reshape(matrix_shape(tensor.shape)).to(work)
         q = self._start_q(name, matrix.shape[1], work, tensor.device, step)
-        p = products.matrix_times(matrix, q) if products.kernels_apply(matrix) else matrix @ q
+        p = products.matrix_times(matrix, q)
         return [p], PowerContext(name, tensor.shape, tensor.dtype, matrix)
 
     def next_round(self, reduced: Payload, ctx: PowerContext) -> tuple[Payload, PowerContext]:
         ctx.p_hat = orthonormal_columns(reduced[0])
         # M^T P^ as (P^T M)^T: QR's Q is column-major, and torch multiplies a transposed M by it
         # an order of magnitude slower on a CPU.
-        if products.kernels_apply(ctx.matrix):
-            return [products.transposed_times(ctx.p_hat, ctx.matrix).t().contiguous()], ctx
-        return [(ctx.p_hat.t() @ ctx.matrix).t().contiguous()], ctx
+        return [products.transposed_times(ctx.p_hat, ctx.matrix).t().contiguous()], ctx
 
     def end_exchange(self, reduced: Payload, ctx: PowerContext) -> None:
         self.undo_log.remember(self._warm_q, ctx.name)
@@ -126,13 +124,9 @@ class PowerSGD(Compressor):
         if ctx.p_hat is None:
             raise ValueError("PowerSGD: decompress needs the second round's payload (Q), after next_round")
         q = payload[0]
-        if products.kernels_apply(q):
-            n, m = ctx.p_hat.shape[0], q.shape[0]
-            out = self._outputs.empty((n, m, q.dtype), n * m, q.dtype, q.device).view(n, m)
-            decoded = products.times_transposed(ctx.p_hat, q, out=out)
-        else:
-            decoded = ctx.p_hat @ q.t()
-        return decoded.reshape(ctx.shape).to(ctx.dtype)
+        n, m = ctx.p_hat.shape[0], q.shape[0]
+        out = self._outputs.empty((n, m, q.dtype), n * m, q.dtype, q.device).view(n, m)
+        return products.times_transposed(ctx.p_hat, q, out=out).reshape(ctx.shape).to(ctx.dtype)
 
     def payload_spec(self, numel: int, dtype: torch.dtype) -> list[tuple[int, torch.dtype]]:
         raise NotImplementedError("PowerSGD's payload depends on the matrix shape, not only on its element count; "

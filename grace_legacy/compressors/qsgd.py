@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any, NamedTuple
 
 import torch
 
-from grace_legacy.compressors.kernels import stochastic
-from grace_legacy.compressors.kernels.draws import uniform
+from grace_legacy.compressors.kernels import qsgd_passes
 from grace_legacy.compressors.quantization import (
     check_seed,
     draw_key,
@@ -38,31 +36,6 @@ def level_dtype(levels: int) -> torch.dtype:
     if levels <= MAX_LEVELS:
         return torch.int32
     raise ValueError(f"QSGD: levels must be at most {MAX_LEVELS}, got {levels}")
-
-
-#: Below this float64 norm, squares of elements under about 2**-537 (float64 gradients only) may
-#: have underflowed enough to matter, so the norm is taken again from rescaled elements.
-TINY_NORM = 2.0**-450
-
-
-def _norm(x: torch.Tensor) -> float:
-    """The 2-norm of flat ``x``, squares summed in float64 (float32 squares overflow), on a CPU in
-    :func:`~grace_legacy.compressors.kernels.stochastic.sum_of_squares`' order."""
-    if stochastic.kernels_apply(x):
-        norm = math.sqrt(stochastic.sum_of_squares(x))
-    else:
-        norm = torch.linalg.vector_norm(x, dtype=torch.float64).item()
-    if norm < TINY_NORM:  # rare: all-zero, or elements tiny enough that squares underflow
-        largest = x.abs().amax()
-        if bool(largest == 0):
-            return 0.0
-        # Scaled exactly, by powers of two, so that the largest magnitude is in [0.5, 1); in two
-        # halves, since 2**1074 (for the least subnormal) is beyond float64.
-        exponent = torch.frexp(largest).exponent.to(torch.float64)
-        half = torch.floor(-exponent / 2)
-        scaled = x.to(torch.float64) * torch.exp2(half) * torch.exp2(-exponent - half)
-        norm = (torch.linalg.vector_norm(scaled, dtype=torch.float64) * torch.exp2(exponent)).item()
-    return norm
 
 
 class QSGDContext(NamedTuple):
@@ -106,39 +79,16 @@ class QSGD(Compressor):
         work = self._work(tensor.dtype)
         x = tensor.detach().reshape(-1).to(work)
         key = draw_key(self, self.seed, name)
-        ctx = QSGDContext(tensor.shape, tensor.dtype, work, s)
-        norm = float32_at_least(_norm(x))
-        if not usable_scale(norm):  # a zero tensor, or inf or NaN in it: decodes to zeros or NaN
+        norm = float32_at_least(qsgd_passes.norm(x))
+        if usable_scale(norm):
+            signed = qsgd_passes.levels(x, norm, s, key, level_dtype(s))
+        else:  # a zero tensor, or inf or NaN in it: decodes to zeros or NaN
             signed = torch.zeros(x.numel(), dtype=level_dtype(s), device=x.device)
-        elif stochastic.kernels_apply(x):
-            signed = torch.empty(x.numel(), dtype=level_dtype(s))
-            stochastic.qsgd_levels(x, norm, s, key, signed)
-        else:
-            signed = self._tensor_levels(x, norm, key)
-        return [scale_part(norm, x.device), signed], ctx
-
-    def _tensor_levels(self, x: torch.Tensor, norm: float, key: int) -> torch.Tensor:
-        s = self.levels
-        work = x.dtype
-        # Divided first: an element equal to the norm (any 1-element tensor) gets exactly s.
-        # In place from here on: each pass writes into a tensor this call made (fresh memory
-        # is costly).
-        ratio = x.abs().div_(x.new_tensor(norm)).mul_(s)
-        ratio.clamp_(0, s)  # only undoes a last-bit rounding of a float64 gradient's norm
-        level = ratio.floor()
-        # The draw becomes 1.0 where it falls below the fractional part: the chance of rounding up.
-        level += uniform(key, x.numel(), work, x.device).lt_(ratio.sub_(level))
-        # copysign, not where(x < 0, -l, l): the two differ only at l = 0 (-0.0), the same integer.
-        return level.copysign_(x).to(level_dtype(s))
+        return [scale_part(norm, x.device), signed], QSGDContext(tensor.shape, tensor.dtype, work, s)
 
     def decompress(self, payload: Payload, ctx: QSGDContext) -> torch.Tensor:
         norm, signed = payload
-        # l / s first: the extreme levels +-s then give the norm itself, with no rounding.
-        if stochastic.kernels_apply(signed):
-            decoded = stochastic.scaled_codes(signed, float(norm), ctx.levels, ctx.work)
-        else:
-            decoded = norm.to(ctx.work) * (signed.to(ctx.work) / ctx.levels)
-        return decoded.to(ctx.dtype).view(ctx.shape)
+        return qsgd_passes.decoded(signed, norm, ctx.levels, ctx.work).to(ctx.dtype).view(ctx.shape)
 
     def payload_spec(self, numel: int, dtype: torch.dtype) -> list[tuple[int, torch.dtype]]:
         return [(1, torch.float32), (numel, level_dtype(self.levels))]

@@ -14,8 +14,6 @@ from typing import NamedTuple
 import torch
 
 from grace_legacy.compressors.kernels import sign_passes
-from grace_legacy.compressors.kernels.bits import pack_bits, unpack_bits
-from grace_legacy.runtime import paths
 from grace_legacy.runtime.validation import check_gradient
 
 SUPPORTED_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
@@ -35,21 +33,7 @@ def sign_context(tensor: torch.Tensor, owner: str) -> SignContext:
     return SignContext(tensor.shape, tensor.numel(), tensor.dtype, tensor.device)
 
 
-def accumulator_dtype(dtype: torch.dtype) -> torch.dtype:
-    """fp32 for half-precision gradients (an fp16 sum overflows at 65504), else the dtype itself."""
-    return torch.promote_types(dtype, torch.float32)
-
-
-def pack_signs(tensor: torch.Tensor) -> torch.Tensor:
-    """The packed bits of ``tensor >= 0``."""
-    if sign_passes.kernels_apply(tensor):
-        return sign_passes.pack_nonnegative(tensor)
-    return pack_bits(tensor.reshape(-1) >= 0)
-
-
 def choose(packed: torch.Tensor, ctx: SignContext, if_set: torch.Tensor, if_clear: torch.Tensor) -> torch.Tensor:
     """The decoded tensor, in the gradient's shape and dtype: ``if_set`` where the packed bit is
     1 (``x >= 0``), ``if_clear`` where it is 0; both are scalars of that dtype."""
-    if sign_passes.kernels_apply(if_set) and paths.cpu_path(packed):
-        return sign_passes.choose(packed, ctx.numel, if_set.item(), if_clear.item(), ctx.dtype).view(ctx.shape)
-    return torch.where(unpack_bits(packed, ctx.numel), if_set, if_clear).view(ctx.shape)
+    return sign_passes.choose(packed, ctx.numel, if_set, if_clear).view(ctx.shape)

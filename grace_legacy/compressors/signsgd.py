@@ -9,7 +9,8 @@ import torch
 
 from grace_legacy.compressors.kernels import sign_passes
 from grace_legacy.compressors.kernels.bits import pack_bits, packed_length, unpack_bits
-from grace_legacy.compressors.signs import SignContext, accumulator_dtype, choose, pack_signs, sign_context
+from grace_legacy.compressors.kernels.sign_passes import accumulator_dtype
+from grace_legacy.compressors.signs import SignContext, choose, sign_context
 from grace_legacy.core.compressor import Compressor, Payload
 from grace_legacy.core.parameter import ScheduledParameter
 from grace_legacy.core.state import UndoLog
@@ -79,7 +80,7 @@ class SignSGD(_MajorityVote):
 
     def compress(self, tensor: torch.Tensor, name: str) -> tuple[Payload, Any]:
         ctx = sign_context(tensor, "SignSGD")
-        return [pack_signs(tensor)], ctx
+        return [sign_passes.pack_nonnegative(tensor)], ctx
 
 
 class Signum(_MajorityVote):
@@ -110,11 +111,7 @@ class Signum(_MajorityVote):
         if previous is None:
             previous = torch.zeros(tensor.shape, dtype=accumulator, device=tensor.device)
         # Out of place, so that a skipped step can put the old buffer back.
-        if sign_passes.kernels_apply(tensor) and previous.is_contiguous():
-            buffer, packed = sign_passes.momentum_step(previous, tensor, self.momentum)
-        else:
-            buffer = previous * self.momentum + tensor.to(accumulator) * (1.0 - self.momentum)
-            packed = pack_signs(buffer)
+        buffer, packed = sign_passes.momentum_step(previous, tensor, self.momentum)
         self.momentum_buffers[name] = buffer
         return [packed], ctx
 

@@ -10,16 +10,10 @@ from typing import NamedTuple
 import torch
 
 from grace_legacy.compressors.kernels import scatter
+from grace_legacy.compressors.kernels.scatter import scatter_indices
 from grace_legacy.core.compressor import Payload
 
 _INT32_LIMIT = 2**31
-#: ``scatter_``/``scatter_add_`` take int32 indices from torch 2.8 on; before, they are widened.
-_SCATTER_TAKES_INT32 = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 8)
-
-
-def scatter_indices(indices: torch.Tensor) -> torch.Tensor:
-    """``indices`` as ``scatter_`` accepts them (widened to int64 only where it must)."""
-    return indices if _SCATTER_TAKES_INT32 or indices.dtype == torch.int64 else indices.long()
 
 
 def index_dtype(numel: int) -> torch.dtype:
@@ -53,10 +47,7 @@ def densify(values: torch.Tensor, indices: torch.Tensor, ctx: SparseContext,
         raise ValueError(f"a sparse payload needs one value per index, got {tuple(values.shape)} values "
                          f"for {tuple(indices.shape)} indices")
     out = zeros_for(ctx, out)
-    if scatter.applies(out, indices, values):
-        scatter.put(out, indices, values)
-    else:
-        out.scatter_(0, scatter_indices(indices), values)
+    scatter.put(out, indices, values)
     return out.view(ctx.shape)
 
 

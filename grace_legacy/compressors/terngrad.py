@@ -8,8 +8,7 @@ from typing import Any
 
 import torch
 
-from grace_legacy.compressors.kernels import stochastic
-from grace_legacy.compressors.kernels.draws import uniform
+from grace_legacy.compressors.kernels import qsgd_passes, terngrad_passes
 from grace_legacy.compressors.quantization import (
     ScaledContext,
     check_seed,
@@ -49,13 +48,7 @@ class TernGrad(Compressor):
         """``(bound, largest)`` of flat ``x``: the clipping bound ``2.5 * sigma`` (inf for an
         all-equal tensor) and the largest ``|x_i|``, rounded to ``x``'s dtype, both NaN when an
         element is. Sigma is taken in float64; a CPU's and ``torch.std``'s may differ in the last bit."""
-        if stochastic.kernels_apply(x):
-            sigma, lowest, highest = stochastic.spread(x)
-        else:
-            lowest, highest = torch.aminmax(x)
-            wide = x.to(torch.float64)
-            sigma, lowest, highest = torch.stack([torch.std(wide, correction=0), lowest.to(wide.dtype),
-                                                  highest.to(wide.dtype)]).tolist()
+        sigma, lowest, highest = terngrad_passes.spread(x)
         sigma = round_to(sigma, x.dtype)
         # Compared exactly, not as sigma == 0: a rounded sigma of an all-equal tensor may not be 0.
         bound = math.inf if highest == lowest else round_to(CLIP_SIGMAS * sigma, x.dtype)
@@ -77,24 +70,16 @@ class TernGrad(Compressor):
         bound, largest = self.clip_bound(x)
         # The largest clipped magnitude; NaN (decoding to NaN everywhere) if either is NaN.
         scale = float32_at_least(math.nan if math.isnan(bound) else min(largest, bound))
-        if not usable_scale(scale):  # a zero tensor, or inf or NaN in it: decodes to zeros or NaN
+        if usable_scale(scale):  # then every element is finite
+            ternary = terngrad_passes.digits(x, bound, scale, key)
+        else:  # a zero tensor, or inf or NaN in it: decodes to zeros or NaN
             ternary = torch.zeros(x.numel(), dtype=torch.int8, device=x.device)
-        elif stochastic.kernels_apply(x):
-            ternary = torch.empty(x.numel(), dtype=torch.int8)
-            stochastic.terngrad_digits(x, bound, scale, key, ternary)
-        else:  # every element is finite here
-            clipped = torch.clamp(x, min=-bound, max=bound)
-            dropped = uniform(key, x.numel(), work, x.device) >= clipped.abs().div_(x.new_tensor(scale))
-            ternary = clipped.sign_().masked_fill_(dropped, 0.0).to(torch.int8)
         return [scale_part(scale, x.device), ternary], ctx
 
     def decompress(self, payload: Payload, ctx: ScaledContext) -> torch.Tensor:
         scale, ternary = payload
-        if stochastic.kernels_apply(ternary):
-            decoded = stochastic.scaled_codes(ternary, float(scale), 1, ctx.work)
-        else:
-            decoded = scale.to(ctx.work) * ternary.to(ctx.work)
-        return decoded.to(ctx.dtype).view(ctx.shape)
+        # QSGD's decoding with one level: scale * (t / 1), exactly scale * t.
+        return qsgd_passes.decoded(ternary, scale, 1, ctx.work).to(ctx.dtype).view(ctx.shape)
 
     def payload_spec(self, numel: int, dtype: torch.dtype) -> list[tuple[int, torch.dtype]]:
         return [(1, torch.float32), (numel, torch.int8)]

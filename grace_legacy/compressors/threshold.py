@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from grace_legacy.compressors.entries import EntrySparsifier
-from grace_legacy.compressors.kernels.selection import entries_at_or_above
+from grace_legacy.compressors.kernels.threshold_passes import entries_at_or_above
 from grace_legacy.compressors.sparse import SparseContext, index_dtype
 from grace_legacy.core.compressor import Payload
 from grace_legacy.core.memory import Memory

@@ -10,8 +10,8 @@ from torch import nn
 
 from grace_legacy.compressors.entries import OwnFeedback
 from grace_legacy.compressors.kernels import accumulating
+from grace_legacy.compressors.kernels.sign_passes import accumulator_dtype
 from grace_legacy.compressors.per_sample import MomentSource, SampleMoments
-from grace_legacy.compressors.signs import accumulator_dtype
 from grace_legacy.compressors.sparse import SparseContext, index_dtype
 from grace_legacy.core.backend import Backend
 from grace_legacy.core.compressor import Payload

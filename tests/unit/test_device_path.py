@@ -14,7 +14,9 @@
 
 from __future__ import annotations
 
+import importlib
 import os
+import pkgutil
 import re
 import subprocess
 import sys
@@ -24,8 +26,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from numba.core.dispatcher import Dispatcher
 from torch.overrides import TorchFunctionMode
 
+from grace_legacy.compressors import kernels
 from grace_legacy.compressors.kernels import compiled
 from grace_legacy.runtime import buffers, paths
 from tests import zoo_in_process as zoo
@@ -40,6 +44,7 @@ DEVICE_FACTS = {
     "runtime/paths.py": "the switch itself",
     "ddp.py": "a DDP future waits on the CUDA device its buffer is on",
     "backends/torch_distributed.py": "NCCL moves CUDA tensors only, so CPU tensors are staged there",
+    "fsdp/__init__.py": "FSDP's non-finite flags are set on its reduce-scatter's CUDA stream, waited for before read",
 }
 
 
@@ -95,10 +100,14 @@ def _forbid(*_, **__):
 @pytest.fixture
 def cpu_only_paths_forbidden(monkeypatch):
     """The device path on, and every CPU-only path made to fail if it is taken."""
-    from grace_legacy.compressors.kernels import products, scan, sign_passes, stochastic
-
-    for module in (scan, sign_passes, stochastic, products):
-        monkeypatch.setattr(module, "_kernels", _forbid)
+    forbidden = 0
+    for info in pkgutil.iter_modules(kernels.__path__):
+        module = importlib.import_module(f"{kernels.__name__}.{info.name}")
+        for name, value in list(vars(module).items()):
+            if isinstance(value, Dispatcher):  # a compiled loop
+                monkeypatch.setattr(module, name, _forbid)
+                forbidden += 1
+    assert forbidden, "no compiled loop found to forbid: the fixture would watch nothing"
     monkeypatch.setattr(compiled, "run", _forbid)
     monkeypatch.setattr(compiled, "launched", _forbid)
     monkeypatch.setattr(np, "packbits", _forbid)
@@ -139,7 +148,8 @@ HOST_TENSORS = {
     ("compressors/dgc.py", "sample_indices"): "DGC's sample, from a CPU generator: the same positions on every device",
     ("compressors/randomk.py", "uniform_subset"): "Random-k's indices, from a CPU generator, moved to the device",
     ("compressors/powersgd.py", "_start_q"): "PowerSGD's first Q, from a CPU generator, moved to the device",
-    ("compressors/kernels/selection.py", "magnitude_bound"): "a threshold rounded on the host, moved where compared",
+    ("compressors/kernels/threshold_passes.py", "magnitude_bound"):
+        "a threshold rounded on the host, moved where compared",
     ("compressors/adaq.py", "threshold"): "AdaQ's sample, from a CPU generator: the same positions on every device",
 }
 FACTORIES = {torch.zeros, torch.ones, torch.empty, torch.full, torch.arange, torch.tensor, torch.randn, torch.rand,

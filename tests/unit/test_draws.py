@@ -1,13 +1,16 @@
-"""The counter-based uniform draws the stochastic quantizers use: SplitMix64, on any device."""
+"""The counter-based uniform draws the stochastic quantizers use: SplitMix64, on any device, and
+the same numbers in the compiled loops."""
 
 from __future__ import annotations
 
+import numba
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from grace_legacy.compressors.kernels.draws import uniform
+from grace_legacy.compressors.kernels.draws import draw_pair, key_word, uniform
 
 MASK = 2**64 - 1
 
@@ -70,3 +73,21 @@ def test_other_dtypes_are_refused(dtype):
 def test_keys_must_be_ints(key):
     with pytest.raises(TypeError, match="key must be an int"):
         uniform(key, 10)
+
+
+@numba.njit
+def compiled_draws(key, n, like):
+    """Draws 0 .. n - 1 as a compiled loop makes them, a pair at a time."""
+    out = np.empty(n + n % 2, like.dtype)
+    for j in range((n + 1) // 2):
+        out[2 * j], out[2 * j + 1] = draw_pair(key, j, like)
+    return out[:n]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("key", [0, 1234567, -5, 2**64 - 1, 2**63 + 12345])
+def test_the_compiled_loops_draw_the_same_numbers(dtype, key):
+    for n in (0, 1, 2, 7, 1000):
+        got = compiled_draws(key_word(key), n, np.zeros(1, dtype))
+        want = uniform(key, n, torch.float32 if dtype == np.float32 else torch.float64).numpy()
+        assert got.dtype == want.dtype and np.array_equal(got.view(np.uint8), want.view(np.uint8))

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from grace_legacy import Natural
-from grace_legacy.compressors.natural import pow2
+from grace_legacy.compressors.kernels.natural_passes import pow2
 from tests.unit.test_quantization import FLOATS, assert_mse_within, assert_unbiased, mean_of_draws, spread_vector
 
 

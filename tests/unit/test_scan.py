@@ -1,4 +1,5 @@
-"""The compiled selection passes against plain numpy: the candidates mask-compare-``flatnonzero``
+"""The compiled selection passes (``compressors/kernels/selection.py``, Threshold's in
+``compressors/kernels/threshold_passes.py``) against plain numpy: the candidates mask-compare-``flatnonzero``
 finds (however their arrays were first sized), and the k largest a full sort finds, for every
 integer width selection uses."""
 
@@ -8,8 +9,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from grace_legacy.compressors.kernels import compiled, scan
-from grace_legacy.compressors.kernels.scan import candidates_at_or_above, entries_in_range, largest
+from grace_legacy.compressors.kernels import compiled, selection
+from grace_legacy.compressors.kernels.selection import candidates_at_or_above, largest
+from grace_legacy.compressors.kernels.threshold_passes import entries_in_range
 
 WIDTHS = {np.int16: 0x7FFF, np.int32: 0x7FFF_FFFF, np.int64: 0x7FFF_FFFF_FFFF_FFFF}
 
@@ -33,7 +35,7 @@ def test_candidates_are_numpys_whatever_the_expected_count(dtype, n, seed, lower
 
 
 def test_more_than_the_room_made_takes_a_second_pass_and_a_small_result_lets_go_of_the_room():
-    bits = np.arange(10 * scan.MIN_ROOM, dtype=np.int32)
+    bits = np.arange(10 * selection.MIN_ROOM, dtype=np.int32)
     everything, _ = candidates_at_or_above(bits, 0x7FFF_FFFF, 0, expected=0)
     np.testing.assert_array_equal(everything, np.arange(bits.size))
     few, magnitudes = candidates_at_or_above(bits, 0x7FFF_FFFF, bits.size - 3, expected=bits.size)
@@ -146,6 +148,6 @@ def test_the_range_pass_on_several_threads_is_numpys_mask_and_gather(kept):
         torch.set_num_threads(before)
     expected = np.flatnonzero((magnitudes >= lower) & (magnitudes <= upper))
     if kept.startswith(("few", "only")):
-        assert 0 < expected.size * scan.SPARSE_BLOCKS < n  # the sparse write
+        assert 0 < expected.size * selection.SPARSE_BLOCKS < n  # the sparse write
     np.testing.assert_array_equal(positions, expected)
     np.testing.assert_array_equal(entries, bits[expected])

@@ -1,7 +1,8 @@
 """Fast selection (``compressors/kernels/selection.py``): the same Top-k entries as
 ``torch.topk(x.abs(), k)`` (ties aside), whatever the data, the dtype or the threshold estimate,
 non-finite entries first, deterministically and without the global generators; and Threshold's
-entries at or above a bound, exactly those ``torch.nonzero(|x| >= t)`` finds, on both routes."""
+entries at or above a bound (``compressors/kernels/threshold_passes.py``), exactly those
+``torch.nonzero(|x| >= t)`` finds, on both routes."""
 
 import pytest
 import torch
@@ -15,11 +16,10 @@ from grace_legacy.compressors.kernels.selection import (
     SMALL,
     _select_torch,
     _top_k_indices_torch,
-    entries_at_or_above,
-    magnitude_bound,
     top_k_at_or_above,
     top_k_indices,
 )
+from grace_legacy.compressors.kernels.threshold_passes import entries_at_or_above, magnitude_bound
 from tests.helpers import bits
 
 FLOATS = [torch.float32, torch.float16, torch.bfloat16, torch.float64]

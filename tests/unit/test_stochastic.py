@@ -17,9 +17,9 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from grace_legacy import QSGD, Natural, TernGrad
-from grace_legacy.compressors.kernels import compiled, stochastic
+from grace_legacy.compressors.kernels import compiled
 from grace_legacy.compressors.kernels.draws import uniform
-from grace_legacy.compressors.natural import NATURAL_SPAN, NON_FINITE_CODE, pow2
+from grace_legacy.compressors.kernels.natural_passes import NATURAL_SPAN, NON_FINITE_CODE, pow2
 from grace_legacy.compressors.qsgd import level_dtype
 from grace_legacy.compressors.quantization import float32_at_least
 from grace_legacy.compressors.terngrad import CLIP_SIGMAS
@@ -136,20 +136,18 @@ def assert_follows(compressor, case, formula, work=None) -> None:
 
 
 def test_the_loops_dtype_test_is_decided_when_they_compile():
-    # The loops branch on _single(x) for the float32 or float64 layout; it must answer for the
+    # The loops branch on is_single(x) for the float32 or float64 layout; it must answer for the
     # array's type, and be usable where the loops are.
     import numba
 
-    stochastic._kernels()  # defines _single for compiled code
-
     @numba.njit
     def single(x):
-        return stochastic._single(x)
+        return compiled.is_single(x)
 
     assert single(np.zeros(3, np.float32)) is True
     assert single(np.zeros(3, np.float64)) is False
     with pytest.raises(NotImplementedError):
-        stochastic._single(np.zeros(3, np.float32))
+        compiled.is_single(np.zeros(3, np.float32))
 
 
 @given(case=tensors(), levels=st.sampled_from([1, 2, 16, 127, 128, 40_000, 2**25]))

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from grace_legacy import Grace, Legacy, Residual, Threshold
-from grace_legacy.compressors.kernels.selection import magnitude_bound
+from grace_legacy.compressors.kernels.threshold_passes import magnitude_bound
 from grace_legacy.runtime import wire
 
 FLOATS = [torch.float32, torch.float16, torch.bfloat16, torch.float64]

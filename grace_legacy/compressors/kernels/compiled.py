@@ -1,8 +1,12 @@
-"""What the compiled CPU loops share: one switch, one way to compile them, and how many threads a
-pass gets. Each kernel module builds its numba loops in its own ``_kernels()`` on first use, cached
-on disk (docs/DESIGN.md#compiled-passes). Top-k's selection has no switch: its torch path is tested
-directly. The wider switch, :mod:`grace_legacy.runtime.paths`, sends every CPU tensor down the
-device path.
+"""What the compiled CPU loops share: one switch, the decorators that compile them, and how many
+threads a pass gets.
+
+Every algorithm module in this package holds its torch formula (the reference, which every other
+device runs), its loops compiled by numba, and one function that picks between them: the loops
+where :func:`applies`, through :func:`run`, else the formula (docs/DESIGN.md#compiled-passes).
+The loops are module-level functions that numba compiles on their first call and caches on disk
+(:func:`loop`), so importing the package compiles nothing. The wider switch,
+:mod:`grace_legacy.runtime.paths`, sends every CPU tensor down the device path.
 
 A pass over ``n`` elements runs on :func:`threads_for` ``(n)`` threads: at most
 ``torch.get_num_threads()``, numba's pool, and one per :data:`PER_THREAD` elements (one in a
@@ -26,7 +30,9 @@ from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import numba
 import torch
+from numba.extending import overload
 
 from grace_legacy.runtime import paths
 
@@ -51,20 +57,58 @@ def applies(tensor: torch.Tensor, dtypes: Collection[torch.dtype] | None = None)
     return ENABLED and paths.cpu_path(tensor) and (dtypes is None or tensor.dtype in dtypes)
 
 
+def _compile(function: Callable, **options: Any) -> Callable:
+    # numba looks for a writable cache folder when the decorator runs: the module's __pycache__,
+    # NUMBA_CACHE_DIR, the user's cache. With none (a read-only install and home), it refuses to
+    # cache: the loop then compiles in every process instead.
+    try:
+        return numba.njit(nogil=True, cache=True, boundscheck=False, **options)(function)
+    except RuntimeError:
+        return numba.njit(nogil=True, cache=False, boundscheck=False, **options)(function)
+
+
+def loop(function: Callable) -> Callable:
+    """Compiles ``function`` on its first call, for each new set of argument types: no Python
+    objects, the GIL released, no bounds checks (the callers check sizes), and the machine code
+    cached on disk, so a later process loads it instead of compiling (docs/DESIGN.md#compiled-passes)."""
+    return _compile(function)
+
+
+def parallel_loop(function: Callable) -> Callable:
+    """As :func:`loop`, for a loop whose ``numba.prange`` runs on several threads; call it through
+    :func:`run` or within :func:`launched`, which set how many."""
+    return _compile(function, parallel=True)
+
+
+def inline(function: Callable) -> Callable:
+    """A helper of compiled loops, inlined into each loop that calls it (not called from Python)."""
+    return numba.njit(inline="always")(function)
+
+
+def is_single(x: Any) -> bool:  # pragma: no cover - replaced in compiled code
+    """In compiled code, whether array ``x`` holds float32 (else float64): a constant of each
+    compilation, so a loop keeps one dtype's code (a test of ``x.itemsize`` at run time kept both
+    in every loop)."""
+    raise NotImplementedError("is_single is only defined inside compiled loops")
+
+
+@overload(is_single, inline="always")
+def _is_single_compiled(x):  # pragma: no cover - compiled
+    single = x.dtype.bitwidth == 32
+    return lambda x: single
+
+
 #: Whether this process is a fork's child: its passes run on one thread (see :func:`threads_for`).
 _FORKED = False
 
 
 @functools.cache
-def _numba() -> Any:
-    """numba, with its threading layer chosen (docs/DESIGN.md#threads) before any parallel loop runs:
-    GNU OpenMP where numba can load it, else numba's own ``workqueue``; ``NUMBA_THREADING_LAYER``
+def _choose_threading_layer() -> None:
+    """Set numba's threading layer (docs/DESIGN.md#threads) before any parallel loop runs: GNU
+    OpenMP where numba can load it, else numba's own ``workqueue``; ``NUMBA_THREADING_LAYER``
     overrides both."""
-    import numba
-
     if not os.environ.get("NUMBA_THREADING_LAYER"):
         numba.config.THREADING_LAYER = "omp" if _openmp_loads() else "workqueue"
-    return numba
 
 
 def _openmp_loads() -> bool:
@@ -75,18 +119,6 @@ def _openmp_loads() -> bool:
     return True
 
 
-def loop() -> Callable:
-    """The decorator that compiles a loop (``njit``, GIL released, cached, no bounds checks: the
-    callers check sizes). Imports numba, so call it inside a ``_kernels()``."""
-    return _numba().njit(nogil=True, cache=True, boundscheck=False)
-
-
-def parallel_loop() -> Callable:
-    """As :func:`loop`, for a loop whose ``numba.prange`` runs on several threads; run it through
-    :func:`run`, which sets how many."""
-    return _numba().njit(nogil=True, cache=True, boundscheck=False, parallel=True)
-
-
 def blocks(n: int) -> int:
     """How many blocks of :data:`BLOCK` elements cover ``n`` elements (the last may be short)."""
     return -(-n // BLOCK)
@@ -94,7 +126,7 @@ def blocks(n: int) -> int:
 
 def pool_size() -> int:
     """Threads in numba's pool (``NUMBA_NUM_THREADS``): the most a pass can run on."""
-    return _numba().config.NUMBA_NUM_THREADS
+    return numba.config.NUMBA_NUM_THREADS
 
 
 def threads_for(n: int) -> int:
@@ -120,7 +152,7 @@ def run(serial: Callable, parallel: Callable, n: int, *args: Any) -> Any:
 def launched(threads: int) -> Iterator[None]:
     """Within the block, this thread's parallel loops run on ``threads`` threads, and no other
     thread launches any (numba's workqueue layer, the fallback, must not be entered twice at once)."""
-    numba = _numba()
+    _choose_threading_layer()
     with _LAUNCH:
         before = numba.get_num_threads()  # this thread's own setting, which other numba code may rely on
         numba.set_num_threads(threads)

@@ -5,11 +5,17 @@ Word ``j`` (from 0) of key ``k`` is ``mix(k + (j + 1) * GAMMA)``, the ``j``-th o
 Lea and Flood's SplitMix64 started at ``k``. A float64 draw ``i`` is the top 53 bits of word ``i``
 over ``2**53``; float32 draws ``2j`` and ``2j + 1`` are bits 40-63 and 8-31 of word ``j`` over
 ``2**24``. Every draw is a multiple of its dtype's resolution and a pure function of ``(key, i)``.
+
+Two forms of the same numbers: :func:`uniform`, tensor arithmetic on any device, and
+:func:`draw_pair`, which a compiled loop calls for the draws of the element pair it is at.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
+
+from grace_legacy.compressors.kernels import compiled
 
 #: SplitMix64's increment: the odd integer nearest ``2**64`` over the golden ratio.
 GAMMA = 0x9E3779B97F4A7C15
@@ -58,3 +64,33 @@ def uniform(key: int, n: int, dtype: torch.dtype = torch.float32,
         low_half = _shift_right(words, 32 - bits) & ((1 << bits) - 1)
         draws = torch.stack([_shift_right(words, 64 - bits), low_half], dim=1).reshape(-1)[:n]
     return draws.to(dtype) * 2.0**-bits
+
+
+def key_word(key: int) -> np.uint64:
+    """``key`` (any int, used modulo ``2**64``) as the unsigned word the compiled loops take."""
+    return np.uint64(key & (2**64 - 1))
+
+
+_GAMMA, _MIX1, _MIX2 = np.uint64(GAMMA), np.uint64(MIX1), np.uint64(MIX2)
+
+
+@compiled.inline
+def _word(key, j):  # pragma: no cover - compiled
+    z = key + (j + np.uint64(1)) * _GAMMA
+    z = (z ^ (z >> np.uint64(30))) * _MIX1
+    z = (z ^ (z >> np.uint64(27))) * _MIX2
+    return z ^ (z >> np.uint64(31))
+
+
+@compiled.inline
+def draw_pair(key, j, x):  # pragma: no cover - compiled
+    """In compiled code: draws ``2j`` and ``2j + 1`` of ``key`` (a :func:`key_word`) in the dtype of
+    array ``x``, float32 or float64, as :func:`uniform` makes them (their bits convert exactly)."""
+    if compiled.is_single(x):
+        w = _word(key, np.uint64(j))
+        unit = x.dtype.type(2.0**-24)
+        return (x.dtype.type(w >> np.uint64(40)) * unit,
+                x.dtype.type((w >> np.uint64(8)) & np.uint64(0xFFFFFF)) * unit)
+    unit = x.dtype.type(2.0**-53)
+    return (x.dtype.type(_word(key, np.uint64(2 * j)) >> np.uint64(11)) * unit,
+            x.dtype.type(_word(key, np.uint64(2 * j + 1)) >> np.uint64(11)) * unit)

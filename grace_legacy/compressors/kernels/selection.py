@@ -12,7 +12,13 @@ among the few candidates (why: docs/DESIGN.md#top-k-selection).
    than half the entries, a plain top-k is used.
 
 Magnitudes compare as the floats' bit patterns with the sign bit cleared (every NaN above infinity,
-where ``torch.topk`` puts it); on a CPU with compiled passes, elsewhere in torch.
+where ``torch.topk`` puts it). Steps 2 and 3 are written twice: in torch (:func:`_select_torch`,
+the reference, which every device other than the CPU runs) and, on a CPU, as loops compiled by
+numba over the magnitude bits (:func:`candidates_at_or_above`, :func:`largest`); both pick the set
+``torch.topk`` picks, ties aside, and :func:`top_k_indices` and :func:`top_k_at_or_above` pick the
+way. The candidate pass runs on several threads by fixed blocks, each block's candidates placed
+after those of the blocks before it, so its output is the serial pass's whatever the thread count.
+Why each pass is shaped as it is: docs/DESIGN.md#top-k-selection.
 """
 
 from __future__ import annotations
@@ -20,10 +26,11 @@ from __future__ import annotations
 import functools
 import math
 
+import numba
 import numpy as np
 import torch
 
-from grace_legacy.compressors.kernels.scan import candidates_at_or_above, entries_in_range, largest
+from grace_legacy.compressors.kernels import compiled
 from grace_legacy.runtime import paths
 
 #: Below this many entries a plain ``torch.topk`` is as fast as anything (per-call overheads win).
@@ -35,6 +42,19 @@ SAMPLES = 4096
 SAMPLE_RUN = 16
 #: Standard deviations of the sampled count by which the estimate is set low.
 MARGIN_SIGMAS = 3.0
+#: Candidates room is made for before the count is known, at least (a second pass is needed only
+#: when more than the caller's estimate, and more than this, are found).
+MIN_ROOM = 1024
+#: Entries per sub-block of a blocked pass (a branch-free count first, then a scan of the
+#: sub-blocks that hold any).
+SUB_BLOCK = 64
+#: The blocked pass is taken below one expected entry per this many (callers pass about twice
+#: their estimate); with more, most sub-blocks would be read twice.
+SPARSE_BLOCKS = 128
+#: Histogram bins of :func:`largest`: few enough to stay in L1, enough that the bin holding the
+#: k-th largest magnitude is a small part of the candidates.
+BINS = 2048
+BLOCK = compiled.BLOCK
 
 #: float dtype -> (same-width integer dtype, mask clearing the sign bit)
 _MAGNITUDE_BITS = {
@@ -44,10 +64,8 @@ _MAGNITUDE_BITS = {
     torch.float64: (torch.int64, 0x7FFF_FFFF_FFFF_FFFF),
 }
 #: float dtype -> the bit pattern of +inf (every NaN's magnitude bits are above it)
-_INFINITY_BITS = {dtype: int(torch.tensor([float("inf")], dtype=dtype).view(int_dtype)[0])
-                  for dtype, (int_dtype, _) in _MAGNITUDE_BITS.items()}
-#: the index dtypes of a sparse payload, as numpy spells them
-_NUMPY_INDEX = {torch.int32: np.int32, torch.int64: np.int64}
+INFINITY_BITS = {dtype: int(torch.tensor([float("inf")], dtype=dtype).view(int_dtype)[0])
+                 for dtype, (int_dtype, _) in _MAGNITUDE_BITS.items()}
 
 
 def estimate_order(k: int, samples: int, numel: int) -> int:
@@ -67,7 +85,7 @@ def _sample_positions(numel: int) -> np.ndarray:
     return positions
 
 
-def _magnitude_bits(flat: torch.Tensor) -> tuple[torch.Tensor, int]:
+def magnitude_bits(flat: torch.Tensor) -> tuple[torch.Tensor, int]:
     """``flat``'s bits as integers, and the mask that turns them into comparable magnitudes."""
     try:
         int_dtype, mask = _MAGNITUDE_BITS[flat.dtype]
@@ -86,7 +104,7 @@ def top_k_indices(flat: torch.Tensor, k: int) -> torch.Tensor:
     if numel < SMALL or 4 * k > numel:
         return _plain_top_k(flat, k)
     if paths.cpu_path(flat):
-        bits, mask = _magnitude_bits(flat)
+        bits, mask = magnitude_bits(flat)
         sampled = np.bitwise_and(bits.numpy()[_sample_positions(numel)], mask)
         r = estimate_order(k, SAMPLES, numel)
         if r >= SAMPLES:
@@ -104,14 +122,14 @@ def top_k_first(flat: torch.Tensor, k: int) -> torch.Tensor:
     more than :func:`top_k_indices`: every entry at or above the k-th magnitude it found."""
     kth = _kth_magnitude(flat, top_k_indices(flat, k))
     if paths.cpu_path(flat):
-        bits, mask = _magnitude_bits(flat)
+        bits, mask = magnitude_bits(flat)
         positions, magnitudes = candidates_at_or_above(bits.numpy(), mask, kth, 2 * k)
         if positions.size > k:  # ties at the k-th magnitude: the first ones
             tied = magnitudes == kth
             keep = ~tied | (np.cumsum(tied) <= k - (positions.size - int(tied.sum())))
             positions = positions[keep]
         return torch.from_numpy(positions)
-    bits, mask = _magnitude_bits(flat)
+    bits, mask = magnitude_bits(flat)
     magnitudes = bits.bitwise_and(mask)
     above = torch.nonzero(magnitudes > kth).reshape(-1)
     tied = torch.nonzero(magnitudes == kth).reshape(-1)[: k - above.numel()]
@@ -120,7 +138,7 @@ def top_k_first(flat: torch.Tensor, k: int) -> torch.Tensor:
 
 def _kth_magnitude(flat: torch.Tensor, chosen: torch.Tensor) -> int:
     """The smallest magnitude bits among the entries of ``flat`` at ``chosen``."""
-    bits, mask = _magnitude_bits(flat.index_select(0, chosen.to(flat.device)))
+    bits, mask = magnitude_bits(flat.index_select(0, chosen.to(flat.device)))
     return int(bits.bitwise_and(mask).min())
 
 
@@ -144,7 +162,7 @@ def top_k_at_or_above(flat: torch.Tensor, k: int, threshold: float | torch.Tenso
         raise ValueError(f"top-k selection: k must be in [1, {numel}], got {k}")
     if paths.cpu_path(flat):
         estimate = torch.as_tensor(threshold, dtype=flat.dtype).abs().reshape(1)
-        bits, mask = _magnitude_bits(estimate)
+        bits, mask = magnitude_bits(estimate)
         return _select_cpu(flat, k, int(bits.numpy()[0]) & mask, expected=2 * k)
     return _select_torch(flat.abs(), k, torch.as_tensor(threshold, device=flat.device))
 
@@ -156,7 +174,7 @@ def _plain_top_k(flat: torch.Tensor, k: int) -> torch.Tensor:
 def _select_cpu(flat: torch.Tensor, k: int, threshold_bits: int, expected: int) -> torch.Tensor:
     """Steps 2 and 3 of the module doc, on magnitude bits, on CPU (``expected``: about how many
     candidates the threshold admits, to size their array)."""
-    bits, mask = _magnitude_bits(flat)
+    bits, mask = magnitude_bits(flat)
     bits = bits.numpy()
     found = candidates_at_or_above(bits, mask, threshold_bits, 2 * expected,
                                    limit=bits.size // 2)
@@ -174,38 +192,6 @@ def _select_cpu(flat: torch.Tensor, k: int, threshold_bits: int, expected: int) 
     return torch.from_numpy(np.concatenate([candidates, largest(rest, all_magnitudes[rest], k - count)]))
 
 
-@functools.lru_cache(maxsize=256)
-def magnitude_bound(threshold: float, dtype: torch.dtype) -> tuple[torch.Tensor, int]:
-    """The smallest value of ``dtype`` that is ``>= threshold`` (a 0-dim tensor, possibly ``inf``),
-    and its magnitude bits: ``|x| >= bound`` holds exactly when ``|x| >= threshold`` does, for
-    every ``x`` of ``dtype`` (rounding to nearest would not: fp16's nearest to 0.1 is below it).
-    Cached: a threshold stays for many steps."""
-    exact = torch.tensor(threshold, dtype=torch.float64)
-    bound = exact.to(dtype)
-    if bound.to(torch.float64) < exact:
-        bound = torch.nextafter(bound, torch.tensor(float("inf"), dtype=dtype))
-    bits, mask = _magnitude_bits(bound.reshape(1))
-    return bound, int(bits[0]) & mask
-
-
-def entries_at_or_above(flat: torch.Tensor, threshold: float,
-                        index_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(values, indices)``: the entries of the 1-D ``flat`` with magnitude ``>= threshold`` (exactly
-    in ``flat``'s dtype, NaN never) and their increasing positions as ``index_dtype``: what
-    ``i = torch.nonzero(flat.abs() >= threshold)`` and ``flat[i]`` give (those, below :data:`SMALL`)."""
-    bound, bound_bits = magnitude_bound(threshold, flat.dtype)
-    if not paths.cpu_path(flat) or flat.numel() < SMALL:
-        positions = torch.nonzero(flat.abs() >= bound.to(flat.device)).reshape(-1)
-        return flat.index_select(0, positions), positions.to(index_dtype)
-    bits, mask = _magnitude_bits(flat)
-    # NaN's patterns sort above infinity's, so the upper end of the range leaves them out.
-    kept, positions = entries_in_range(bits.numpy(), mask, bound_bits, _INFINITY_BITS[flat.dtype],
-                                       _NUMPY_INDEX[index_dtype])
-    if not positions.size:  # numpy's empty array can carry a zero stride, which torch cannot view
-        return flat.new_empty(0), torch.empty(0, dtype=index_dtype)
-    return torch.from_numpy(kept).view(flat.dtype), torch.from_numpy(positions)
-
-
 def _select_torch(magnitudes: torch.Tensor, k: int, threshold: torch.Tensor) -> torch.Tensor:
     """Steps 2 and 3 of the module doc in torch (any device), on the magnitudes ``|x|``."""
     # `~(m < t)` rather than `m >= t`: NaN is then a candidate, as it is largest for torch.topk.
@@ -219,3 +205,167 @@ def _select_torch(magnitudes: torch.Tensor, k: int, threshold: torch.Tensor) -> 
     rest = torch.nonzero(~above).reshape(-1)
     extra = torch.topk(magnitudes[rest], k - count, sorted=False).indices
     return torch.cat([candidates, rest[extra]])
+
+
+def candidates_at_or_above(bits: np.ndarray, mask: int, lower: int, expected: int,
+                           limit: int | None = None) -> tuple[np.ndarray, np.ndarray] | None:
+    """``(positions, magnitudes)``: the sorted positions ``i`` (int64) of the 1-D integer array
+    ``bits`` with ``bits[i] & mask >= lower``, and those ``bits[i] & mask``; ``None`` once they are
+    more than ``limit``. ``expected`` sizes the output (more found: a second pass)."""
+    sparse = expected * SPARSE_BLOCKS < bits.size
+
+    def room_for(count):
+        return np.empty(count, dtype=np.int64), np.empty(count, dtype=bits.dtype)
+
+    def scan(positions, magnitudes):
+        return compiled.run(_candidates, _candidates_parallel, bits.size, bits, mask, lower, positions, magnitudes,
+                            sparse)
+
+    positions, magnitudes = room_for(min(bits.size, max(expected, MIN_ROOM)))
+    found = scan(positions, magnitudes)
+    if limit is not None and found > limit:
+        return None
+    if found > positions.size:
+        positions, magnitudes = room_for(found)
+        scan(positions, magnitudes)
+    if 2 * found < positions.size:
+        return positions[:found].copy(), magnitudes[:found].copy()
+    return positions[:found], magnitudes[:found]
+
+
+def largest(positions: np.ndarray, magnitudes: np.ndarray, k: int) -> np.ndarray:
+    """The ``k`` of ``positions`` with the largest ``magnitudes`` (non-negative integers): every
+    one above the k-th largest magnitude, then those equal to it in the order given, as many as
+    fit. ``1 <= k <= positions.size``. A compiled loop: a histogram of the magnitudes, then a
+    partition of the one bin that holds the k-th largest."""
+    if not 1 <= k <= positions.size or positions.size != magnitudes.size:
+        raise ValueError(f"largest: need 1 <= k <= {positions.size} and as many magnitudes as "
+                         f"positions, got k={k} and {magnitudes.size} magnitudes")
+    out = np.empty(k, dtype=np.int64)
+    _largest(positions, magnitudes, k, BINS, out)
+    return out
+
+
+@compiled.inline
+def _keep(magnitude, lower, position, positions, magnitudes, found, room):  # pragma: no cover - compiled
+    """Writes a magnitude at or above ``lower`` as candidate ``found`` if there is room; returns the
+    candidates counted so far."""
+    if magnitude >= lower:
+        if found < room:
+            positions[found] = position
+            magnitudes[found] = magnitude
+        return found + 1
+    return found
+
+
+# Where sparse, by sub-blocks: a branch-free count of each, then a scan of those that hold any.
+@compiled.loop
+def _candidates(bits, mask, lower, positions, magnitudes, sparse):  # pragma: no cover - compiled
+    found = 0
+    room = positions.size
+    n = bits.size
+    whole = n - n % SUB_BLOCK if sparse else 0
+    for start in range(0, whole, SUB_BLOCK):
+        hits = 0
+        for i in range(start, start + SUB_BLOCK):  # a fixed trip count, no branch: vectorized
+            hits += (bits[i] & mask) >= lower
+        if hits:
+            for i in range(start, start + SUB_BLOCK):
+                found = _keep(bits[i] & mask, lower, i, positions, magnitudes, found, room)
+    for i in range(whole, n):
+        found = _keep(bits[i] & mask, lower, i, positions, magnitudes, found, room)
+    return found
+
+
+# On several threads, by blocks of compiled.BLOCK entries (the blocked pass's sub-blocks lie
+# within them): the candidates of every block are counted first, so each block knows where its own
+# go, then written there; the result is the serial pass's exactly. Each range pass loops over a
+# slice of its range from 0 and writes into its outputs sliced from its first slot, counting those
+# from 0 too (compiled.py: why); positions are the slice's plus ``start``.
+@compiled.loop
+def _count_range(bits, mask, lower, start, end):  # pragma: no cover - compiled
+    bits = bits[start:end]
+    hits = 0
+    for i in range(bits.size):  # no branch: vectorized
+        hits += (bits[i] & mask) >= lower
+    return hits
+
+
+@compiled.loop
+def _write_range(bits, mask, lower, positions, magnitudes, at, start, end, sparse):  # pragma: no cover
+    bits, n = bits[start:end], end - start
+    positions, magnitudes = positions[at:], magnitudes[at:]
+    found = 0
+    room = positions.size  # the block's count was made room for: every candidate fits
+    whole = n // SUB_BLOCK * SUB_BLOCK if sparse else 0
+    for first in range(0, whole, SUB_BLOCK):
+        hits = 0
+        for i in range(first, first + SUB_BLOCK):
+            hits += (bits[i] & mask) >= lower
+        if hits:
+            for i in range(first, first + SUB_BLOCK):
+                found = _keep(bits[i] & mask, lower, start + i, positions, magnitudes, found, room)
+    for i in range(whole, n):
+        found = _keep(bits[i] & mask, lower, start + i, positions, magnitudes, found, room)
+
+
+@compiled.parallel_loop
+def _candidates_parallel(bits, mask, lower, positions, magnitudes, sparse):  # pragma: no cover - compiled
+    n = bits.size
+    count = (n + BLOCK - 1) // BLOCK
+    counts = np.empty(count, np.int64)
+    for b in numba.prange(count):
+        counts[b] = _count_range(bits, mask, lower, b * BLOCK, min(n, (b + 1) * BLOCK))
+    offsets = np.empty(count, np.int64)
+    total = 0
+    for b in range(count):
+        offsets[b] = total
+        total += counts[b]
+    if total > positions.size:  # the caller makes room and comes again
+        return total
+    for b in numba.prange(count):
+        if counts[b]:
+            _write_range(bits, mask, lower, positions, magnitudes, offsets[b], b * BLOCK, min(n, (b + 1) * BLOCK),
+                         sparse)
+    return total
+
+
+@compiled.loop
+def _largest(positions, magnitudes, k, bins, out):  # pragma: no cover - compiled
+    n = magnitudes.size
+    lowest = magnitudes[0]
+    highest = magnitudes[0]
+    for i in range(n):
+        lowest = min(lowest, magnitudes[i])
+        highest = max(highest, magnitudes[i])
+    shift = 0
+    while ((highest - lowest) >> shift) >= bins:
+        shift += 1
+    counts = np.zeros(bins, np.int64)
+    for i in range(n):
+        counts[(magnitudes[i] - lowest) >> shift] += 1
+    # The bin holding the k-th largest: every entry of a higher bin is taken.
+    kth_bin = bins - 1
+    taken_above = 0
+    while taken_above + counts[kth_bin] < k:
+        taken_above += counts[kth_bin]
+        kth_bin -= 1
+    in_bin = np.empty(counts[kth_bin], magnitudes.dtype)
+    j = 0
+    for i in range(n):
+        if (magnitudes[i] - lowest) >> shift == kth_bin:
+            in_bin[j] = magnitudes[i]
+            j += 1
+    wanted = k - taken_above
+    kth = np.partition(in_bin, j - wanted)[j - wanted]
+    taken = 0
+    for i in range(n):
+        if magnitudes[i] > kth:
+            out[taken] = positions[i]
+            taken += 1
+    for i in range(n):  # ties at the k-th magnitude, in position order, as many as fit
+        if taken == k:
+            break
+        if magnitudes[i] == kth:
+            out[taken] = positions[i]
+            taken += 1
