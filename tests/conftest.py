@@ -9,9 +9,17 @@ fill the cores a job leaves idle while its ranks start up and wait for each othe
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+
+# Waiting OpenMP threads sleep instead of spinning. The suite runs more threads than the machine
+# has cores (two test processes, jobs of four ranks, each with torch's threads), and a spinning
+# thread takes the core from the one that has work: a small torch operation then waits milliseconds
+# for its parallel region. Set before torch is imported (here, or by `make test` for every process
+# it starts); the results are the same bits either way.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 #: Folders whose tests launch processes (``horovodrun``, ``torchrun``, benchmark runs).
 LAUNCHING = ("distributed", "benchmarks")

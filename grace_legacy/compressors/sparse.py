@@ -118,8 +118,10 @@ def bucket_positions(indices: torch.Tensor, counts: Sequence[int], contexts: Seq
     if len(contexts) == 1:
         return indices
     starts = _starts(contexts)
+    # output_size spares repeat_interleave a pass to size its output, which on a CPU with several
+    # threads costs milliseconds even for a few entries.
     shift = torch.repeat_interleave(torch.tensor(starts[:-1], device=indices.device),
-                                    torch.tensor(counts, device=indices.device))
+                                    torch.tensor(counts, device=indices.device), output_size=sum(counts))
     return indices.to(torch.int64) + shift
 
 
