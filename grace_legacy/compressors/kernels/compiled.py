@@ -78,13 +78,30 @@ def _openmp_loads() -> bool:
 def loop() -> Callable:
     """The decorator that compiles a loop (``njit``, GIL released, cached, no bounds checks: the
     callers check sizes). Imports numba, so call it inside a ``_kernels()``."""
-    return _numba().njit(nogil=True, cache=True, boundscheck=False)
+    return _named(_numba().njit(nogil=True, cache=True, boundscheck=False), "loop")
 
 
 def parallel_loop() -> Callable:
     """As :func:`loop`, for a loop whose ``numba.prange`` runs on several threads; run it through
     :func:`run`, which sets how many."""
-    return _numba().njit(nogil=True, cache=True, boundscheck=False, parallel=True)
+    return _named(_numba().njit(nogil=True, cache=True, boundscheck=False, parallel=True), "parallel")
+
+
+def _named(decorator: Callable, kind: str) -> Callable:
+    """``decorator``, giving each compiled loop an identity derived from its name.
+
+    A loop that calls another holds it in its closure, and numba keys a cached loop on the pickled
+    closure, whose compiled callees pickle with their identity, a random uuid per process unless
+    set: every process then missed the disk cache of such a loop (the parallel passes and the
+    block helpers they call) and compiled it again for each dtype. The name (module, qualified name,
+    kind) is unique per loop and the same in every process, so the key is too."""
+
+    def compile_loop(function: Callable) -> Any:
+        dispatcher = decorator(function)
+        dispatcher._set_uuid(f"grace_legacy:{function.__module__}.{function.__qualname__}:{kind}")
+        return dispatcher
+
+    return compile_loop
 
 
 def blocks(n: int) -> int:

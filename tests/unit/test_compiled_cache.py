@@ -1,0 +1,54 @@
+"""A compiled loop that calls another is found in numba's disk cache by the next process.
+
+numba keys a cached loop on its code and on its pickled closure; a loop's closure holds the loops it
+calls, which pickle with their identity. Were that identity random per process (numba's default), no
+process would find such a loop in the cache and each would compile it again for each dtype (seconds
+per loop). :func:`grace_legacy.compressors.kernels.compiled.loop` names each loop instead; here a
+second process must pickle every such closure to the same bytes as this one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import os
+import pkgutil
+import subprocess
+import sys
+from pathlib import Path
+
+import grace_legacy.compressors.kernels as kernels
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def closure_digests() -> dict[str, str]:
+    """Per compiled loop with a closure, in every kernel module: a digest of the closure as numba's
+    cache key pickles it."""
+    from numba.core import serialize
+
+    out = {}
+    for module_info in pkgutil.iter_modules(kernels.__path__):
+        module = importlib.import_module(f"{kernels.__name__}.{module_info.name}")
+        if not hasattr(module, "_kernels"):
+            continue
+        for name, loop in sorted(vars(module._kernels()).items()):
+            closure = getattr(getattr(loop, "py_func", None), "__closure__", None)
+            if closure:
+                cells = tuple(cell.cell_contents for cell in closure)
+                out[f"{module_info.name}.{name}"] = hashlib.sha256(serialize.dumps(cells)).hexdigest()
+    return out
+
+
+def test_loops_that_call_loops_have_the_same_cache_key_in_every_process():
+    mine = closure_digests()
+    assert any(name.startswith("products.") for name in mine)  # PowerSGD's passes call their row loops
+    code = ("import json; from tests.unit.test_compiled_cache import closure_digests; "
+            "print(json.dumps(closure_digests()))")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, env=env,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    theirs = json.loads(result.stdout.strip().splitlines()[-1])
+    assert theirs == mine
