@@ -44,7 +44,7 @@ def closure_digests() -> dict[str, str]:
 def test_loops_that_call_loops_have_the_same_cache_key_in_every_process():
     mine = closure_digests()
     assert any(name.startswith("products.") for name in mine)  # PowerSGD's passes call their row loops
-    code = ("import json; from tests.unit.test_compiled_cache import closure_digests; "
+    code = ("import json; from tests.unit.test_compiled import closure_digests; "
             "print(json.dumps(closure_digests()))")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, env=env,
