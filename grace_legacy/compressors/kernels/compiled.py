@@ -87,6 +87,11 @@ def parallel_loop() -> Callable:
     return _named(_numba().njit(nogil=True, cache=True, boundscheck=False, parallel=True), "parallel")
 
 
+def inline_loop() -> Callable:
+    """As :func:`loop`, for a helper numba inlines into the loops that call it."""
+    return _named(_numba().njit(inline="always"), "inline")
+
+
 def _named(decorator: Callable, kind: str) -> Callable:
     """``decorator``, giving each compiled loop an identity derived from its name.
 

@@ -43,17 +43,17 @@ def _kernels():
         single = x.dtype.bitwidth == 32
         return lambda x: single
 
-    compiled = _compiled.loop()
+    compiled, inline = _compiled.loop(), _compiled.inline_loop()
     gamma, mix1, mix2 = np.uint64(GAMMA), np.uint64(MIX1), np.uint64(MIX2)
 
-    @numba.njit(inline="always")
+    @inline
     def word(key, j):  # pragma: no cover - compiled
         z = key + (j + np.uint64(1)) * gamma
         z = (z ^ (z >> np.uint64(30))) * mix1
         z = (z ^ (z >> np.uint64(27))) * mix2
         return z ^ (z >> np.uint64(31))
 
-    @numba.njit(inline="always")
+    @inline
     def draws(key, j, x):  # pragma: no cover - compiled
         """Draws 2j and 2j + 1 in x's dtype (see the draws module): whose bits convert exactly."""
         if _single(x):
@@ -201,7 +201,7 @@ def _kernels():
         variance = deviations / n
         return np.sqrt(variance), lowest, highest, variance != variance
 
-    @numba.njit(inline="always")
+    @inline
     def qsgd_level(value, u, norm, s, one):  # pragma: no cover - compiled
         ratio = min(abs(value) / norm * s, s)
         level = np.floor(ratio)
@@ -221,7 +221,7 @@ def _kernels():
         if n % 2:
             out[n - 1] = qsgd_level(x[n - 1], draws(key, first + n // 2, x)[0], norm, s, one)
 
-    @numba.njit(inline="always")
+    @inline
     def ternary(value, u, bound, scale):  # pragma: no cover - compiled
         # Comparisons, not min and max (see spread): every value is finite here.
         clipped = value
@@ -249,7 +249,7 @@ def _kernels():
         for i in range(out.size):
             out[i] = scale * (out.dtype.type(codes[i]) / divisor)
 
-    @numba.njit(inline="always")
+    @inline
     def layout(x):  # pragma: no cover - compiled
         """x's float layout: sign bit, exponent mask (in place), mantissa bits, exponent bias, and
         the value of the mantissa's last bit."""
@@ -278,7 +278,7 @@ def _kernels():
             partial[b] = largest_finite_range(x, bits, b * block, min(x.size, (b + 1) * block))
         return partial.max()
 
-    @numba.njit(inline="always")
+    @inline
     def natural_code(x, bits, i, u, bottom):  # pragma: no cover - compiled
         """Element i's code byte, or -1 if it is subnormal or some 2^126 under the largest: those
         are rare, and left to natural_rare (a frexp call in this loop would slow every element)."""
