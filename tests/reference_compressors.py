@@ -1,8 +1,14 @@
 """Independent references for the compressors GRACE's TensorFlow side has (AdaQ, INCEPTIONN,
 SketchML's quantile buckets, 8-bit approximation) and BF16: each written from its documented
-definition, element by element in Python (exact fractions, Python floats, numpy scalars of the work
-dtype), sharing no code with ``grace_legacy``'s versions, and producing the same payload layout, so
-that a test can hold the library to them bit for bit: the payloads, and every decoded value.
+definition, sharing no code with ``grace_legacy``'s versions, and producing the same payload layout,
+so that a test can hold the library to them bit for bit: the payloads, and every decoded value.
+
+Each definition is written twice. ``compress_by_element`` / ``decompress_by_element`` is the
+readable one, element by element in Python (exact fractions, Python floats, numpy scalars of the
+work dtype); ``compress`` / ``decompress``, what the tests call on every tensor, is the same
+definition as whole-array numpy formulas (``tests/reference_arrays.py``), which a Python loop over a
+large tensor would not afford. ``tests/unit/test_reference_arrays.py`` holds the two to the same
+payload bits and decoded values on drawn tensors.
 
 They subclass ``grace_legacy.Compressor`` only to serve as the twins of the registry's reference
 cases (``tests/registry.py``): the bundle calls ``resolve``, ``compress``, ``decompress`` and reads the
@@ -20,6 +26,7 @@ import numpy as np
 import torch
 
 from grace_legacy import Compressor, Residual
+from tests import reference_arrays as arrays
 
 
 def _seed(*parts: object) -> int:
@@ -103,6 +110,18 @@ class U8bitReference(_Reference):
     delivers_nonfinite = True
 
     def compress(self, tensor, name):
+        table = dynamic_tree_magnitudes()
+        midpoints = [(a + b) / 2 for a, b in zip(table, table[1:], strict=False)]
+        scale, codes = arrays.u8bit_codes(arrays.float64s(tensor), _work(tensor.dtype), midpoints)
+        return [_round([scale], tensor.dtype), torch.from_numpy(codes)], (tensor.shape, tensor.dtype)
+
+    def decompress(self, payload, ctx):
+        shape, dtype = ctx
+        scale, codes = payload
+        values = arrays.u8bit_values(codes.cpu().numpy(), float(scale[0]), _work(dtype), dynamic_tree_magnitudes())
+        return arrays.rounded(values, dtype).reshape(shape)
+
+    def compress_by_element(self, tensor, name):
         values = _floats(tensor)
         work = _work(tensor.dtype)
         table = dynamic_tree_magnitudes()
@@ -117,7 +136,7 @@ class U8bitReference(_Reference):
                 codes.append(code | (128 if v < 0 else 0))
         return [_round([scale], tensor.dtype), torch.tensor(codes, dtype=torch.uint8)], (tensor.shape, tensor.dtype)
 
-    def decompress(self, payload, ctx):
+    def decompress_by_element(self, payload, ctx):
         shape, dtype = ctx
         scale, codes = payload
         work = _work(dtype)
@@ -153,6 +172,15 @@ class SketchReference(_Reference):
         self.quantiles = quantiles
 
     def compress(self, tensor, name):
+        buckets, means = arrays.sketch_buckets(arrays.float64s(tensor), self.quantiles)
+        return [arrays.rounded(means, tensor.dtype), torch.from_numpy(buckets)], (tensor.shape, tensor.dtype)
+
+    def decompress(self, payload, ctx):
+        shape, dtype = ctx
+        means, buckets = payload
+        return means[buckets.to(means.device).long()].reshape(shape)
+
+    def compress_by_element(self, tensor, name):
         values = _floats(tensor)
         n, q = len(values), self.quantiles
         ordered = sorted(math.inf if math.isnan(v) else v for v in values)
@@ -165,7 +193,7 @@ class SketchReference(_Reference):
         means = [total / max(count, 1) for total, count in zip(sums, counts, strict=True)]
         return [_round(means, tensor.dtype), torch.tensor(buckets, dtype=torch.uint8)], (tensor.shape, tensor.dtype)
 
-    def decompress(self, payload, ctx):
+    def decompress_by_element(self, payload, ctx):
         shape, dtype = ctx
         means, buckets = payload
         return torch.stack([means[b] for b in buckets.tolist()]).reshape(shape)
@@ -201,6 +229,23 @@ class INCEPTIONNReference(_Reference):
         self.level = level
 
     def compress(self, tensor, name):
+        values = arrays.float64s(tensor)
+        tags, bits = arrays.inceptionn_forms(values, self.error_bound, self.level)
+        full = np.flatnonzero(tags == arrays.FULL)
+        flat = tensor.detach().reshape(-1)
+        full_part = flat[torch.from_numpy(full).to(flat.device)] if len(full) else torch.empty(0, dtype=tensor.dtype)
+        return [torch.from_numpy(arrays.pack_tags(tags)), full_part,
+                torch.from_numpy(bits[tags == arrays.SIXTEEN].astype(np.int16)),
+                torch.from_numpy(bits[tags == arrays.EIGHT].astype(np.int8))], (tensor.shape, tensor.dtype, len(values))
+
+    def decompress(self, payload, ctx):
+        shape, dtype, numel = ctx
+        packed, full, q16, q8 = payload
+        values = arrays.inceptionn_values(arrays.unpack_tags(packed.cpu().numpy(), numel), arrays.float64s(full),
+                                          q16.cpu().numpy(), q8.cpu().numpy(), self.level)
+        return arrays.rounded(values, dtype).reshape(shape)
+
+    def compress_by_element(self, tensor, name):
         values = _floats(tensor)
         flat = tensor.detach().reshape(-1)
         tags, full, q16, q8 = [], [], [], []
@@ -230,7 +275,7 @@ class INCEPTIONNReference(_Reference):
         return [torch.tensor(packed, dtype=torch.uint8), full_part, torch.tensor(q16, dtype=torch.int16),
                 torch.tensor(q8, dtype=torch.int8)], (tensor.shape, tensor.dtype, len(values))
 
-    def decompress(self, payload, ctx):
+    def decompress_by_element(self, payload, ctx):
         shape, dtype, numel = ctx
         packed, full, q16, q8 = payload
         tags = [(packed[i // 4].item() >> (2 * (i % 4))) & 3 for i in range(numel)]
@@ -267,6 +312,27 @@ class AdaQReference(_Reference):
         self.ratio, self.seed, self.sample_ratio, self.min_samples = ratio, seed, sample_ratio, min_samples
 
     def compress(self, tensor, name):
+        values = arrays.float64s(tensor)
+        generator = torch.Generator().manual_seed(_seed(self.seed, self.rank, name, self.count(name)))
+        positive, mean_positive = arrays.adaq_side(values, True, self.sample_ratio, self.min_samples, self.ratio,
+                                                   generator)
+        negative, mean_negative = arrays.adaq_side(values, False, self.sample_ratio, self.min_samples, self.ratio,
+                                                   generator)
+        sent = np.concatenate([positive, -1 - negative])
+        indices = torch.from_numpy(sent).to(torch.int32 if len(values) < 2**31 else torch.int64)
+        means = _round([mean_positive, mean_negative], tensor.dtype)
+        return [indices, means], (tensor.shape, tensor.dtype, len(values))
+
+    def decompress(self, payload, ctx):
+        shape, dtype, numel = ctx
+        indices, means = payload
+        sent = indices.cpu().long()
+        out = torch.zeros(numel, dtype=dtype)
+        out[sent[sent >= 0]] = means[0]
+        out[-1 - sent[sent < 0]] = means[1]
+        return out.reshape(shape)
+
+    def compress_by_element(self, tensor, name):
         values = _floats(tensor)
         generator = torch.Generator().manual_seed(_seed(self.seed, self.rank, name, self.count(name)))
         sent, means = [], []
@@ -289,7 +355,7 @@ class AdaQReference(_Reference):
         indices = torch.tensor(sent, dtype=torch.int32 if len(values) < 2**31 else torch.int64)
         return [indices, _round(means, tensor.dtype)], (tensor.shape, tensor.dtype, len(values))
 
-    def decompress(self, payload, ctx):
+    def decompress_by_element(self, payload, ctx):
         shape, dtype, numel = ctx
         indices, means = payload
         out = torch.zeros(numel, dtype=dtype)
