@@ -23,9 +23,12 @@ from tests.reference_compressors import _floats, _Reference, _round, _work
 
 
 def _by_magnitude(values: list[float]) -> list[int]:
-    """Positions, NaN first, then by decreasing magnitude, ties by position."""
-    return sorted(range(len(values)), key=lambda i: (not math.isnan(values[i]),
-                                                       0.0 if math.isnan(values[i]) else -abs(values[i]), i))
+    """Positions, NaN first, then by decreasing magnitude, ties by position: the order of
+    ``sorted(range(n), key=lambda i: (not isnan(v[i]), 0 if isnan(v[i]) else -|v[i]|, i))``, by
+    numpy's lexicographic sort (last key first) over the same three keys, exact on Python floats."""
+    array = np.asarray(values, dtype=np.float64)
+    nan = np.isnan(array)
+    return np.lexsort((np.arange(array.size), np.where(nan, 0.0, -np.abs(array)), ~nan)).tolist()
 
 
 def _index_dtype(numel: int) -> torch.dtype:
@@ -46,8 +49,7 @@ class _Entries(_Reference):
     def decompress(self, payload, ctx):
         shape, dtype, numel = ctx
         out = torch.zeros(numel, dtype=dtype)
-        for value, i in zip(payload[0], payload[1].tolist(), strict=True):
-            out[i] = value
+        out[payload[1].long()] = payload[0].to(dtype)  # the positions are distinct: each written once
         return out.reshape(shape)
 
 

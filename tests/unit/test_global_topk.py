@@ -64,3 +64,20 @@ def test_legacy_sets_its_ratio_by_epoch_and_refuses_to_by_layer():
         values = [0.1, 0.01] if by == "layer" else [[0.1, 0.01]]
         with pytest.raises(ValueError, match="one selection over every layer"):
             Legacy(GlobalTopK(), by=by, values=values, splits=[100], epochs=1 if by == "both" else None)
+
+
+def test_the_references_order_by_magnitude_is_its_sorted_definition():
+    """The whole-array order the references use (NaN first, decreasing magnitude, ties by
+    position) equals the definition written as a Python sort, on values full of ties and extremes."""
+    import math
+    import random
+
+    from tests.reference_sparsifiers import _by_magnitude
+
+    rng = random.Random(1)
+    extremes = [0.0, -0.0, 1.0, -1.0, math.nan, math.inf, -math.inf]
+    for _ in range(300):
+        values = [rng.choice([*extremes, rng.gauss(0, 1)]) for _ in range(rng.randint(1, 40))]
+        definition = sorted(range(len(values)), key=lambda i: (not math.isnan(values[i]),
+                                                                 0.0 if math.isnan(values[i]) else -abs(values[i]), i))
+        assert _by_magnitude(values) == definition, values
