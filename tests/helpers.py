@@ -15,6 +15,9 @@ and payload.
 
 from __future__ import annotations
 
+import hashlib
+import os
+import random
 import socket
 import threading
 from collections import deque
@@ -208,3 +211,15 @@ def on_both_cpu_paths(threads: int, run: Callable[[], Any]) -> tuple[Any, Any]:
         compiled.ENABLED = True
         torch.set_num_threads(before)
     return results[0], results[1]
+
+
+def fault_seed() -> int:
+    """The seed of a run's random faults: ``GRACE_FAULT_SEED`` when set (a replay), else drawn at
+    random once per test run. Under pytest-xdist every worker collects the tests, and their ids
+    (which name the seed) must agree, so the draw comes from the run's id, which all workers share."""
+    if "GRACE_FAULT_SEED" in os.environ:
+        return int(os.environ["GRACE_FAULT_SEED"])
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if run:
+        return int.from_bytes(hashlib.blake2b(run.encode(), digest_size=8).digest(), "little") % 2**31
+    return random.SystemRandom().randrange(2**31)

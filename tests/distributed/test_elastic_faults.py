@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import sys
 import time
 from pathlib import Path
@@ -28,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from tests.distributed.launcher import HOROVODRUN, WORKERS, run_command
+from tests.helpers import fault_seed
 
 pytestmark = pytest.mark.distributed
 
@@ -39,7 +39,7 @@ HOSTS = "localhost:2\n127.0.0.1:2"
 #: the next world's first allgather got the same Horovod handle number and was read as an
 #: all-to-all (fixed in backends/horovod.py).
 REGRESSIONS = {208087714: "localhost:2\n127.0.0.1:1"}
-SEED = int(os.environ.get("GRACE_FAULT_SEED", random.SystemRandom().randrange(2**31)))
+SEED = fault_seed()
 RUNS = int(os.environ.get("GRACE_FAULT_RUNS", "1"))
 CASES = [*(pytest.param(seed, hosts, id=f"regression-{seed}") for seed, hosts in REGRESSIONS.items()
            if "GRACE_FAULT_SEED" not in os.environ),

@@ -21,11 +21,11 @@ from pathlib import Path
 import pytest
 
 from tests.distributed.launcher import TORCHRUN, WORKERS, run_command
-from tests.helpers import free_port
+from tests.helpers import fault_seed, free_port
 
 pytestmark = pytest.mark.distributed
 
-SEED = int(os.environ.get("GRACE_FAULT_SEED", random.SystemRandom().randrange(2**31)))
+SEED = fault_seed()
 RUNS = int(os.environ.get("GRACE_FAULT_RUNS", "1"))
 TIMEOUT_S = 600
 
