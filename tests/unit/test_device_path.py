@@ -44,6 +44,7 @@ DEVICE_FACTS = {
     "ddp.py": "a DDP future waits on the CUDA device its buffer is on",
     "backends/torch_distributed.py": "NCCL moves CUDA tensors only, so CPU tensors are staged there",
     "fsdp/__init__.py": "FSDP's non-finite flags are set on its reduce-scatter's CUDA stream, waited for before read",
+    "communicators/fusion.py": "a step's flat is named after its device (a CPU flat keeps the plain name)",
 }
 
 
