@@ -15,7 +15,6 @@ and payload.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import random
 import socket
@@ -214,12 +213,7 @@ def on_both_cpu_paths(threads: int, run: Callable[[], Any]) -> tuple[Any, Any]:
 
 
 def fault_seed() -> int:
-    """The seed of a run's random faults: ``GRACE_FAULT_SEED`` when set (a replay), else drawn at
-    random once per test run. Under pytest-xdist every worker collects the tests, and their ids
-    (which name the seed) must agree, so the draw comes from the run's id, which all workers share."""
+    """The seed of a run's random faults: ``GRACE_FAULT_SEED`` when set (a replay), else drawn at random."""
     if "GRACE_FAULT_SEED" in os.environ:
         return int(os.environ["GRACE_FAULT_SEED"])
-    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
-    if run:
-        return int.from_bytes(hashlib.blake2b(run.encode(), digest_size=8).digest(), "little") % 2**31
     return random.SystemRandom().randrange(2**31)
