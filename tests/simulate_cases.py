@@ -29,12 +29,15 @@ def _bundle(make: Callable[[], Any], communicator: Any = None) -> Callable[[], G
 
 def _routes_of(entry: Any) -> list[tuple[str, Any]]:
     """The communicators ``entry``'s typical compressor can take: the allreduce for an additive
-    payload (its default), a gather and the two-phase route for one sent in a single round; each
-    with the dense fallback on, so that the smallest tensors go dense."""
+    payload (its default), a gather for one sent in a single round, and the two-phase route for
+    one of those that compresses shards of tensors; each with the dense fallback on, so that the
+    smallest tensors go dense."""
     compressor = entry.typical()
     routes: list[tuple[str, Any]] = [("allreduce", None)] if compressor.additive else []
     if compressor.rounds == 1:
-        routes += [("allgather", Allgather()), ("two-phase", ScatterGather())]
+        routes += [("allgather", Allgather())]
+        if compressor.shardable:
+            routes += [("two-phase", ScatterGather())]
     return routes
 
 
@@ -44,20 +47,23 @@ LAUNCHERS = ("gloo", "mpi", "torch")
 
 def setups(launcher: str | None = None, world: int | None = None) -> list[tuple[str, Callable[[], Grace]]]:
     """(label, bundle factory) of every case, each factory building new objects; with ``launcher``
-    (one of :data:`LAUNCHERS`) its share: every third case, so that each launcher runs every kind
-    of route and the three together run every case; with ``world`` too (``0``: the launcher's whole
-    job, ``1``: each half of it) every other case of that share, so that each case runs once."""
-    cases = _all_setups()
+    (one of :data:`LAUNCHERS`) its share: every third case of each kind of route, so that each
+    launcher runs every kind and the three together run every case; with ``world`` too (``0``: the
+    launcher's whole job, ``1``: each half of it) every other case of that share, so that each case
+    runs once."""
+    kinds = _setups_by_route()
     if launcher is None:
-        return cases
-    share = cases[LAUNCHERS.index(launcher)::len(LAUNCHERS)]
+        return [case for cases in kinds.values() for case in cases]
+    share = [case for cases in kinds.values() for case in cases[LAUNCHERS.index(launcher)::len(LAUNCHERS)]]
     return share if world is None else share[world::2]
 
 
-def _all_setups() -> list[tuple[str, Callable[[], Grace]]]:
-    out = [(f"{entry.label} {route}", _bundle(entry.typical, communicator))
-           for entry in ENTRIES for route, communicator in _routes_of(entry)]
-    out += [
+def _setups_by_route() -> dict[str, list[tuple[str, Callable[[], Grace]]]]:
+    kinds: dict[str, list[tuple[str, Callable[[], Grace]]]] = {}
+    for entry in ENTRIES:
+        for route, communicator in _routes_of(entry):
+            kinds.setdefault(route, []).append((f"{entry.label} {route}", _bundle(entry.typical, communicator)))
+    kinds["schedules"] = [
         # A None value sends the small tensors dense, without a residual left behind.
         ("Legacy(TopK) by layer", lambda: Grace(Legacy(TopK(), by="layer", values=[None, 0.3, 0.05],
                                                        splits=[10, 500]), memory=Residual())),
@@ -66,7 +72,7 @@ def _all_setups() -> list[tuple[str, Callable[[], Grace]]]:
                                        memory=Residual())),
         ("TopK(0.1) via Broadcast", lambda: Grace(TopK(0.1), memory=Residual(), communicator=Broadcast())),
     ]
-    return out
+    return kinds
 
 
 def record(model: torch.nn.Module, stats: dict[str, Any], grads: list[dict[str, torch.Tensor]]) -> dict[str, Any]:

@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 def test_each_part_of_the_hook_is_named_by_where_the_code_lives():
     root = os.sep.join(("", "src", "grace_legacy", ""))
     assert part_of(root + "ddp.py", "exchange") == "hook entry and exit"
-    assert part_of(root + "grace.py", "_watch") == "non-finite checks"
+    assert part_of(root + "step_guard.py", "watch") == "non-finite checks"
     assert part_of(root + "grace.py", "start") == "bundle (per-tensor bookkeeping)"
     assert part_of(root + os.path.join("backends", "torch_distributed.py"), "wait") == "collective wait"
     assert part_of(root + os.path.join("backends", "torch_distributed.py"), "_issue") == "collective launch"
