@@ -31,7 +31,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 import grace_legacy.ddp
-from tests.reference import expected_and_bound, mean_rule, mismatch
+from tests.reference import expected_and_bound, mean_rule, mismatch, twin_contributions
 from tests.registry import zoo_cases
 from tests.torch_gather import torch_gather_from_ranks
 from tests.zoo_in_process import TENSORS, gradient, twin_step_sent
@@ -73,10 +73,12 @@ def run_case(case, names: list[str], device: torch.device, steps: int) -> list[s
         for p in model.parameters():
             p.grad = None
         ddp(inputs).backward()
+        twins = twin_contributions(lambda grad, key: twin_step_sent(
+            twin, twin_memory, grad, key, communicator, getattr(compression, "dense_fallback", True), world),
+            {parameter_name(name): inputs[parameter_name(name)] for name in names}, compression.compressor.spans_step)
         for name in names:
             key = parameter_name(name)
-            contribution, sent, route, dtypes = twin_step_sent(twin, twin_memory, inputs[key], key, communicator,
-                                                               getattr(compression, "dense_fallback", True), world)
+            contribution, sent, route, dtypes = twins[key]
             expected_bytes += sent
             contributions = torch_gather_from_ranks(contribution)
             combined = mean_rule(contributions) if route.startswith("dense") else case.rule(contributions)
