@@ -20,12 +20,16 @@ run: setup
 # Two pytest processes at once: the one-process tests (tests/unit) beside the tests that launch
 # jobs (tests/distributed, tests/benchmarks), which run one after another in the other, so their
 # jobs never race each other for the cores while the unit tests fill what a job leaves idle. The
-# second's report is printed after the first's. Prints its own wall time at the end: CI allows 90
-# minutes with the set-up, and the suite's budget is 30.
+# second's report is printed after the first's. Before them, numba's disk cache is filled (one
+# process per dtype), so that the many processes they start load the compiled loops instead of
+# each compiling them. Prints its own wall time at the end: CI allows 90 minutes with the set-up,
+# and the suite's budget is 30.
 test test-quick unit: export OMP_WAIT_POLICY = PASSIVE
 
 test: setup
 	@start=$$(date +%s); $(PY) -m ruff check . || exit 1; \
+	$(PY) -m grace_legacy.compressors.kernels.warm float32 & warm=$$!; \
+	$(PY) -m grace_legacy.compressors.kernels.warm float64 || exit 1; wait $$warm || exit 1; \
 	tmp=$$(mktemp -d); \
 	$(PY) -m pytest tests/distributed tests/benchmarks --basetemp $$tmp/launches --durations=25 \
 		> $$tmp/launches.log 2>&1 & launches=$$!; \

@@ -16,21 +16,12 @@ from pathlib import Path
 
 import numba
 import numpy as np
-import torch
+import pytest
 from numba.core.dispatcher import Dispatcher
 
 from grace_legacy.compressors import kernels
-from grace_legacy.compressors.kernels import (
-    compiled,
-    natural_passes,
-    products,
-    qsgd_passes,
-    scatter,
-    selection,
-    sign_passes,
-    terngrad_passes,
-    threshold_passes,
-)
+from grace_legacy.compressors.kernels import compiled, warm
+from grace_legacy.compressors.kernels.warm import every_pass
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -44,36 +35,6 @@ def compiled_loops() -> dict[str, Dispatcher]:
             if isinstance(value, Dispatcher) and value.py_func.__module__ == module.__name__:
                 loops[f"{info.name}.{name}"] = value
     return loops
-
-
-def every_pass() -> None:
-    """Each module's passes once, serial (one thread) and parallel (two), on float32."""
-    x = torch.randn(selection.SMALL + 1001, generator=torch.Generator().manual_seed(0))
-    matrix = torch.randn(300, 200, generator=torch.Generator().manual_seed(1))
-    before = (torch.get_num_threads(), compiled.PER_THREAD)
-    compiled.PER_THREAD = 1
-    try:
-        for threads in (1, 2):
-            torch.set_num_threads(threads)
-            norm = qsgd_passes.norm(x)
-            levels = qsgd_passes.levels(x, norm, 16, 7, torch.int8)
-            qsgd_passes.decoded(levels, torch.tensor([norm]), 16, torch.float32)
-            terngrad_passes.spread(x)
-            terngrad_passes.digits(x, 2.0, 2.0, 7)
-            top, codes = natural_passes.codes(x, 7)
-            natural_passes.decoded(top, codes, torch.float32, torch.float32)
-            sign_passes.side_means(x)
-            sign_passes.mean_magnitude(x)
-            buffer, packed = sign_passes.momentum_step(x, x, 0.9)
-            sign_passes.choose(packed, x.numel(), torch.tensor(1.0), torch.tensor(-1.0))
-            scatter.put(torch.zeros(x.numel()), torch.arange(0, x.numel(), 3, dtype=torch.int32), x[::3].clone())
-            selection.top_k_indices(x, 100)
-            threshold_passes.entries_at_or_above(x, 2.0, torch.int32)
-            q = products.matrix_times(matrix, torch.randn(200, 4))
-            products.times_transposed(q, products.transposed_times(q, matrix).t())
-    finally:
-        torch.set_num_threads(before[0])
-        compiled.PER_THREAD = before[1]
 
 
 def child() -> None:
@@ -97,7 +58,7 @@ def test_a_second_process_loads_every_loop_from_the_cache_and_the_import_compile
     # Every module's loops ran, the parallel ones too, and none compiled again.
     assert {name.split(".")[0] for name in report["used"]} >= {
         "qsgd_passes", "terngrad_passes", "natural_passes", "sign_passes", "scatter", "selection",
-        "threshold_passes", "products"}
+        "threshold_passes", "products", "accumulating"}
     assert sum(name.endswith("_parallel") for name in report["used"]) >= 10
     assert report["missed"] == []
 
@@ -113,3 +74,8 @@ def test_without_a_folder_to_cache_in_a_loop_compiles_uncached(monkeypatch):
     loop = compiled.loop(twice)
     assert type(loop._cache).__name__ == "NullCache"
     assert np.array_equal(loop(np.arange(3.0)), [0.0, 2.0, 4.0])
+
+
+def test_warming_refuses_a_dtype_the_loops_do_not_take():
+    with pytest.raises(SystemExit, match="dtypes must be among .*'float16'"):
+        warm.main(["float32", "float16"])
