@@ -104,6 +104,16 @@ def run_torchrun_checks(script: str, np: int, tmp_path: Path, *args: str, timeou
 
 def reported_checks(result: subprocess.CompletedProcess, script: str, np: int, tmp_path: Path) -> dict[int, dict]:
     """Every rank's report, failing with every failing check's detail."""
+    reports = reports_of(result, script, np, tmp_path)
+    failures = failed_checks(reports)
+    if failures:
+        raise WorkerFailure("\n".join(failures))
+    return reports
+
+
+def reports_of(result: subprocess.CompletedProcess, script: str, np: int, tmp_path: Path) -> dict[int, dict]:
+    """Every rank's report of a job that exited 0 and recorded checks, failed ones or not: for a
+    launch shared by several tests, each of which looks at its own checks (:func:`failed_checks`)."""
     if result.returncode != 0:
         raise WorkerFailure(f"{script} exited {result.returncode}\n{result.stdout[-8000:]}")
     reports = {}
@@ -112,10 +122,16 @@ def reported_checks(result: subprocess.CompletedProcess, script: str, np: int, t
         if not path.exists():
             raise WorkerFailure(f"rank {rank} wrote no report\n{result.stdout[-8000:]}")
         reports[rank] = json.loads(path.read_text())
-    failures = [f"rank {rank}: {check['name']}: {check['detail']}"
-                for rank, report in reports.items() for check in report["checks"] if not check["ok"]]
-    if failures:
-        raise WorkerFailure("\n".join(failures))
     if not any(report["checks"] for report in reports.values()):
         raise WorkerFailure(f"{script} recorded no checks")
     return reports
+
+
+def failed_checks(reports: dict[int, dict], *prefixes: str) -> list[str]:
+    """Each rank's failed checks (those whose names start with one of ``prefixes``, if given), with
+    their details; fails if none of the checks has such a name (a test that would check nothing)."""
+    chosen = [(rank, check) for rank, report in reports.items() for check in report["checks"]
+              if not prefixes or check["name"].startswith(prefixes)]
+    if not chosen:
+        raise WorkerFailure(f"no check named {' or '.join(prefixes)}*")
+    return [f"rank {rank}: {check['name']}: {check['detail']}" for rank, check in chosen if not check["ok"]]

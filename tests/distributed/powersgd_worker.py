@@ -2,8 +2,9 @@
 every rank's gradient (modified Gram-Schmidt instead of QR, the test's own warm-start Q and
 residuals), alone, with error feedback, with op=Sum, and under LEGACY's epoch-quartile ranks.
 
-``--dtype float16`` or ``bfloat16`` trains the model in that dtype: PowerSGD then factors in
-float32 and returns the gradient's dtype, and the reference does the same."""
+``--dtypes float32 float16 bfloat16`` trains the model in each dtype named, one after the other
+(each check's name starts with its dtype's): PowerSGD factors in float32 and returns the
+gradient's dtype, and the reference does the same."""
 
 from __future__ import annotations
 
@@ -67,38 +68,45 @@ class ReferencePowerSGD:
 
 
 def main() -> None:
-    args = parse_args([(("--dtype",), {"choices": ["float32", "float16", "bfloat16"], "default": "float32"})])
+    args = parse_args([(("--dtypes",), {"nargs": "+", "choices": ["float32", "float16", "bfloat16"],
+                                        "default": ["float32"]})])
     hvd.init()
     torch.set_num_threads(1)
     rec = Recorder(args.out)
-    dtype = getattr(torch, args.dtype)
+    for name in args.dtypes:
+        run_dtype(rec, getattr(torch, name), f"{name} ")
+    rec.write()
+
+
+def run_dtype(rec: Recorder, dtype: torch.dtype, prefix: str) -> None:
+    """Every check in ``dtype``, each named after ``prefix``."""
     # In 16 bits the result is rounded to the dtype (and a dense sum's order is Horovod's): a few
     # units in its last place, against gradients of up to about 0.3.
     eps = torch.finfo(dtype).eps
     options = {"rtol": 1e-5, "atol": 1e-6, "dtype": dtype} if dtype == torch.float32 else \
         {"rtol": 4 * eps, "atol": eps / 4, "dtype": dtype}
 
-    rec.guard("powersgd r=2", train_and_compare, rec, "powersgd r=2", Grace(PowerSGD(2, seed=SEED), memory=NoMemory()),
-              ReferencePowerSGD(lambda s: 2, residual=False), **options)
-    rec.guard("powersgd r=1 sum", train_and_compare, rec, "powersgd r=1 sum",
-              Grace(PowerSGD(1, seed=SEED), memory=NoMemory()), ReferencePowerSGD(lambda s: 1, False, hvd.Sum),
-              op=hvd.Sum, **options)
+    for label, bundle, reference, more in [
+        ("powersgd r=2", Grace(PowerSGD(2, seed=SEED), memory=NoMemory()),
+         ReferencePowerSGD(lambda s: 2, residual=False), {}),
+        ("powersgd r=1 sum", Grace(PowerSGD(1, seed=SEED), memory=NoMemory()),
+         ReferencePowerSGD(lambda s: 1, False, hvd.Sum), {"op": hvd.Sum}),
+    ]:
+        rec.guard(prefix + label, train_and_compare, rec, prefix + label, bundle, reference, **more, **options)
     default = PowerSGD(2, seed=SEED)
-    rec.check("powersgd recommends PowerSGDMemory", isinstance(Grace(default).memory, PowerSGDMemory))
-    rec.guard("powersgd r=2 + memory", train_and_compare, rec, "powersgd r=2 + memory", default,
+    rec.check(prefix + "powersgd recommends PowerSGDMemory", isinstance(Grace(default).memory, PowerSGDMemory))
+    rec.guard(prefix + "powersgd r=2 + memory", train_and_compare, rec, prefix + "powersgd r=2 + memory", default,
               ReferencePowerSGD(lambda s: 2, residual=True), **options)
 
     # The rebuttal's PowerSGD schedule: epoch quartiles with ranks 6, 4, 3, 2 (one epoch per step).
     quartiles = [6, 4, 3, 2]
     schedule = Legacy(PowerSGD(seed=SEED), by="epoch", values=quartiles, epochs=4, steps_per_epoch=1)
     rank_by_rule = lambda step: quartiles[next(i for i in range(4) if step < (i + 1) * 4 / 4)]  # noqa: E731
-    rec.guard("legacy powersgd quartiles", train_and_compare, rec, "legacy powersgd quartiles",
+    rec.guard(prefix + "legacy powersgd quartiles", train_and_compare, rec, prefix + "legacy powersgd quartiles",
               Grace(schedule, memory=PowerSGDMemory()), ReferencePowerSGD(rank_by_rule, residual=True),
               steps=4, **options)
-    rec.check("legacy powersgd: every phase used", set(schedule.stats.get("phase", {})) == {0, 1, 2, 3},
+    rec.check(prefix + "legacy powersgd: every phase used", set(schedule.stats.get("phase", {})) == {0, 1, 2, 3},
               str(schedule.stats))
-    rec.write()
-
 
 if __name__ == "__main__":
     main()
