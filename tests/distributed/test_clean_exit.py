@@ -26,8 +26,10 @@ from tests.distributed.launcher import horovodrun, torchrun
 pytestmark = pytest.mark.distributed
 
 #: Jobs per launcher in the suite. The torchrun jobs are where the code before the fix aborted
-#: (docs/GUARANTEES.md#clean-exit); horovodrun's never did, and two keep that path covered.
-JOBS = {"torchrun": 10, "horovodrun": 2}
+#: (docs/GUARANTEES.md#clean-exit); horovodrun's never did, and two keep that path covered. Four
+#: here, beside a busy core: the suite's twenty-odd other torchrun jobs (DDP, FSDP, the frameworks,
+#: restarts) must each exit 0 too, most of them while the unit tests load the machine.
+JOBS = {"torchrun": 4, "horovodrun": 2}
 #: Jobs running at once (each has two ranks), besides the busy process.
 AT_ONCE = 2
 TIMEOUT_S = 180
