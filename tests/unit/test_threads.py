@@ -3,8 +3,9 @@
 The compiled CPU passes run on ``torch.get_num_threads()`` threads by fixed blocks
 (:mod:`grace_legacy.compressors.kernels.compiled`), so a payload, its decompressed tensor and an
 aggregate of two payloads must be identical at 1, 3 and 4 threads (one; an odd count, whose
-threads get unequal shares of the blocks; the pool's whole). Correctness needs no real cores: the check runs in a child process whose numba pool has 4 threads (``NUMBA_NUM_THREADS=4``)
-on any machine, and also checks that the passes really were launched on that many threads and
+threads get unequal shares of the blocks; the pool's whole). Correctness needs no real cores:
+the check runs in a child process whose numba pool has 4 threads (``NUMBA_NUM_THREADS=4``) on any
+machine, and also checks that the passes really were launched on that many threads and
 that numba's pool really ran them on that many.
 """
 
