@@ -17,13 +17,12 @@ $(STAMP): pyproject.toml scripts/setup.sh scripts/constraints.txt scripts/build_
 run: setup
 	$(VENV)/bin/horovodrun -np $(NP) -H localhost:$(NP) --$(CONTROLLER) $(PY) examples/train_digits.py
 
-# Two pytest processes at once: the one-process tests (tests/unit) beside the tests that launch
-# jobs (tests/distributed, tests/benchmarks), which run one after another in the other, so their
-# jobs never race each other for the cores while the unit tests fill what a job leaves idle. The
-# second's report is printed after the first's. Before them, numba's disk cache is filled (one
-# process per dtype), so that the many processes they start load the compiled loops instead of
-# each compiling them. Prints its own wall time at the end: CI allows 90 minutes with the set-up,
-# and the suite's budget is 30.
+# Two pytest processes at once, each about half of the suite's time: tests/distributed (jobs under
+# horovodrun and torchrun, one at a time) in one; tests/unit, then tests/benchmarks (the benchmarks'
+# own tests and their quick runs) in the other. The first's report is printed after the second's.
+# Before them, numba's disk cache is filled (one process per dtype), so that the many processes
+# they start load the compiled loops instead of each compiling them. Prints its own wall time at
+# the end: CI allows 90 minutes with the set-up, and the suite's budget is 30.
 test test-quick unit: export OMP_WAIT_POLICY = PASSIVE
 
 test: setup
@@ -31,9 +30,9 @@ test: setup
 	$(PY) -m grace_legacy.compressors.kernels.warm float32 & warm=$$!; \
 	$(PY) -m grace_legacy.compressors.kernels.warm float64 || exit 1; wait $$warm || exit 1; \
 	tmp=$$(mktemp -d); \
-	$(PY) -m pytest tests/distributed tests/benchmarks --basetemp $$tmp/launches --durations=25 \
+	$(PY) -m pytest tests/distributed --basetemp $$tmp/launches --durations=25 \
 		> $$tmp/launches.log 2>&1 & launches=$$!; \
-	$(PY) -m pytest tests/unit --basetemp $$tmp/unit --durations=25; unit=$$?; \
+	$(PY) -m pytest tests/unit tests/benchmarks --basetemp $$tmp/unit --durations=25; unit=$$?; \
 	wait $$launches; jobs=$$?; cat $$tmp/launches.log; rm -rf $$tmp; \
 	echo "make test: $$(( ($$(date +%s) - start) / 60 )) min $$(( ($$(date +%s) - start) % 60 )) s"; \
 	[ $$unit -eq 0 ] && [ $$jobs -eq 0 ]
