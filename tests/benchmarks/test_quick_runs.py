@@ -72,7 +72,7 @@ def test_fusion_benchmark_quick(tmp_path):
 def test_memory_benchmark_quick(tmp_path):
     run_module("benchmarks.performance.memory", tmp_path, timeout=600)
     text = (tmp_path / "memory.md").read_text()
-    assert "## Memory over 100 steps" in text and "horovodrun -np 2" in text
+    assert "## Memory over 20 steps" in text and "horovodrun -np 2" in text
     assert (tmp_path / "memory.png").stat().st_size > 1000
 
 
