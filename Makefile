@@ -19,7 +19,7 @@ run: setup
 
 # Two pytest processes at once, each about half of the suite's time: tests/distributed (jobs under
 # horovodrun and torchrun, one at a time) in one; tests/unit, then tests/benchmarks (the benchmarks'
-# own tests and their quick runs), then the zoo's launches (test_zoo.py, which evens the halves out)
+# own tests and quick runs), then the zoo's and the simulator's launches (which even the halves out)
 # in the other. The first's report is printed after the second's. Before them, numba's disk cache
 # is filled (one process per dtype), so that the many processes they start load the compiled loops
 # instead of each compiling them. Prints its own wall time at the end: CI allows 90 minutes with
@@ -31,10 +31,10 @@ test: setup
 	$(PY) -m grace_legacy.compressors.kernels.warm float32 & warm=$$!; \
 	$(PY) -m grace_legacy.compressors.kernels.warm float64 || exit 1; wait $$warm || exit 1; \
 	tmp=$$(mktemp -d); \
-	$(PY) -m pytest tests/distributed --ignore=tests/distributed/test_zoo.py --basetemp $$tmp/launches \
+	later="tests/distributed/test_zoo.py tests/distributed/test_simulate.py"; \
+	$(PY) -m pytest tests/distributed $$(printf -- '--ignore=%s ' $$later) --basetemp $$tmp/launches \
 		--durations=25 > $$tmp/launches.log 2>&1 & launches=$$!; \
-	$(PY) -m pytest tests/unit tests/benchmarks tests/distributed/test_zoo.py --basetemp $$tmp/unit \
-		--durations=25; unit=$$?; \
+	$(PY) -m pytest tests/unit tests/benchmarks $$later --basetemp $$tmp/unit --durations=25; unit=$$?; \
 	wait $$launches; jobs=$$?; cat $$tmp/launches.log; rm -rf $$tmp; \
 	echo "make test: $$(( ($$(date +%s) - start) / 60 )) min $$(( ($$(date +%s) - start) % 60 )) s"; \
 	[ $$unit -eq 0 ] && [ $$jobs -eq 0 ]
