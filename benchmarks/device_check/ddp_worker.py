@@ -75,7 +75,7 @@ def run_case(case, names: list[str], device: torch.device, steps: int) -> list[s
         ddp(inputs).backward()
         twins = twin_contributions(lambda grad, key: twin_step_sent(
             twin, twin_memory, grad, key, communicator, getattr(compression, "dense_fallback", True), world),
-            {parameter_name(name): inputs[parameter_name(name)] for name in names}, compression.compressor.spans_step)
+            inputs, compression.compressor.spans_step)
         for name in names:
             key = parameter_name(name)
             contribution, sent, route, dtypes = twins[key]

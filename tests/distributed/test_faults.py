@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from tests.distributed.launcher import CONTROLLERS, horovodrun
+from tests.distributed.launcher import CONTROLLERS, failed_checks, horovodrun
 
 pytestmark = pytest.mark.distributed
 
@@ -25,12 +25,6 @@ def agreement_run(request, tmp_path_factory):
                for rank in range(NP) if (out / f"rank{rank}.json").exists()}
     assert sorted(reports) == list(range(NP)), f"ranks without a report\n{result.stdout[-6000:]}"
     return result, reports
-
-
-def failed_checks(reports, prefix):
-    checks = [(rank, c) for rank, report in reports.items() for c in report["checks"] if c["name"].startswith(prefix)]
-    assert checks, f"no check named {prefix}*"
-    return [f"rank {rank}: {c['name']}: {c['detail']}" for rank, c in checks if not c["ok"]]
 
 
 @pytest.mark.parametrize("compression", ["topk", "powersgd"])

@@ -21,7 +21,6 @@ from numba.core.dispatcher import Dispatcher
 
 from grace_legacy.compressors import kernels
 from grace_legacy.compressors.kernels import compiled, warm
-from grace_legacy.compressors.kernels.warm import every_pass
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -40,7 +39,7 @@ def compiled_loops() -> dict[str, Dispatcher]:
 def child() -> None:
     """Run in a fresh process: what was compiled by the import, then the cache misses of every pass."""
     at_import = sorted(name for name, loop in compiled_loops().items() if loop.overloads)
-    every_pass()
+    warm.every_pass()
     loops = compiled_loops()
     print(json.dumps({"compiled at import": at_import,
                       "used": sorted(name for name, loop in loops.items() if loop.overloads),
@@ -48,7 +47,7 @@ def child() -> None:
 
 
 def test_a_second_process_loads_every_loop_from_the_cache_and_the_import_compiles_none():
-    every_pass()  # compiled here, or loaded: either way in the cache from now on
+    warm.every_pass()  # compiled here, or loaded: either way in the cache from now on
     env = {**os.environ, "PYTHONPATH": str(REPO), "NUMBA_NUM_THREADS": "2"}
     result = subprocess.run([sys.executable, "-c", "from tests.unit.test_compiled import child; child()"],
                             capture_output=True, text=True, cwd=REPO, env=env, timeout=900)
