@@ -247,14 +247,19 @@ def largest(positions: np.ndarray, magnitudes: np.ndarray, k: int) -> np.ndarray
 
 
 @compiled.inline
-def _keep(magnitude, lower, position, positions, magnitudes, found, room):  # pragma: no cover - compiled
-    """Writes a magnitude at or above ``lower`` as candidate ``found`` if there is room; returns the
-    candidates counted so far."""
-    if magnitude >= lower:
-        if found < room:
-            positions[found] = position
-            magnitudes[found] = magnitude
-        return found + 1
+def _keep(bits, mask, lower, first, end, offset, positions, magnitudes, found):  # pragma: no cover - compiled
+    """Writes each magnitude of ``bits[first:end]`` at or above ``lower`` as the next candidate
+    (its position plus ``offset``) while there is room; returns the candidates counted so far.
+    A helper over a run of entries, not one entry: each call takes and drops references to the
+    arrays it is handed, which per entry cost more than the comparison itself."""
+    room = positions.size
+    for i in range(first, end):
+        magnitude = bits[i] & mask
+        if magnitude >= lower:
+            if found < room:
+                positions[found] = offset + i
+                magnitudes[found] = magnitude
+            found += 1
     return found
 
 
@@ -262,7 +267,6 @@ def _keep(magnitude, lower, position, positions, magnitudes, found, room):  # pr
 @compiled.loop
 def _candidates(bits, mask, lower, positions, magnitudes, sparse):  # pragma: no cover - compiled
     found = 0
-    room = positions.size
     n = bits.size
     whole = n - n % SUB_BLOCK if sparse else 0
     for start in range(0, whole, SUB_BLOCK):
@@ -270,11 +274,8 @@ def _candidates(bits, mask, lower, positions, magnitudes, sparse):  # pragma: no
         for i in range(start, start + SUB_BLOCK):  # a fixed trip count, no branch: vectorized
             hits += (bits[i] & mask) >= lower
         if hits:
-            for i in range(start, start + SUB_BLOCK):
-                found = _keep(bits[i] & mask, lower, i, positions, magnitudes, found, room)
-    for i in range(whole, n):
-        found = _keep(bits[i] & mask, lower, i, positions, magnitudes, found, room)
-    return found
+            found = _keep(bits, mask, lower, start, start + SUB_BLOCK, 0, positions, magnitudes, found)
+    return _keep(bits, mask, lower, whole, n, 0, positions, magnitudes, found)
 
 
 # On several threads, by blocks of compiled.BLOCK entries (the blocked pass's sub-blocks lie
@@ -295,18 +296,15 @@ def _count_range(bits, mask, lower, start, end):  # pragma: no cover - compiled
 def _write_range(bits, mask, lower, positions, magnitudes, at, start, end, sparse):  # pragma: no cover
     bits, n = bits[start:end], end - start
     positions, magnitudes = positions[at:], magnitudes[at:]
-    found = 0
-    room = positions.size  # the block's count was made room for: every candidate fits
+    found = 0  # the block's count was made room for: every candidate fits
     whole = n // SUB_BLOCK * SUB_BLOCK if sparse else 0
     for first in range(0, whole, SUB_BLOCK):
         hits = 0
         for i in range(first, first + SUB_BLOCK):
             hits += (bits[i] & mask) >= lower
         if hits:
-            for i in range(first, first + SUB_BLOCK):
-                found = _keep(bits[i] & mask, lower, start + i, positions, magnitudes, found, room)
-    for i in range(whole, n):
-        found = _keep(bits[i] & mask, lower, start + i, positions, magnitudes, found, room)
+            found = _keep(bits, mask, lower, first, first + SUB_BLOCK, start, positions, magnitudes, found)
+    _keep(bits, mask, lower, whole, n, start, positions, magnitudes, found)
 
 
 @compiled.parallel_loop
