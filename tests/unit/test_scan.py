@@ -118,13 +118,15 @@ def test_the_blocked_pass_finds_what_the_plain_pass_finds(n, expected):
     np.testing.assert_array_equal(magnitudes, np.bitwise_and(bits[positions], 0x7FFF_FFFF))
 
 
+@pytest.mark.parametrize("threads", [1, 3])
 @pytest.mark.parametrize("kept", ["none", "every", "half", "first of each block", "last of each block", "few",
                                   "only the first of each block", "only the last of each block"])
-def test_the_range_pass_on_several_threads_is_numpys_mask_and_gather(kept):
+def test_the_range_pass_by_blocks_is_numpys_mask_and_gather(kept, threads):
     """On several threads each block writes its entries at its own offset and stops at its last
     one (the next store would land on the next block's first slot), or, with few entries, writes
-    only those of its sub-blocks that hold one: the output is still exactly the mask's, whichever
-    entries open or close the blocks."""
+    only those of its sub-blocks that hold one; on one thread few entries (by the sample) are
+    counted first and written so too: the output is still exactly the mask's, whichever entries
+    open or close the blocks."""
     n = 3 * compiled.PER_THREAD + 37  # several blocks, the last one partial
     mask, bits = 0x7FFF_FFFF, random_bits(np.int32, n, 5)
     magnitudes = np.bitwise_and(bits, mask)
@@ -141,8 +143,8 @@ def test_the_range_pass_on_several_threads_is_numpys_mask_and_gather(kept):
     magnitudes = np.bitwise_and(bits, mask)
     before = torch.get_num_threads()
     try:
-        torch.set_num_threads(min(3, compiled.pool_size()))
-        assert compiled.threads_for(n) > 1 or compiled.pool_size() == 1
+        torch.set_num_threads(min(threads, compiled.pool_size()))
+        assert compiled.threads_for(n) > 1 or compiled.pool_size() == 1 or threads == 1
         entries, positions = entries_in_range(bits, mask, lower, upper, np.int32)
     finally:
         torch.set_num_threads(before)

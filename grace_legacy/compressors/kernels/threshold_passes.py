@@ -24,10 +24,12 @@ import torch
 from grace_legacy.compressors.kernels import compiled
 from grace_legacy.compressors.kernels.selection import (
     INFINITY_BITS,
+    SAMPLES,
     SMALL,
     SPARSE_BLOCKS,
     SUB_BLOCK,
     magnitude_bits,
+    sample_positions,
 )
 from grace_legacy.runtime import paths
 
@@ -82,6 +84,13 @@ def entries_in_range(bits: np.ndarray, mask: int, lower: int, upper: int,
     view back) with ``lower <= bits[i] & mask <= upper``, and their increasing positions as
     ``index_dtype``, which must hold ``bits.size - 1``. By the compiled loops."""
     threads = compiled.threads_for(bits.size)
+    if threads == 1 and _looks_sparse(bits, mask, lower, upper):
+        # Few entries, by the sampled positions Top-k estimates from: counted first (a vectorized
+        # read), then only the sub-blocks that hold one are read again, into outputs of the exact size.
+        found = _count_in_range(bits, mask, lower, upper, 0, bits.size)
+        positions, kept = np.empty(found, dtype=index_dtype), np.empty(found, dtype=bits.dtype)
+        _write_in_range_sparse(bits, mask, lower, upper, positions, kept, 0, 0, bits.size)
+        return kept, positions
     if threads == 1:
         # Every entry is written at the next free slot whatever the test says, so both outputs are
         # bits.size long; untouched pages of np.empty cost nothing, and a small result is copied out.
@@ -103,6 +112,16 @@ def entries_in_range(bits: np.ndarray, mask: int, lower: int, upper: int,
         sparse = found * SPARSE_BLOCKS < bits.size
         _write_in_range_parallel(bits, mask, lower, upper, positions, kept, offsets, counts, sparse)
     return kept, positions
+
+
+def _looks_sparse(bits: np.ndarray, mask: int, lower: int, upper: int) -> bool:
+    """Whether fewer than one entry in :data:`SPARSE_BLOCKS` looks to be in the range, by the entries
+    at Top-k's sampled positions (only the pass's speed depends on the answer)."""
+    if bits.size < SAMPLES:
+        return False
+    sampled = np.bitwise_and(bits[sample_positions(bits.size)], mask)
+    hits = np.count_nonzero((sampled >= lower) & (sampled <= upper))
+    return hits * SPARSE_BLOCKS < SAMPLES
 
 
 @compiled.loop
