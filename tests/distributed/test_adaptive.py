@@ -9,14 +9,10 @@ from tests.distributed.launcher import CONTROLLERS, run_checks
 
 pytestmark = pytest.mark.distributed
 
-# Four ranks on fewer cores: Open MPI's busy-polling ranks otherwise starve each other (same
-# collectives and results, a fraction of the wall time).
-YIELD = {"OMPI_MCA_mpi_yield_when_idle": "1"}
-
 
 @pytest.mark.parametrize("controller", CONTROLLERS)
 def test_adaptive_schedules_are_exact_and_agree(controller, tmp_path):
-    reports = run_checks("adaptive_worker.py", 4, controller, tmp_path, extra_env=YIELD)
+    reports = run_checks("adaptive_worker.py", 4, controller, tmp_path)
     names = {check["name"] for check in reports[0]["checks"]}
     for label, last_step in (("dgc-warmup", 3), ("qsgd-warmup", 2), ("accordion", 5), ("lgreco", 5),
                              ("lgreco/process-set", 3)):

@@ -10,12 +10,9 @@ from tests.registry import every_pair
 
 pytestmark = pytest.mark.distributed
 
-# Four ranks on fewer cores: Open MPI's busy-polling ranks otherwise starve each other.
-YIELD = {"OMPI_MCA_mpi_yield_when_idle": "1"}
-
 
 def test_every_pair_survives_nonfinite_steps_and_ranks_agree(tmp_path):
-    reports = run_checks("every_pair_worker.py", 4, "mpi", tmp_path, extra_env=YIELD, timeout=600)
+    reports = run_checks("every_pair_worker.py", 4, "mpi", tmp_path, timeout=600)
     expected = [label for label, _ in every_pair()]
     assert list(reports[0]["setups"]) == expected
     names = {check["name"] for check in reports[0]["checks"]}

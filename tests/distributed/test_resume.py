@@ -10,14 +10,11 @@ from tests.registry import RESUME_SETUPS
 
 pytestmark = pytest.mark.distributed
 
-# Four ranks on fewer cores: Open MPI's busy-polling ranks otherwise starve each other.
-YIELD = {"OMPI_MCA_mpi_yield_when_idle": "1"}
-
 
 @pytest.mark.parametrize("np,controller", [(2, "gloo"), (4, "mpi")])
 def test_a_resumed_run_ends_bit_identical(np, controller, tmp_path):
-    run_checks("resume_worker.py", np, controller, tmp_path, "--phase", "first", extra_env=YIELD, timeout=600)
-    reports = run_checks("resume_worker.py", np, controller, tmp_path, "--phase", "resume", extra_env=YIELD,
+    run_checks("resume_worker.py", np, controller, tmp_path, "--phase", "first", timeout=600)
+    reports = run_checks("resume_worker.py", np, controller, tmp_path, "--phase", "resume",
                          timeout=600)
     names = {check["name"] for check in reports[0]["checks"]}
     for label, _ in RESUME_SETUPS:

@@ -32,8 +32,6 @@ pytestmark = pytest.mark.distributed
 #: the suite's budget on 2 cores (the orders at 8 ranks: scripts/allreduce_order.py, and the unit
 #: tests' algorithms run message by message up to 8).
 RANKS = {"gloo": 4, "mpi": 4, "torch": 4}
-#: Open MPI's ranks yield the core while they wait instead of spinning on it.
-YIELD = {"OMPI_MCA_mpi_yield_when_idle": "1"}
 #: The simulated allreduce's order of addition for each launcher.
 REDUCTION = {"gloo": "horovod-gloo", "mpi": "horovod-mpi", "torch": "torch-gloo"}
 
@@ -83,8 +81,7 @@ def test_the_simulator_computes_what_real_ranks_compute(launcher, tmp_path):
     if launcher == "torch":
         result = torchrun("simulate_worker.py", ranks, tmp_path, "--launcher", "torch", timeout=900)
     else:
-        result = horovodrun("simulate_worker.py", ranks, launcher, tmp_path, "--launcher", launcher, timeout=900,
-                            extra_env=YIELD)
+        result = horovodrun("simulate_worker.py", ranks, launcher, tmp_path, "--launcher", launcher, timeout=900)
     if result.returncode != 0:
         raise WorkerFailure(f"simulate_worker.py exited {result.returncode}\n{result.stdout[-8000:]}")
     runs = [torch.load(Path(tmp_path) / f"rank{rank}.pt") for rank in range(ranks)]

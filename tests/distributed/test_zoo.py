@@ -14,16 +14,12 @@ pytestmark = pytest.mark.distributed
 
 DTYPES = ("float32", "float16", "bfloat16")
 NP = 4
-# Four ranks on fewer cores: Open MPI's busy-polling ranks otherwise starve each other (same
-# collectives and results, a fraction of the wall time).
-YIELD = {"OMPI_MCA_mpi_yield_when_idle": "1"}
 
 
 @pytest.fixture(scope="module", params=CONTROLLERS)
 def zoo_run(request, tmp_path_factory):
     out = tmp_path_factory.mktemp(f"zoo-{request.param}")
-    result = horovodrun("zoo_worker.py", NP, request.param, out, "--dtypes", *DTYPES, timeout=2400,
-                        extra_env=YIELD)
+    result = horovodrun("zoo_worker.py", NP, request.param, out, "--dtypes", *DTYPES, timeout=2400)
     return reports_of(result, "zoo_worker.py", NP, out)
 
 
