@@ -9,15 +9,13 @@ from typing import Any, NamedTuple
 
 import torch
 
+from grace_legacy.compressors.kernels import u8bit_passes
+from grace_legacy.compressors.kernels.u8bit_passes import MAGNITUDE_BITS
 from grace_legacy.compressors.quantization import work_dtype
 from grace_legacy.core.compressor import Compressor, Payload
 from grace_legacy.core.memory import Memory
 from grace_legacy.memories.residual import Residual
 from grace_legacy.runtime.validation import check_gradient
-
-#: Bits after the sign: 7, so 128 magnitudes.
-MAGNITUDE_BITS = 7
-SIGN_BIT = 1 << MAGNITUDE_BITS
 
 
 def dynamic_tree_table() -> list[Fraction]:
@@ -94,21 +92,13 @@ class U8bit(Compressor):
         check_gradient(tensor, "U8bit")
         flat = tensor.reshape(-1)
         scale = flat.abs().amax()  # NaN if any element is (amax propagates it)
-        work = work_dtype(tensor.dtype)
-        ratio = flat.abs().to(work) / scale.to(work)
-        # 0 / 0 (a zero tensor) and anything over an inf or NaN scale: code 0, which decodes to
-        # 0 * s (0, or NaN for a non-finite s).
-        ratio = torch.where(torch.isfinite(ratio), ratio, torch.zeros((), dtype=work, device=flat.device))
-        codes = torch.searchsorted(_as_float("midpoints", work, flat.device), ratio).to(torch.uint8)
-        codes |= (flat < 0).to(torch.uint8) << MAGNITUDE_BITS
+        codes = u8bit_passes.codes(flat, scale, _as_float("midpoints", work_dtype(tensor.dtype), flat.device))
         return [scale.reshape(1), codes], U8bitContext(tensor.shape, flat.numel(), tensor.dtype, tensor.device)
 
     def decompress(self, payload: Payload, ctx: U8bitContext) -> torch.Tensor:
         scale, codes = payload
-        work = work_dtype(ctx.dtype)
-        magnitude = _as_float("table", work, codes.device)[(codes & (SIGN_BIT - 1)).long()] * scale.to(work)
-        decoded = torch.where(codes >= SIGN_BIT, -magnitude, magnitude)
-        return decoded.to(ctx.dtype).view(ctx.shape)
+        table = _as_float("table", work_dtype(ctx.dtype), codes.device)
+        return u8bit_passes.decoded(codes, scale, table).to(ctx.dtype).view(ctx.shape)
 
     def payload_spec(self, numel: int, dtype: torch.dtype) -> list[tuple[int, torch.dtype]]:
         return [(1, dtype), (numel, torch.uint8)]

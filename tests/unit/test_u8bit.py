@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from grace_legacy import U8bit
+from grace_legacy.compressors.kernels import compiled, u8bit_passes
 from grace_legacy.compressors.u8bit import dynamic_tree_table
 from tests.reference_compressors import (
     CONTENTS,
@@ -67,3 +68,32 @@ def test_u8bit_sends_a_value_on_a_midpoint_to_the_smaller_magnitude(dtype):
     payload, _ = U8bit().compress(x, "w")
     assert payload[1][1:].tolist() == list(range(127))
     assert payload[1][1:].tolist() == U8bitReference().compress(x, "w")[0][1][1:].tolist()
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+def test_the_compiled_passes_give_the_torch_formulas_bits(dtype, threads, monkeypatch):
+    """The codes and the decoded values of the compiled loops equal the tensor formulas other devices
+    run, bit for bit, on one thread and by blocks on two: signed zeros, values on and beside every
+    midpoint, subnormals, and the scales that make every ratio non-finite (zero, inf, NaN)."""
+    monkeypatch.setattr(compiled, "PER_THREAD", 1)  # several blocks on two threads at this size
+    table = dynamic_tree_table()
+    midpoints = torch.tensor([float((a + b) / 2) for a, b in zip(table, table[1:], strict=False)],
+                             dtype=torch.float64).to(dtype)
+    beside = torch.cat([midpoints, torch.nextafter(midpoints, torch.ones_like(midpoints)),
+                        torch.nextafter(midpoints, torch.zeros_like(midpoints))])
+    special = torch.tensor([0.0, -0.0, 1.0, -1.0, torch.finfo(dtype).tiny / 4], dtype=dtype)
+    x = torch.cat([beside, -beside, special, torch.randn(3 * compiled.BLOCK + 7, dtype=dtype)])
+    table_values = torch.tensor([float(t) for t in table], dtype=torch.float64).to(dtype)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        for scale in (torch.tensor(1.0, dtype=dtype), x.abs().amax(), torch.tensor(0.0, dtype=dtype),
+                      torch.tensor(float("inf"), dtype=dtype), torch.tensor(float("nan"), dtype=dtype)):
+            codes = u8bit_passes.codes(x, scale, midpoints)
+            assert torch.equal(codes, u8bit_passes.codes_reference(x, scale, midpoints)), scale
+            values = u8bit_passes.decoded(codes, scale, table_values)
+            reference = u8bit_passes.decoded_reference(codes, scale, table_values)
+            assert values.view(-1).numpy().tobytes() == reference.numpy().tobytes(), scale
+    finally:
+        torch.set_num_threads(before)

@@ -31,6 +31,7 @@ from grace_legacy.compressors.kernels import (
     sign_passes,
     terngrad_passes,
     threshold_passes,
+    u8bit_passes,
 )
 
 #: The dtypes the compiled loops take (half precisions are converted before a pass, or go the tensor way).
@@ -65,6 +66,9 @@ def every_pass(dtype: torch.dtype = torch.float32) -> None:
             threshold_passes.entries_at_or_above(x, 2.0, torch.int32)
             q = products.matrix_times(matrix, torch.randn(200, 4, generator=generator, dtype=dtype))
             products.times_transposed(q, products.transposed_times(q, matrix).t())
+            midpoints = torch.linspace(0.01, 0.99, 127, dtype=dtype)
+            codes = u8bit_passes.codes(x, x.abs().amax(), midpoints)
+            u8bit_passes.decoded(codes, x.abs().amax(), torch.linspace(0, 1, 128, dtype=dtype))
             flat = x.numpy()
             accumulating.bins_pass(np.zeros_like(flat), flat, 50, np.int32)
             accumulating.variance_pass(np.zeros_like(flat), np.zeros_like(flat), flat, flat * flat, 2.0, 0.999,
