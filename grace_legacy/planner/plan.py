@@ -1,7 +1,7 @@
 """What a compression set-up will put on the links, before training: per phase and size group, the
 tensors, their elements, the parameter value, the routes a :class:`~grace_legacy.Grace` bundle takes
 at a number of workers, the link bytes per step against a dense ring allreduce's, and the wire
-volume over the run; the same over 4 to 1024 workers; an alpha-beta estimate of the link time.
+volume over the run.
 
 **Link bytes** are :mod:`grace_legacy.runtime.traffic`'s: what the collectives put on one rank's
 link with bandwidth-optimal algorithms. For ``P`` workers and one tensor of ``D`` dense bytes:
@@ -25,23 +25,11 @@ over the tensors in reverse registration order (the order the optimizer and the 
 the step, bit for bit when the tensors finish in arrival order, and :attr:`Plan.volume` is
 ``stats["volume"]`` over the run (with one worker nothing crosses a link and, as in the stats, the
 volume is the ratio of the bytes handed to the collectives to the dense bytes).
-
-**Link time** (:func:`link_time`), the alpha-beta model of the same algorithms: a collective of
-``s`` sequential steps costs ``alpha * s`` and each rank's link carries its link bytes at
-``bandwidth``: ``T = alpha * sum(steps) + link bytes / bandwidth``. The steps are those of the
-algorithms whose link bytes are counted, so that both terms describe one algorithm: a ring
-allreduce ``2 (P - 1)`` (reduce-scatter then allgather, ``P - 1`` each), a ring allgather
-``P - 1``, a pairwise all-to-all ``P - 1``. A flight (a fused bucket, or a tensor alone) runs one
-allgather for its gathered payloads, one allreduce per dtype and round for its summed ones, and an
-all-to-all then an allgather for its scatter-gathered ones; collectives run one after another, and
-nothing overlaps the backward pass. At large ``P`` the ring's latency term is pessimistic: libraries
-switch to trees or recursive doubling (``log2 P`` steps, more bytes), which this model leaves out.
 """
 
 from __future__ import annotations
 
 import importlib
-import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -469,195 +457,3 @@ def plan(compression: Compressor, shapes: Iterable[Any], *, world_size: int | No
     return Plan(cells, schedule.phase_weights() if schedule else [1.0],
                 _group_labels(schedule.splits if schedule else []), _phase_labels(schedule),
                 parameter.name if parameter else "-", world_size, bucket_bytes, tensors, collectives)
-
-
-# -- over worker counts, and the link time --------------------------------------------------------
-
-def routes_for(compression: Compressor) -> list[str]:
-    """The routes :func:`plan` can force for ``compression`` (besides ``"dense"``): an allreduce
-    for an additive payload, a gather and a scatter-gather for a single-round one."""
-    out = ["allreduce"] if compression.additive else []
-    return out + (["allgather", "scattergather"] if compression.rounds == 1 else [])
-
-
-@dataclass(frozen=True)
-class Scaling:
-    """One worker count: the default bundle's plan (``chosen``), the byte-optimal one
-    (``Grace(communicator="auto")``'s), and the volume with every compressed tensor on each route
-    alone (no dense fallback), per :func:`routes_for` route."""
-
-    world_size: int
-    chosen: Plan
-    auto: Plan
-    forced: dict[str, Plan]
-
-
-def scaling(compression: Compressor, shapes: Iterable[Any], worker_counts: Iterable[int] = WORKER_COUNTS,
-            **options: Any) -> list[Scaling]:
-    """:func:`plan` at each of ``worker_counts``: the default bundle's choice, the byte-optimal
-    one and each route alone (``options``: ``dtype``, ``bucket_bytes``)."""
-    shapes = list(shapes)
-    out = []
-    for world_size in worker_counts:
-        chosen = plan(compression, shapes, world_size=world_size, **options)
-        auto = plan(compression, shapes, world_size=world_size, route=AUTO, **options)
-        forced = {route: plan(compression, shapes, world_size=world_size, route=route, dense_fallback=False,
-                              **options) for route in routes_for(compression)}
-        out.append(Scaling(world_size, chosen, auto, forced))
-    return out
-
-
-def collective_steps(kind: str, world_size: int) -> int:
-    """Sequential steps of one collective among ``world_size`` ranks: a ring allreduce
-    ``2 (P - 1)``, a ring allgather and a pairwise all-to-all ``P - 1``."""
-    if world_size < 2:
-        return 0
-    return (2 if kind == "allreduce" else 1) * (world_size - 1)
-
-
-@dataclass(frozen=True)
-class LinkTime:
-    """The alpha-beta estimate of one step's communication (means over the run's phases)."""
-
-    collectives: float
-    steps: float
-    latency_s: float
-    transfer_s: float
-
-    @property
-    def total_s(self) -> float:
-        return self.latency_s + self.transfer_s
-
-
-def link_time(result: Plan, bandwidth: float, latency: float) -> LinkTime:
-    """``latency * steps + link bytes / bandwidth`` per step (``bandwidth`` in bytes per second of
-    each rank's link, ``latency`` in seconds per step of a collective), weighted over the phases."""
-    if not (isinstance(bandwidth, (int, float)) and math.isfinite(bandwidth) and bandwidth > 0):
-        raise ValueError(f"link_time: bandwidth must be a finite number of bytes per second > 0, got {bandwidth!r}")
-    if not (isinstance(latency, (int, float)) and math.isfinite(latency) and latency >= 0):
-        raise ValueError(f"link_time: latency must be a finite number of seconds >= 0, got {latency!r}")
-    collectives = steps = transfer = 0.0
-    for phase, weight in enumerate(result.phase_weights):
-        counts = result.collectives[phase]
-        collectives += weight * sum(counts.values())
-        steps += weight * sum(n * collective_steps(kind, result.world_size) for kind, n in counts.items())
-        transfer += weight * sum(t.link_bytes for t in result.tensors[phase]) / bandwidth
-    return LinkTime(collectives, steps, latency * steps, transfer)
-
-
-# -- text and pictures ---------------------------------------------------------------------------
-
-def _show_knob(cell: Cell, knob_name: str) -> str:
-    value = cell.parameter
-    if knob_name == "-":  # a compressor without a parameter
-        return "-"
-    if value is None:
-        return "dense"
-    text = f"{value:.4g} ({value * 100:.4g}%)" if knob_name == "ratio" else f"{value:g}"
-    return text + ("*" if cell.fallback else "")
-
-
-def _bytes(n: float) -> str:
-    return f"{round(n):,}"
-
-
-def _mix(routes: Iterable[tuple[str, int]]) -> str:
-    return ", ".join(f"{route} {count}" for route, count in routes)
-
-
-def format_plan(result: Plan) -> str:
-    """The table, one row per phase and size group with the routes its tensors take, a total per
-    phase, and the last line ``expected volume X%`` (the wire volume at ``result.world_size``)."""
-    header = (f"{'phase':<18} {'size group':<22} {'tensors':>7} {'elements':>12} {result.knob_name:>20} "
-              f"{'link bytes/step':>16} {'dense link':>16} {'volume':>8}  routes")
-    lines = [header, "-" * len(header)]
-    for phase, label in enumerate(result.phase_labels):
-        cells = [c for c in result.cells if c.phase == phase]
-        for cell in cells:
-            lines.append(f"{label:<18} {result.group_labels[cell.group]:<22} {cell.tensors:>7} "
-                         f"{cell.elements:>12,} {_show_knob(cell, result.knob_name):>20} "
-                         f"{_bytes(cell.link_bytes):>16} {_bytes(cell.link_dense):>16} {cell.volume:>8.2%}  "
-                         f"{_mix(cell.routes)}")
-        link, dense = result.phase_totals(phase)
-        share = result.phase_weights[phase]
-        routes = Counter()
-        for cell in cells:
-            routes.update(dict(cell.routes))
-        lines.append(f"{label:<18} {'all (' + format(share, '.0%') + ' of run)':<22} "
-                     f"{sum(c.tensors for c in cells):>7} {sum(c.elements for c in cells):>12,} {'':>20} "
-                     f"{_bytes(link):>16} {_bytes(dense):>16} {link / dense if dense else 0:>8.2%}  "
-                     f"{_mix(sorted(routes.items()))}")
-    if any(c.fallback for c in result.cells):
-        lines.append("* dense-fallback: sent dense, as no compressed route would move fewer link bytes")
-    if result.world_size == 1:
-        lines.append("one worker: nothing crosses a link; bytes handed to the collectives against the dense bytes")
-    lines.append(f"expected volume {result.volume:.2%}")
-    return "\n".join(lines)
-
-
-def format_scaling(rows: Sequence[Scaling]) -> str:
-    """One line per worker count: the wire volume of each route alone, of the default bundle's
-    choice and of the byte-optimal one (``communicator="auto"``), side by side, and their routes."""
-    routes = list(rows[0].forced)
-    header = (f"{'workers':>7} " + " ".join(f"{r:>13}" for r in routes)
-              + f" {'default':>9} {'auto':>9}  default routes | auto routes")
-    lines = [header, "-" * len(header)]
-    for row in rows:
-        auto_mix = "same" if row.auto.route_mix() == row.chosen.route_mix() else row.auto.route_mix()
-        lines.append(f"{row.world_size:>7} " + " ".join(f"{row.forced[r].volume:>13.2%}" for r in routes)
-                     + f" {row.chosen.volume:>9.2%} {row.auto.volume:>9.2%}  {row.chosen.route_mix()} | {auto_mix}")
-    return "\n".join(lines)
-
-
-def format_link_times(routes: dict[str, Plan], bandwidth: float, latency: float) -> str:
-    """The alpha-beta estimate of each route's communication time per step (see the module
-    docstring): ``routes`` maps a label (``dense``, ``allgather``, ``chosen``...) to its plan."""
-    world_size = next(iter(routes.values())).world_size
-    lines = [f"link time per step at {world_size} workers, {bandwidth:.6g} bytes/s per link, "
-             f"{latency:.6g} s per collective step (ring allreduce 2(P-1) steps, allgather and all-to-all P-1):"]
-    header = (f"{'route':<14} {'collectives':>11} {'steps':>9} {'link bytes':>16} {'latency s':>11} "
-              f"{'transfer s':>11} {'total s':>11}")
-    lines += [header, "-" * len(header)]
-    for label, result in routes.items():
-        time = link_time(result, bandwidth, latency)
-        link = sum(w * result.phase_totals(p)[0] for p, w in enumerate(result.phase_weights))
-        lines.append(f"{label:<14} {time.collectives:>11.4g} {time.steps:>9.6g} {_bytes(link):>16} "
-                     f"{time.latency_s:>11.4g} {time.transfer_s:>11.4g} {time.total_s:>11.4g}")
-    return "\n".join(lines)
-
-
-def plot_scaling(rows: Sequence[Scaling], path: str, title: str = "", mark: int | None = None) -> None:
-    """Wire volume against the number of workers (log x), per route alone and for the bundle's
-    choice, beside dense (1), with a line at ``mark`` workers; saved as PNG."""
-    import matplotlib  # an optional dependency (the `examples` extra), needed only for --plot
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import PercentFormatter
-
-    workers = [row.world_size for row in rows]
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    # The bundle's choices first, wide and pale, so that the routes they follow show through.
-    ax.plot(workers, [row.chosen.volume for row in rows], color="black", linewidth=6, alpha=0.25,
-            label="default bundle")
-    ax.plot(workers, [row.auto.volume for row in rows], color="tab:purple", linewidth=6, alpha=0.2,
-            label="communicator='auto'")
-    ax.plot(workers, [1.0] * len(workers), color="gray", linestyle="--", label="dense allreduce")
-    for route in rows[0].forced:
-        ax.plot(workers, [row.forced[route].volume for row in rows], marker="o", markersize=4,
-                label=f"{route} alone")
-    if mark is not None:
-        ax.axvline(mark, color="gray", linewidth=0.8, linestyle=":")
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.yaxis.set_major_formatter(PercentFormatter(1.0, decimals=None))
-    ax.set_xticks(workers, [str(w) for w in workers])
-    ax.set_xlabel("workers")
-    ax.set_ylabel("wire volume (link bytes / dense ring allreduce)")
-    if title:
-        ax.set_title(title, fontsize=9)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
