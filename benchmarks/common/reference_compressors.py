@@ -121,6 +121,29 @@ class QSGD(Reference):
         return (norm / self.levels * code.float()).view(ctx)
 
 
+class U8bit(Reference):
+    """Dettmers' 8-bit approximation as GRACE's ``u8bit`` makes it (a scale, then each ratio's bin among
+    128 sorted values by a binary search, and a gather back), over the dynamic tree's midpoints."""
+
+    def __init__(self) -> None:
+        from grace_legacy.compressors.u8bit import dynamic_tree_table
+
+        table = dynamic_tree_table()
+        self.table = torch.tensor([float(t) for t in table])
+        self.midpoints = torch.tensor([float((a + b) / 2) for a, b in zip(table, table[1:], strict=False)])
+
+    def compress(self, tensor, name):
+        scale = tensor.abs().max()
+        midpoints = self.midpoints.to(tensor.device)
+        codes = torch.searchsorted(midpoints, (tensor.abs() / scale).reshape(-1)).to(torch.uint8)
+        return [codes | ((tensor.reshape(-1) < 0).to(torch.uint8) << 7), scale], tensor.shape
+
+    def decompress(self, payload, ctx):
+        codes, scale = payload
+        magnitude = self.table.to(codes.device)[(codes & 127).long()] * scale
+        return torch.where(codes >= 128, -magnitude, magnitude).view(ctx)
+
+
 class TernGrad(Reference):
     def compress(self, tensor, name):
         std = torch.sqrt(torch.mean((tensor - tensor.mean()) ** 2))

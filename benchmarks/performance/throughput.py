@@ -133,6 +133,7 @@ def cases(quick: bool) -> list[tuple[str, Callable, Callable]]:
         ("QSGD 16 levels", lambda: gl.QSGD(16), lambda: ref.QSGD(16)),
         ("TernGrad", gl.TernGrad, ref.TernGrad),
         ("Natural", gl.Natural, ref.Natural),
+        ("U8bit", gl.U8bit, ref.U8bit),
         ("SignSGD", gl.SignSGD, ref.SignSGD),
         ("Signum", gl.Signum, ref.Signum),
         ("EFSignSGD", lambda: gl.EFSignSGD(lr=0.1), ref.EFSignSGD),
