@@ -30,6 +30,7 @@ from pathlib import Path
 
 from benchmarks.common.limited_link import reproducing_options
 from benchmarks.common.report import REPO, RESULTS, load_average, machine
+from benchmarks.common.worker_exit import end_worker
 
 #: The compressions run (names of the example's ``--compression``), dense first.
 COMPRESSIONS = ("dense", "qsgd", "u8bit", "topk-ef", "legacy-topk-ef")
@@ -67,7 +68,7 @@ def worker(args: argparse.Namespace) -> None:
     link = (read_link() - before).as_dict(header_bytes())
     result["link"] = link
     Path(args.json).with_name(f"{args.compression}-rank{dist.get_rank()}.json").write_text(json.dumps(result))
-    dist.destroy_process_group()
+    end_worker()  # FSDP2's own Gloo collectives can abort a finalizing interpreter
 
 
 def launch(args: argparse.Namespace) -> dict:

@@ -1,4 +1,5 @@
-"""How a torchrun benchmark worker that runs PyTorch's own DDP allreduce or hooks ends.
+"""How a torchrun benchmark worker that runs PyTorch's own collectives (DDP's allreduce and hooks, FSDP2's
+all-gathers) ends.
 
 Those keep a hazard at exit that grace_legacy's backends lend their way around
 (docs/DESIGN.md#clean-exit): a Gloo worker thread that lets go of a finished collective while the

@@ -40,6 +40,7 @@ from typing import Any
 
 from benchmarks.common import limited_link
 from benchmarks.common.limited_link import COMPUTE, interleave, label, plan_steps, request_rate, timed_on_link
+from benchmarks.common.worker_exit import end_worker
 
 WORKERS = (4, 8)
 QUICK_WORKERS = (2,)
@@ -170,7 +171,7 @@ def worker(args: argparse.Namespace) -> None:
         results["models"][model] = record
     if rank == 0:
         Path(args.json).write_text(json.dumps(results))
-    dist.destroy_process_group()
+    end_worker()  # FSDP2's own Gloo collectives can abort a finalizing interpreter
 
 
 def launch(args: argparse.Namespace) -> dict:
