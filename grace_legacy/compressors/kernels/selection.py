@@ -38,7 +38,7 @@ SMALL = 1 << 15
 #: Positions sampled for the estimate: the candidates stay a small multiple of ``k`` down to
 #: density 0.001, at no cost next to one pass.
 SAMPLES = 4096
-#: Consecutive entries per sampled run (see :func:`sample_positions`).
+#: Consecutive entries per sampled run (see :func:`_sample_positions`).
 SAMPLE_RUN = 16
 #: Standard deviations of the sampled count by which the estimate is set low.
 MARGIN_SIGMAS = 3.0
@@ -75,7 +75,7 @@ def estimate_order(k: int, samples: int, numel: int) -> int:
 
 
 @functools.lru_cache(maxsize=512)
-def sample_positions(numel: int) -> np.ndarray:
+def _sample_positions(numel: int) -> np.ndarray:
     """Fixed pseudo-random positions for tensors of ``numel >= SAMPLE_RUN`` entries, a function of
     ``numel`` alone (deterministic, no global RNG), in runs of :data:`SAMPLE_RUN` consecutive
     entries at random places (docs/DESIGN.md#top-k-selection)."""
@@ -83,6 +83,13 @@ def sample_positions(numel: int) -> np.ndarray:
     positions = (starts[:, None] + np.arange(SAMPLE_RUN)).reshape(-1)
     positions.flags.writeable = False
     return positions
+
+
+def sampled_magnitudes(bits: np.ndarray, mask: int) -> np.ndarray:
+    """The magnitudes (``bits & mask``) at the :data:`SAMPLES` fixed positions of a 1-D array of at
+    least :data:`SAMPLE_RUN` entries: what Top-k estimates its threshold from, and Threshold how
+    many entries it keeps."""
+    return np.bitwise_and(bits[_sample_positions(bits.size)], mask)
 
 
 def magnitude_bits(flat: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -105,7 +112,7 @@ def top_k_indices(flat: torch.Tensor, k: int) -> torch.Tensor:
         return _plain_top_k(flat, k)
     if paths.cpu_path(flat):
         bits, mask = magnitude_bits(flat)
-        sampled = np.bitwise_and(bits.numpy()[sample_positions(numel)], mask)
+        sampled = sampled_magnitudes(bits.numpy(), mask)
         r = estimate_order(k, SAMPLES, numel)
         if r >= SAMPLES:
             return _plain_top_k(flat, k)
@@ -149,7 +156,7 @@ def _top_k_indices_torch(flat: torch.Tensor, k: int) -> torch.Tensor:
         return _plain_top_k(flat, k)
     r = estimate_order(k, SAMPLES, numel)
     magnitudes = flat.abs()
-    sample = torch.tensor(sample_positions(numel), device=flat.device)
+    sample = torch.tensor(_sample_positions(numel), device=flat.device)
     threshold = torch.topk(magnitudes[sample], r, sorted=False).values.min()
     return _select_torch(magnitudes, k, threshold)
 

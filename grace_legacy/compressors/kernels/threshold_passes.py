@@ -29,7 +29,7 @@ from grace_legacy.compressors.kernels.selection import (
     SPARSE_BLOCKS,
     SUB_BLOCK,
     magnitude_bits,
-    sample_positions,
+    sampled_magnitudes,
 )
 from grace_legacy.runtime import paths
 
@@ -119,7 +119,7 @@ def _looks_sparse(bits: np.ndarray, mask: int, lower: int, upper: int) -> bool:
     at Top-k's sampled positions (only the pass's speed depends on the answer)."""
     if bits.size < SAMPLES:
         return False
-    sampled = np.bitwise_and(bits[sample_positions(bits.size)], mask)
+    sampled = sampled_magnitudes(bits, mask)
     hits = np.count_nonzero((sampled >= lower) & (sampled <= upper))
     return hits * SPARSE_BLOCKS < SAMPLES
 
