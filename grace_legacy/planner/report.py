@@ -72,8 +72,9 @@ def format_scaling(rows: Sequence[Scaling]) -> str:
 
 
 def format_link_times(routes: dict[str, Plan], bandwidth: float, latency: float) -> str:
-    """The alpha-beta estimate of each route's communication time per step (see the module
-    docstring): ``routes`` maps a label (``dense``, ``allgather``, ``chosen``...) to its plan."""
+    """The alpha-beta estimate of each route's communication time per step
+    (:mod:`grace_legacy.planner.timing`): ``routes`` maps a label (``dense``, ``allgather``,
+    ``chosen``...) to its plan."""
     world_size = next(iter(routes.values())).world_size
     lines = [f"link time per step at {world_size} workers, {bandwidth:.6g} bytes/s per link, "
              f"{latency:.6g} s per collective step (ring allreduce 2(P-1) steps, allgather and all-to-all P-1):"]
