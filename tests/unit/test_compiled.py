@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numba
 import numpy as np
+import torch
 import pytest
 from numba.core.dispatcher import Dispatcher
 
@@ -78,3 +79,14 @@ def test_without_a_folder_to_cache_in_a_loop_compiles_uncached(monkeypatch):
 def test_warming_refuses_a_dtype_the_loops_do_not_take():
     with pytest.raises(SystemExit, match="dtypes must be among .*'float16'"):
         warm.main(["float32", "float16"])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32, np.int64, np.uint16])
+def test_outputs_come_from_torchs_allocator_in_the_dtype_asked(dtype):
+    # numpy advises huge pages for large arrays; torch's allocator does not (compiled.empty).
+    out = compiled.empty(1 << 21, dtype)
+    assert out.dtype == dtype and out.shape == (1 << 21,) and isinstance(out.base, torch.Tensor)
+    source = np.arange(5).astype(dtype)
+    copied = compiled.copy(source[1:4])
+    assert np.array_equal(copied, source[1:4]) and isinstance(copied.base, torch.Tensor)
+    assert not np.shares_memory(copied, source)

@@ -111,7 +111,7 @@ def _gather_blocks(values, positions, block, counts, out_values, out_positions):
 def _entries(values: np.ndarray, positions: np.ndarray, found: int) -> tuple[np.ndarray, np.ndarray]:
     """The first ``found`` entries, copied out of the tensor-long outputs when they are few."""
     if 2 * found < values.size:
-        return values[:found].copy(), positions[:found].copy()
+        return _compiled.copy(values[:found]), _compiled.copy(positions[:found])
     return values[:found], positions[:found]
 
 
@@ -121,7 +121,7 @@ def _blocked(run_blocks, values: np.ndarray, positions: np.ndarray, block: int) 
     with _compiled.launched(_compiled.threads_for(values.size)):
         run_blocks(block, counts)
     total = int(counts.sum())
-    out_values, out_positions = np.empty(total, values.dtype), np.empty(total, positions.dtype)
+    out_values, out_positions = _compiled.empty(total, values.dtype), _compiled.empty(total, positions.dtype)
     _gather_blocks(values, positions, block, counts, out_values, out_positions)
     return out_values, out_positions
 
@@ -130,7 +130,8 @@ def bins_pass(residue: np.ndarray, grad: np.ndarray, bin_size: int,
               index_dtype: np.dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """AdaComp's pass over 1-D arrays of one dtype: ``(values, positions, next residue)``."""
     n = residue.size
-    values, positions, kept = np.empty(n, residue.dtype), np.empty(n, index_dtype), np.empty(n, residue.dtype)
+    values, positions = _compiled.empty(n, residue.dtype), _compiled.empty(n, index_dtype)
+    kept = _compiled.empty(n, residue.dtype)
     if _compiled.threads_for(n) == 1:
         found = _bins_range(residue, grad, bin_size, values, positions, kept, 0, n)
         return (*_entries(values, positions, found), kept)
@@ -146,8 +147,8 @@ def variance_pass(r: np.ndarray, v: np.ndarray, grad: np.ndarray, moment: np.nda
     ``alpha`` and ``ksi`` are rounded to that dtype first, as a tensor formula rounds them."""
     n = r.size
     alpha, ksi = r.dtype.type(alpha), r.dtype.type(ksi)
-    values, positions = np.empty(n, r.dtype), np.empty(n, index_dtype)
-    kept_r, kept_v = np.empty(n, r.dtype), np.empty(n, r.dtype)
+    values, positions = _compiled.empty(n, r.dtype), _compiled.empty(n, index_dtype)
+    kept_r, kept_v = _compiled.empty(n, r.dtype), _compiled.empty(n, r.dtype)
     if _compiled.threads_for(n) == 1:
         found = _variance_range(r, v, grad, moment, alpha, ksi, values, positions, kept_r, kept_v, 0, n)
         return (*_entries(values, positions, found), kept_r, kept_v)

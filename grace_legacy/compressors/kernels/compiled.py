@@ -31,6 +31,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import numba
+import numpy as np
 import torch
 from numba.extending import overload
 
@@ -96,6 +97,27 @@ def is_single(x: Any) -> bool:  # pragma: no cover - replaced in compiled code
 def _is_single_compiled(x):  # pragma: no cover - compiled
     single = x.dtype.bitwidth == 32
     return lambda x: single
+
+
+def empty(size: int, dtype: np.dtype | type) -> np.ndarray:
+    """An uninitialized 1-D array of ``size`` elements, from torch's allocator. numpy's own asks the
+    kernel for huge pages for every large array (``madvise``); where memory is fragmented, the
+    first touch of each then waits for the kernel to compact memory, which made a pass that writes
+    a tensor-long output several times slower for the first steps and uneven after. A pass's
+    outputs become tensors anyway (``torch.from_numpy`` shares this memory)."""
+    return torch.empty(size, dtype=_torch_dtype(np.dtype(dtype))).numpy()
+
+
+def copy(array: np.ndarray) -> np.ndarray:
+    """A copy of the 1-D ``array`` in memory from :func:`empty`."""
+    out = empty(array.size, array.dtype)
+    out[...] = array
+    return out
+
+
+@functools.cache
+def _torch_dtype(dtype: np.dtype) -> torch.dtype:
+    return torch.from_numpy(np.empty(0, dtype)).dtype
 
 
 #: Whether this process is a fork's child: its passes run on one thread (see :func:`threads_for`).

@@ -222,7 +222,7 @@ def candidates_at_or_above(bits: np.ndarray, mask: int, lower: int, expected: in
     sparse = expected * SPARSE_BLOCKS < bits.size
 
     def room_for(count):
-        return np.empty(count, dtype=np.int64), np.empty(count, dtype=bits.dtype)
+        return compiled.empty(count, np.int64), compiled.empty(count, bits.dtype)
 
     def scan(positions, magnitudes):
         return compiled.run(_candidates, _candidates_parallel, bits.size, bits, mask, lower, positions, magnitudes,
@@ -236,7 +236,7 @@ def candidates_at_or_above(bits: np.ndarray, mask: int, lower: int, expected: in
         positions, magnitudes = room_for(found)
         scan(positions, magnitudes)
     if 2 * found < positions.size:
-        return positions[:found].copy(), magnitudes[:found].copy()
+        return compiled.copy(positions[:found]), compiled.copy(magnitudes[:found])
     return positions[:found], magnitudes[:found]
 
 
@@ -248,7 +248,7 @@ def largest(positions: np.ndarray, magnitudes: np.ndarray, k: int) -> np.ndarray
     if not 1 <= k <= positions.size or positions.size != magnitudes.size:
         raise ValueError(f"largest: need 1 <= k <= {positions.size} and as many magnitudes as "
                          f"positions, got k={k} and {magnitudes.size} magnitudes")
-    out = np.empty(k, dtype=np.int64)
+    out = compiled.empty(k, np.int64)
     _largest(positions, magnitudes, k, BINS, out)
     return out
 

@@ -88,17 +88,17 @@ def entries_in_range(bits: np.ndarray, mask: int, lower: int, upper: int,
         # Few entries, by the sampled positions Top-k estimates from: counted first (a vectorized
         # read), then only the sub-blocks that hold one are read again, into outputs of the exact size.
         found = _count_in_range(bits, mask, lower, upper, 0, bits.size)
-        positions, kept = np.empty(found, dtype=index_dtype), np.empty(found, dtype=bits.dtype)
+        positions, kept = compiled.empty(found, index_dtype), compiled.empty(found, bits.dtype)
         _write_in_range_sparse(bits, mask, lower, upper, positions, kept, 0, 0, bits.size)
         return kept, positions
     if threads == 1:
         # Every entry is written at the next free slot whatever the test says, so both outputs are
-        # bits.size long; untouched pages of np.empty cost nothing, and a small result is copied out.
-        positions = np.empty(bits.size, dtype=index_dtype)
-        kept = np.empty(bits.size, dtype=bits.dtype)
+        # bits.size long; untouched pages cost nothing, and a small result is copied out.
+        positions = compiled.empty(bits.size, index_dtype)
+        kept = compiled.empty(bits.size, bits.dtype)
         found = _in_range(bits, mask, lower, upper, positions, kept)
         if 2 * found < bits.size:
-            return kept[:found].copy(), positions[:found].copy()
+            return compiled.copy(kept[:found]), compiled.copy(positions[:found])
         return kept[:found], positions[:found]
     # On several threads: each block's entries counted first (a vectorized read), then written at
     # the block's offset in outputs of the exact size; no copy afterwards, whatever the fraction kept.
@@ -107,7 +107,7 @@ def entries_in_range(bits: np.ndarray, mask: int, lower: int, upper: int,
         _count_in_range_parallel(bits, mask, lower, upper, counts)
         offsets = np.cumsum(counts) - counts
         found = int(counts.sum())
-        positions, kept = np.empty(found, dtype=index_dtype), np.empty(found, dtype=bits.dtype)
+        positions, kept = compiled.empty(found, index_dtype), compiled.empty(found, bits.dtype)
         # Few entries: only the sub-blocks that hold one are read twice (the rule of the candidates).
         sparse = found * SPARSE_BLOCKS < bits.size
         _write_in_range_parallel(bits, mask, lower, upper, positions, kept, offsets, counts, sparse)
