@@ -18,7 +18,6 @@ compressors, schedules and ``Grace`` bundles when Horovod is installed (see
 whose ``uninstall()`` undoes that). Without Horovod everything else works.
 """
 
-import warnings
 
 from grace_legacy import communicators, compressors, memories, schedules
 from grace_legacy.communicators import *  # noqa: F403  (each subpackage's __all__ is public)
@@ -31,6 +30,7 @@ from grace_legacy.core import Memory as Memory
 from grace_legacy.core import Parcel as Parcel
 from grace_legacy.core import Pending as Pending
 from grace_legacy.core import ScheduledParameter as ScheduledParameter
+from grace_legacy.core import Traits as Traits
 from grace_legacy.grace import Grace as Grace
 from grace_legacy.helper import grace_from_params as grace_from_params
 from grace_legacy.memories import *  # noqa: F403
@@ -54,19 +54,9 @@ else:
 
 __version__ = "0.1.0"
 
-#: Public names of earlier releases: still importable, with a ``DeprecationWarning``.
-_EARLIER_NAMES = {"Knob": ("ScheduledParameter", ScheduledParameter), "KnobSchedule": ("Schedule", schedules.Schedule)}
-
-
-def __getattr__(name: str) -> object:
-    if name in _EARLIER_NAMES:
-        new, value = _EARLIER_NAMES[name]
-        warnings.warn(f"grace_legacy.{name} is called grace_legacy.{new} now", DeprecationWarning, stacklevel=2)
-        return value
-    raise AttributeError(f"module 'grace_legacy' has no attribute {name!r}")
-
 __all__ = sorted([
     "Backend", "Communicator", "Compressor", "Grace", "ScheduledParameter", "LegacyCompressor", "Memory", "Parcel",
+    "Traits",
     "Pending",
     "RanksDisagree", "RanksStalled", "grace_from_params", *_HOROVOD_NAMES,
     *communicators.__all__, *compressors.__all__, *memories.__all__, *schedules.__all__,

@@ -95,7 +95,7 @@ class Grace:
         #: for a compressor that is paired with error feedback of its own (a biased one)
         self.owner_memory: Memory | None = (None if isinstance(compressor.recommended_memory(), NoMemory)
                                             else Residual())
-        self.fusion = Fusion(checked_bucket_bytes(bucket_bytes, "Grace"), compressor.spans_step)
+        self.fusion = Fusion(checked_bucket_bytes(bucket_bytes, "Grace"), compressor.traits.spans_step)
         self.guard = StepGuard(compressor, self.memory, self.owner_memory, self.fusion.flat_of)
         self._routes: dict[tuple, str] = {}
         # Whether a caller's bucket (names, dtype, ranks) may go as one tensor.
@@ -209,7 +209,7 @@ class Grace:
         if whole is None:  # decided from what every rank shares: configuration, names, shapes, dtypes
             compressor = self.compressor
             whole = self._whole[key] = (
-                compressor.elementwise and self._schedule is None and type(self.memory) is NoMemory
+                compressor.traits.elementwise and self._schedule is None and type(self.memory) is NoMemory
                 and self.guard.flags_from_results and all(
                     t.numel() and compressor.compressor_for(t, n) is compressor
                     and self.route_of(compressor, t.shape, t.dtype, world_size) == "allreduce"
@@ -363,15 +363,15 @@ def _check_arguments(compressor: Compressor, memory: Memory | None, communicator
     if communicator is not None and not isinstance(communicator, Communicator):
         raise TypeError(f"Grace: communicator must be a grace_legacy Communicator, got {type(communicator).__name__}")
     compressor.check_ready()
-    if communicator is not None and not communicator.carries_non_additive and not compressor.additive:
+    if communicator is not None and not communicator.carries_non_additive and not compressor.traits.additive:
         raise ValueError(
             f"Grace: {communicator!r} sums payloads, but {compressor!r} sends a non-additive payload "
             f"(indices, signs or per-rank scales) that would be corrupted by summing; use Allgather() "
             f"or leave communicator=None")
-    if communicator is not None and communicator.compresses and compressor.rounds != 1:
-        raise ValueError(f"Grace: {communicator!r} cannot run {compressor!r}, which needs {compressor.rounds} "
+    if communicator is not None and communicator.compresses and compressor.traits.rounds != 1:
+        raise ValueError(f"Grace: {communicator!r} cannot run {compressor!r}, which needs {compressor.traits.rounds} "
                          f"allreduce rounds; leave communicator=None")
-    if communicator is not None and communicator.compresses and not compressor.shardable:
+    if communicator is not None and communicator.compresses and not compressor.traits.shardable:
         raise ValueError(f"Grace: {communicator!r} compresses shards of tensors, but {compressor!r} compresses "
                          f"whole tensors only; use Allgather() or leave communicator=None")
 

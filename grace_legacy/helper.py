@@ -249,7 +249,8 @@ def grace_from_params(params: Mapping[str, Any]) -> Grace:
     try:
         return Grace(compressor, memory, communicator)
     except ValueError as err:
-        if not isinstance(communicator, Communicator) or communicator.carries_non_additive or compressor.additive:
+        if (not isinstance(communicator, Communicator) or communicator.carries_non_additive
+                or compressor.traits.additive):
             raise ValueError(f"grace_from_params: {err}") from None
         raise ValueError(f"grace_from_params: {err}; in params, set 'communicator': 'allgather' or 'default' "
                          f"(GRACE's result: every rank's payload gathered), 'scattergather' (two-phase: owners "

@@ -30,7 +30,7 @@ class StepGuard:
         self.compressor, self.memory, self.owner_memory = compressor, memory, owner_memory
         self.flat_of: Mapping[str, str] = {} if flat_of is None else flat_of
         #: whether every rank's results show any rank's inf or NaN, so no flags need exchanging
-        self.flags_from_results = (compressor.delivers_nonfinite and memory.keeps_nonfinite
+        self.flags_from_results = (compressor.traits.delivers_nonfinite and memory.keeps_nonfinite
                                    and type(memory).aggregated is Memory.aggregated)
         # Per tensor of the step: the extremes looked at, all at once, in nonfinite_names.
         self._extremes: dict[str, list[torch.Tensor]] = {}

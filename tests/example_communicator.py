@@ -31,8 +31,9 @@ class Float64Sum(Communicator):
     def start_many(self, label: str, parcels: Sequence[Parcel], backend: Backend, average: bool,
                    into: torch.Tensor | None = None, pool: Any = None) -> None:
         for parcel in parcels:
-            if parcel.compressor.rounds != 1:
-                raise ValueError(f"Float64Sum sends one round; {parcel.compressor!r} needs {parcel.compressor.rounds}")
+            if parcel.compressor.traits.rounds != 1:
+                raise ValueError(f"Float64Sum sends one round; {parcel.compressor!r} needs "
+                                 f"{parcel.compressor.traits.rounds}")
             parcel.feed_back(parcel.payload, parcel.ctx)  # the last local payload, before it is sent
         parts = [part for parcel in parcels for part in parcel.payload]
         flat = torch.cat([part.reshape(-1).to(torch.float64) for part in parts])

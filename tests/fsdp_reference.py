@@ -26,6 +26,8 @@ from typing import Any
 
 import torch
 
+from grace_legacy.core.traits import Traits
+
 #: where a compressor leaves a parameter dense (its twin's ``compressor_for`` returned ``None``)
 RAW = None
 
@@ -75,7 +77,7 @@ def wire_bytes(spec: Sequence[tuple[int, torch.dtype]], header: bool) -> int:
 
 
 def goes_raw(compressor: Any, p: Param, world: int, dtype: torch.dtype) -> bool:
-    if not compressor.aggregates_by_mean:
+    if not compressor.traits.aggregates_by_mean:
         return False
     packed = raw = 0
     for owner in range(world):
@@ -84,7 +86,7 @@ def goes_raw(compressor: Any, p: Param, world: int, dtype: torch.dtype) -> bool:
             continue
         shape = torch.Size([rows, *p.shape[1:]])
         try:
-            packed += wire_bytes(compressor.payload_spec_for(shape, dtype), not compressor.uniform_payload)
+            packed += wire_bytes(compressor.payload_spec_for(shape, dtype), not compressor.traits.uniform_payload)
         except NotImplementedError:
             return False
         raw += wire_bytes([(shape.numel(), dtype)], False)
@@ -137,8 +139,7 @@ class Twin:
 class _Raw:
     """The raw values as a 'compressor' a memory learns from: nothing was dropped."""
 
-    lossless = True
-    sends_entries = False
+    traits = Traits(lossless=True)
 
     def decompress(self, payload, ctx):
         return payload[0]
@@ -148,7 +149,7 @@ def combine(decoded: list[torch.Tensor], compressor: Any, op: tuple[bool, float]
     """Owner's rule over every rank's decoded chunk, rank order (module docstring)."""
     average, factor = op
     world = len(decoded)
-    if compressor is not RAW and not compressor.aggregates_by_mean:
+    if compressor is not RAW and not compressor.traits.aggregates_by_mean:
         votes = sum(torch.sign(d).to(torch.int32) for d in decoded)
         scale = factor if average else factor * world
         return torch.sign(votes).to(decoded[0].dtype) * scale

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from grace_legacy import Compressor, Residual
+from grace_legacy.core.traits import Traits
 from tests import reference_arrays as arrays
 
 
@@ -64,7 +65,7 @@ class _Reference(Compressor):
 class BF16Reference(_Reference):
     """A cast to bfloat16 (round to nearest even), summed by an allreduce, cast back."""
 
-    additive = True
+    traits = Traits(additive=True)
 
     def compress(self, tensor, name):
         return [tensor.detach().clone().to(torch.bfloat16)], (tensor.shape, tensor.dtype)
@@ -106,8 +107,7 @@ class U8bitReference(_Reference):
     dtype, compared with the midpoints rounded to it, ties to the lower code); decoded
     ``sign T[c] s`` in the work dtype, rounded to the gradient's."""
 
-    uniform_payload = True
-    delivers_nonfinite = True
+    traits = Traits(delivers_nonfinite=True)
 
     def compress(self, tensor, name):
         table = dynamic_tree_magnitudes()
@@ -164,8 +164,7 @@ class SketchReference(_Reference):
     splits are at or below the value (NaN read as +inf), each bucket's mean summed in float64 in
     element order; ``[means, uint8 buckets]``."""
 
-    uniform_payload = True
-    delivers_nonfinite = True
+    traits = Traits(delivers_nonfinite=True)
 
     def __init__(self, quantiles: int) -> None:
         super().__init__()
@@ -215,8 +214,7 @@ class INCEPTIONNReference(_Reference):
     for ``E <= L + 14``, else full; the bits are ``floor(|x| / 2**L)`` with the sign, by exact
     fractions. Tags four to a byte, the first lowest; ``[tags, full, int16, int8]``."""
 
-    uniform_payload = False
-    delivers_nonfinite = True
+    traits = Traits(uniform_payload=False, delivers_nonfinite=True)
 
     def __init__(self, error_bound: float) -> None:
         super().__init__()
@@ -305,7 +303,7 @@ class AdaQReference(_Reference):
     ``max(1, floor(ratio m))``-th largest sampled magnitude, send every entry of the side at or
     above it; decoded to the side's mean (a float64 sum in entry order). ``[i or -1-i, [mu+, mu-]]``."""
 
-    uniform_payload = False
+    traits = Traits(uniform_payload=False)
 
     def __init__(self, ratio: float, seed: int = 0, sample_ratio: float = 0.01, min_samples: int = 128) -> None:
         super().__init__()

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from grace_legacy import NoMemory, Residual
+from grace_legacy.core.traits import Traits
 from tests.reference_compressors import _floats, _Reference, _round, _work
 
 
@@ -57,9 +58,7 @@ class GlobalTopKReference(_Entries):
     """The first ``k = max(1, floor(ratio * n))`` entries by magnitude (``ratio`` read as the
     decimal written), sent as they are."""
 
-    uniform_payload = True
-    delivers_nonfinite = True
-    sends_entries = True
+    traits = Traits(delivers_nonfinite=True, sends_entries=True)
 
     def __init__(self, ratio: float) -> None:
         super().__init__()
@@ -85,9 +84,7 @@ class CATReference(_Entries):
     maximiser over every ``m`` of ``S(T_m) / (c0 m + c1)``, ``S`` the float64 running sum of the
     squares in magnitude order (a NaN ratio counts as the largest)."""
 
-    uniform_payload = False
-    delivers_nonfinite = True
-    sends_entries = True
+    traits = Traits(uniform_payload=False, delivers_nonfinite=True, sends_entries=True)
 
     def __init__(self, c0: float = 1.0, c1: float = 60.0, packet_bits: int = 1460) -> None:
         super().__init__()
@@ -121,7 +118,7 @@ class AdaCompReference(_Entries):
     ``|H_i| >= max_bin |G_j|`` (nothing in a bin holding a NaN ``G``), as ``G_i`` rounded to the
     gradient's dtype, leaving ``G_i`` minus that value in the residue; ``G_i`` stays elsewhere."""
 
-    uniform_payload = False
+    traits = Traits(uniform_payload=False)
 
     def __init__(self, bin_size: int) -> None:
         super().__init__()
@@ -159,7 +156,7 @@ class VarianceReference(_Entries):
     ``r'^2 > alpha v'`` (``alpha`` rounded to the work dtype), as ``r'`` rounded to the gradient's
     dtype, leaving ``r'`` minus that value and ``v = 0``; elsewhere ``r = r'``, ``v = ksi v'``."""
 
-    uniform_payload = False
+    traits = Traits(uniform_payload=False)
 
     def __init__(self, alpha: float, ksi: float, moment) -> None:
         super().__init__()

@@ -33,10 +33,10 @@ def _routes_of(entry: Any) -> list[tuple[str, Any]]:
     one of those that compresses shards of tensors; each with the dense fallback on, so that the
     smallest tensors go dense."""
     compressor = entry.typical()
-    routes: list[tuple[str, Any]] = [("allreduce", None)] if compressor.additive else []
-    if compressor.rounds == 1:
+    routes: list[tuple[str, Any]] = [("allreduce", None)] if compressor.traits.additive else []
+    if compressor.traits.rounds == 1:
         routes += [("allgather", Allgather())]
-        if compressor.shardable:
+        if compressor.traits.shardable:
             routes += [("two-phase", ScatterGather())]
     return routes
 

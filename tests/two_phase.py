@@ -70,7 +70,7 @@ class _Segments:
 
     def __init__(self, compressor, shape: torch.Size, parts: list[tuple[int, int, list, object]]) -> None:
         self.compressor, self.shape, self.parts = compressor, shape, parts
-        self.lossless, self.sends_entries = compressor.lossless, compressor.sends_entries
+        self.traits = compressor.traits
 
     def decompress(self, payload, ctx) -> torch.Tensor:
         flat = torch.cat([self.compressor.decompress(p, c).reshape(-1) for _, _, p, c in self.parts])
@@ -115,7 +115,7 @@ class TwoPhase:
             compressor = self.compressors[owner]
             ctx = sent[owner][i][1]
             decoded = [compressor.decompress(sent[rank][i][0], ctx) for rank in range(world)]
-            if compressor.aggregates_by_mean:
+            if compressor.traits.aggregates_by_mean:
                 total = decoded[0].clone()
                 for d in decoded[1:]:
                     total += d

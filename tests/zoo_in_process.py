@@ -66,7 +66,7 @@ def predicted_packed_bytes(concrete, tensor: torch.Tensor) -> int | None:
         spec = concrete.payload_spec_for(tensor.shape, tensor.dtype)
     except NotImplementedError:
         return None
-    return wire.packed_size_of(spec, with_header=not concrete.uniform_payload)
+    return wire.packed_size_of(spec, with_header=not concrete.traits.uniform_payload)
 
 
 def gathered_goes_dense(packed_bytes: int, numel: int, world: int, element_size: int) -> bool:
@@ -89,8 +89,8 @@ def twin_step_sent(twin, memory, grad: torch.Tensor, name: str, communicator, de
     compensated = memory.compensate(grad, name)
     concrete = twin.compressor_for(compensated, name)
     route = "dense"
-    if concrete is not None and dense_fallback and concrete.aggregates_by_mean:
-        gathered = communicator.carries_non_additive if communicator is not None else not concrete.additive
+    if concrete is not None and dense_fallback and concrete.traits.aggregates_by_mean:
+        gathered = communicator.carries_non_additive if communicator is not None else not concrete.traits.additive
         packed = predicted_packed_bytes(concrete, compensated) if gathered else None
         if packed is not None and gathered_goes_dense(packed, grad.numel(), world, grad.element_size()):
             concrete, route = None, "dense-fallback"
@@ -99,10 +99,10 @@ def twin_step_sent(twin, memory, grad: torch.Tensor, name: str, communicator, de
         return compensated, compensated.numel() * compensated.element_size(), route, [compensated.dtype]
     payload, ctx = concrete.compress(compensated, name)
     memory.update(compensated, name, concrete, payload, ctx)
-    if concrete.additive and communicator is None:
+    if concrete.traits.additive and communicator is None:
         sent, route = sum(p.numel() * p.element_size() for p in payload), "allreduce"
     else:
-        sent = wire.packed_size(payload, with_header=not concrete.uniform_payload)
+        sent = wire.packed_size(payload, with_header=not concrete.traits.uniform_payload)
         route = communicator.route if communicator is not None else "allgather"
     return concrete.decompress(payload, ctx), sent, route, [p.dtype for p in payload if p.is_floating_point()]
 
@@ -136,7 +136,7 @@ def _rank(case: Case, backend: ThreadBackend, device: torch.device, steps: int, 
         results = {name: wait() for name, wait in pending.items()}
         twins = twin_contributions(lambda grad, name: twin_step_sent(
             twin, twin_memory, grad, name, communicator, getattr(compression, "dense_fallback", True), world),
-            local, compression.compressor.spans_step)
+            local, compression.compressor.traits.spans_step)
         for name in names:
             contribution, sent, route, dtypes = twins[name]
             expected_bytes += sent

@@ -82,7 +82,7 @@ def _dgc_warmup(run: Run) -> Grace:
     numels = [p.numel() for p in run.model.parameters()]
 
     def run_bytes(schedule: DGCWarmup | None, density: float) -> float:
-        parameters = [schedule.knob_at(e) for e in range(run.epochs)] if schedule else [density]
+        parameters = [schedule.value_at(e) for e in range(run.epochs)] if schedule else [density]
         return sum(bytes_sent(TopK(parameter), n, torch.float32, run.world_size)
                    for parameter in parameters for n in numels) / len(parameters)
 

@@ -334,7 +334,7 @@ def expected_volume(compressor: Compressor, model: nn.Module, epochs: int, world
     resolves it to at that epoch (:func:`link_bytes`), or the one ``route`` forces, the dense
     fallback counted; a fixed schedule's bytes depend only on shapes and progress."""
     tensors = [(name, p.detach()) for name, p in model.named_parameters()]
-    if compressor.spans_step:
+    if compressor.traits.spans_step:
         tensors = [("whole", torch.cat([p.reshape(-1) for _, p in tensors]))]
     sent = dense = 0.0
     for epoch in range(epochs):

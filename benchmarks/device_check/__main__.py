@@ -176,7 +176,7 @@ def same_payloads(stage: Stage, device: torch.device) -> None:
             with paths.device_path(device_path):
                 concrete = compressor.compressor_for(x, "w")
                 payload, ctx = concrete.compress(x, "w")
-                for _ in range(concrete.rounds - 1):
+                for _ in range(concrete.traits.rounds - 1):
                     payload, ctx = concrete.next_round(payload, ctx)
                 results.append([*payload, concrete.decompress(payload, ctx)])
         cpu, there = results

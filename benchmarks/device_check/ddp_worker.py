@@ -75,7 +75,7 @@ def run_case(case, names: list[str], device: torch.device, steps: int) -> list[s
         ddp(inputs).backward()
         twins = twin_contributions(lambda grad, key: twin_step_sent(
             twin, twin_memory, grad, key, communicator, getattr(compression, "dense_fallback", True), world),
-            inputs, compression.compressor.spans_step)
+            inputs, compression.compressor.traits.spans_step)
         for name in names:
             key = parameter_name(name)
             contribution, sent, route, dtypes = twins[key]

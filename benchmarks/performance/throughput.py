@@ -167,12 +167,12 @@ def end_to_end(grads: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.T
 
 
 def library_round_trip(compressor, grads: list[tuple[str, torch.Tensor]]) -> None:
-    for name, grad in end_to_end(grads) if compressor.spans_step else grads:
+    for name, grad in end_to_end(grads) if compressor.traits.spans_step else grads:
         chosen = compressor.compressor_for(grad, name)
         if chosen is None:
             continue
         payload, ctx = chosen.compress(grad, name)
-        for _ in range(chosen.rounds - 1):
+        for _ in range(chosen.traits.rounds - 1):
             payload, ctx = chosen.next_round(payload, ctx)
         chosen.decompress(payload, ctx)
 

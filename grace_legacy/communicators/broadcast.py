@@ -26,10 +26,11 @@ class Broadcast(Communicator):
 
     def start(self, parcel: Parcel, backend: Backend, average: bool) -> Pending:
         payload, ctx, name, compressor = parcel.payload, parcel.ctx, parcel.name, parcel.compressor
-        if compressor.rounds != 1:
-            raise ValueError(f"Broadcast cannot run {compressor!r}: it needs {compressor.rounds} allreduce rounds")
+        if compressor.traits.rounds != 1:
+            raise ValueError(f"Broadcast cannot run {compressor!r}: it needs {compressor.traits.rounds} allreduce "
+                             f"rounds")
         parcel.feed_back(payload, ctx)
-        start = self._start_uniform if compressor.uniform_payload else self._start_with_headers
+        start = self._start_uniform if compressor.traits.uniform_payload else self._start_with_headers
         finish, parcel.pending.bytes_sent = start(payload, ctx, name, compressor, backend, average)
         parcel.pending.finish_with(finish)
         return parcel.pending

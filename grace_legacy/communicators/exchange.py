@@ -46,12 +46,12 @@ class BucketExchange:
         self._failure: BaseException | None = None
         for parcel in self.parcels:
             is_gathered = self._gathered[id(parcel)]
-            if is_gathered and parcel.compressor.rounds != 1:
-                raise ValueError(f"{parcel.compressor!r} needs {parcel.compressor.rounds} allreduce rounds; "
+            if is_gathered and parcel.compressor.traits.rounds != 1:
+                raise ValueError(f"{parcel.compressor!r} needs {parcel.compressor.traits.rounds} allreduce rounds; "
                                  f"it cannot be gathered")
-            parcel.pending.bytes_sent = wire.packed_size(parcel.payload, not parcel.compressor.uniform_payload) \
+            parcel.pending.bytes_sent = wire.packed_size(parcel.payload, not parcel.compressor.traits.uniform_payload) \
                 if is_gathered else nbytes(parcel.payload)
-            if parcel.compressor.rounds == 1:
+            if parcel.compressor.traits.rounds == 1:
                 parcel.feed_back(parcel.payload, parcel.ctx)
         try:
             self._launch()
@@ -74,7 +74,7 @@ class BucketExchange:
                 self._gather = (gathered, columns, self.backend.allgather_async(packed, self._name(0)))
             else:
                 # Each parcel's parts and whether it carries a size header: how it is packed and unpacked.
-                layouts = [(m.payload, not m.compressor.uniform_payload) for m in gathered]
+                layouts = [(m.payload, not m.compressor.traits.uniform_payload) for m in gathered]
                 self._gather = (gathered, layouts,
                                 self.backend.allgather_async(wire.pack_many(layouts), self._name(0)))
         self._reducing = [m for m in self.parcels if not self._gathered[id(m)]]
@@ -82,7 +82,7 @@ class BucketExchange:
         for parcel in self._reducing:
             parcel.pending.wire_bytes = ring_allreduce_bytes(parcel.pending.bytes_sent, self.backend.size())
         #: the allreduce rounds of the additive parcels; the one whose allreduces are in flight
-        self.rounds = max((m.compressor.rounds for m in self._reducing), default=1)
+        self.rounds = max((m.compressor.traits.rounds for m in self._reducing), default=1)
         self._round = 0
         self._reduce = self._launch_reduce(self._reducing, round_index=0)
 
@@ -91,7 +91,7 @@ class BucketExchange:
         """The by-part layout (:func:`~grace_legacy.runtime.wire.pack_columns`) when every parcel is a
         header-less ``[values, flat indices]`` scatter-add (Top-k, DGC) and it costs the bytes of the
         parcels packed one by one; else ``None``."""
-        if not all(m.compressor.uniform_payload and len(m.payload) == 2
+        if not all(m.compressor.traits.uniform_payload and len(m.payload) == 2
                    and m.compressor.scatter_context(m.ctx) is not None for m in gathered):
             return None
         if len({m.payload[0].device for m in gathered}) != 1:  # torch.cat packs within one device
@@ -182,12 +182,12 @@ class BucketExchange:
             self._wait_reduce(self._reduce)
             self._round += 1
             round_index = self._round
-            active = [m for m in self._reducing if m.compressor.rounds > round_index]
+            active = [m for m in self._reducing if m.compressor.traits.rounds > round_index]
             for parcel in active:
                 local, parcel.ctx = parcel.compressor.next_round(self._reduced[id(parcel)], parcel.ctx)
                 parcel.pending.bytes_sent += nbytes(local)
                 parcel.pending.wire_bytes += ring_allreduce_bytes(nbytes(local), self.backend.size())
-                if round_index == parcel.compressor.rounds - 1:
+                if round_index == parcel.compressor.traits.rounds - 1:
                     parcel.feed_back(local, parcel.ctx)
                 self._reduced[id(parcel)] = list(local)
             self._reduce = self._launch_reduce(active, round_index)
@@ -224,7 +224,7 @@ class BucketExchange:
             if parcel.name in results:
                 continue
             reduced = self._reduced[id(parcel)]
-            if parcel.compressor.rounds > 1:
+            if parcel.compressor.traits.rounds > 1:
                 parcel.compressor.end_exchange(reduced, parcel.ctx)
             results[parcel.name] = parcel.compressor.decompress(reduced, parcel.ctx)
         return results
@@ -235,7 +235,7 @@ class BucketExchange:
         rank's part has this rank's size; with one, the sizes were read on arrival."""
         others = self.backend.size() - 1
         for parcel in parcels:
-            if parcel.compressor.uniform_payload:
+            if parcel.compressor.traits.uniform_payload:
                 parcel.pending.wire_bytes = float(others * parcel.pending.bytes_sent)
 
     def _aggregate_gathered(self, parcels: list[Parcel], layout: wire.Columns | list[tuple[Payload, bool]],

@@ -11,7 +11,7 @@ for the Horovod optimizer and the DDP hook alike:
   that computes what each tensor alone would, bit for bit (PyTorch's ``fp16_compress_hook`` does
   the same);
 * the whole step (:meth:`Fusion.hold_for_step`), for a compressor that makes one selection over
-  every gradient of the step (:attr:`~grace_legacy.core.compressor.Compressor.spans_step`:
+  every gradient of the step (:attr:`~grace_legacy.core.traits.Traits.spans_step`:
   ``GlobalTopK``, ``CAT``): the raw gradients are held, and nothing is sent until the first result
   is asked for. Both integrations ask only once every gradient of the step has been started
   (``hvd.DistributedOptimizer.synchronize`` starts those the backward pass did not; the DDP hook
@@ -199,7 +199,7 @@ class Fusion:
     def holds_later_rounds(self) -> bool:
         """Whether a held parcel needs more than one allreduce round (PowerSGD): the same answer on
         every rank, which shares the configuration."""
-        return any(parcel.compressor.rounds > 1 for parcel in self._held)
+        return any(parcel.compressor.traits.rounds > 1 for parcel in self._held)
 
     def advance_held(self) -> None:
         """Run the later rounds of every flight launched by :meth:`launch_held` since the last call,

@@ -91,8 +91,7 @@ class Segmented:
 
     def __init__(self, compressor: Compressor) -> None:
         self.compressor = compressor
-        self.lossless = compressor.lossless
-        self.sends_entries = compressor.sends_entries
+        self.traits = compressor.traits
 
     def _split(self, payload: Payload, pieces: _Pieces) -> list[Payload]:
         out, at = [], 0
@@ -125,9 +124,9 @@ class ShardedExchange:
         self._failure: BaseException | None = None
         self.results: dict[str, torch.Tensor] | None = None
         for parcel in self.parcels:
-            if parcel.compressor.rounds != 1:
+            if parcel.compressor.traits.rounds != 1:
                 raise ValueError(f"ScatterGather cannot run {parcel.compressor!r}: it needs "
-                                 f"{parcel.compressor.rounds} allreduce rounds")
+                                 f"{parcel.compressor.traits.rounds} allreduce rounds")
         tensors = [parcel.payload[0] for parcel in self.parcels]
         self._like = [(t.shape, t.dtype, t.device) for t in tensors]
         self.segments = segments_of([t.numel() for t in tensors], self.size)
@@ -148,7 +147,7 @@ class ShardedExchange:
             parcel.payload = [part for i in mine for part in self.payloads[i]]
             parcel.ctx = pieces
             parcel.feed_back(parcel.payload, parcel.ctx, Segmented(parcel.compressor))
-        self.headers = [not self.parcels[s.parcel].compressor.uniform_payload for s in self.segments]
+        self.headers = [not self.parcels[s.parcel].compressor.traits.uniform_payload for s in self.segments]
         # The owners' payloads have the layout of this rank's own payload of the same segment,
         # unless the owners encode with another compressor (a vote's code) or the size varies.
         compressors = [self.parcels[s.parcel].compressor for s in self.segments]

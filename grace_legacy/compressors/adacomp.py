@@ -12,6 +12,7 @@ from grace_legacy.compressors.kernels.sign_passes import accumulator_dtype
 from grace_legacy.compressors.sparse import SparseContext, index_dtype
 from grace_legacy.core.compressor import Payload
 from grace_legacy.core.parameter import ScheduledParameter
+from grace_legacy.core.traits import Traits
 from grace_legacy.runtime.validation import check_gradient
 
 BIN_SIZE = ScheduledParameter("bin_size", low=1, integer=True)
@@ -41,7 +42,7 @@ class AdaComp(OwnFeedback):
     exactly. On a CPU, one compiled pass (:mod:`~grace_legacy.compressors.kernels.accumulating`)."""
 
     parameter = BIN_SIZE
-    uniform_payload = False
+    traits = Traits(uniform_payload=False)
     stores = ("residues",)
 
     def __init__(self, bin_size: int | None = None) -> None:

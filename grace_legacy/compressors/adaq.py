@@ -14,6 +14,7 @@ from grace_legacy.compressors.quantization import check_seed
 from grace_legacy.compressors.sparse import index_dtype
 from grace_legacy.core.compressor import Compressor, Payload
 from grace_legacy.core.memory import Memory
+from grace_legacy.core.traits import Traits
 from grace_legacy.memories.residual import Residual
 from grace_legacy.runtime.validation import ArgumentTypeError, check_gradient
 
@@ -53,7 +54,7 @@ class AdaQ(Compressor):
     int32 (int64 from 2**31 elements on), positives first, each side in increasing order; then
     ``[mu_+, mu_-]`` in the gradient's dtype (0 for a side with no entry). About ``4 ratio n``
     bytes; the size depends on the data (``uniform_payload = False``: a size header in the gather,
-    and no dense fallback). Gathered, aggregated as the mean of the decoded tensors. Knob:
+    and no dense fallback). Gathered, aggregated as the mean of the decoded tensors. Parameter:
     ``ratio``, the share of each side's entries to send, in (0, 1]; 1.0 sends the tensor dense,
     as every density does.
 
@@ -65,7 +66,7 @@ class AdaQ(Compressor):
     """
 
     parameter = DENSITY
-    uniform_payload = False
+    traits = Traits(uniform_payload=False)
 
     def __init__(self, ratio: float | None = None, *, seed: int = 0, sample_ratio: float = 0.01,
                  min_samples: int = 128) -> None:

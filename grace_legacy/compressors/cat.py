@@ -14,6 +14,7 @@ from grace_legacy.compressors.sparse import SparseContext, index_dtype
 from grace_legacy.core.compressor import Payload
 from grace_legacy.core.memory import Memory
 from grace_legacy.core.parameter import ScheduledParameter
+from grace_legacy.core.traits import Traits
 from grace_legacy.memories.residual import Residual
 from grace_legacy.runtime.validation import check_gradient, required
 
@@ -54,9 +55,8 @@ class CAT(EntrySparsifier):
     with a size header, its size not predictable from the shape), each rank's entries summed
     exactly; ``Residual`` recommended (the reference keeps no error feedback)."""
 
-    spans_step = True
-    uniform_payload = False
-    delivers_nonfinite = True  # NaN and infinity sort first, and T >= 1
+    # NaN and infinity sort first, and T >= 1.
+    traits = Traits(sends_entries=True, spans_step=True, uniform_payload=False, delivers_nonfinite=True)
 
     def __init__(self, c0: float = 1.0, c1: float = 60.0, packet_bits: int = 1460) -> None:
         super().__init__()

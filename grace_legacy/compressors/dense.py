@@ -8,6 +8,7 @@ from typing import Any, ClassVar
 import torch
 
 from grace_legacy.core.compressor import Compressor, Payload
+from grace_legacy.core.traits import Traits
 from grace_legacy.runtime import paths
 from grace_legacy.runtime.buffers import MMAP_CEILING, BufferPool
 from grace_legacy.runtime.validation import check_gradient
@@ -16,10 +17,8 @@ from grace_legacy.runtime.validation import check_gradient
 class NoCompression(Compressor):
     """Sends the gradient as it is, through a plain allreduce (the route of every uncompressed tensor)."""
 
-    additive = True
-    lossless = True
-    delivers_nonfinite = True  # a sum keeps every inf and NaN
-    elementwise = True
+    # A sum keeps every inf and NaN.
+    traits = Traits(additive=True, lossless=True, delivers_nonfinite=True, elementwise=True)
 
     def compress(self, tensor: torch.Tensor, name: str) -> tuple[Payload, Any]:
         check_gradient(tensor, "NoCompression")
@@ -42,9 +41,8 @@ class _WireCast(Compressor):
     """Casts to :attr:`wire_dtype` for the wire and back to the gradient's dtype on arrival. The
     payload is additive: every rank's cast is summed by one allreduce, in the wire dtype."""
 
-    additive = True
-    delivers_nonfinite = True  # the cast keeps inf and NaN (and makes inf of what overflows); a sum keeps them
-    elementwise = True
+    # The cast keeps inf and NaN (and makes inf of what overflows); a sum keeps them.
+    traits = Traits(additive=True, delivers_nonfinite=True, elementwise=True)
     #: the 2-byte floating type the payload travels in
     wire_dtype: ClassVar[torch.dtype]
 

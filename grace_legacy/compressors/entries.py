@@ -16,6 +16,7 @@ from grace_legacy.core.compressor import Compressor, Payload
 from grace_legacy.core.memory import Memory, NoMemory
 from grace_legacy.core.parameter import ScheduledParameter
 from grace_legacy.core.state import UndoLog
+from grace_legacy.core.traits import Traits
 from grace_legacy.runtime.buffers import LARGE, BufferPool
 
 DENSITY = ScheduledParameter("ratio", low=0.0, high=1.0, low_inclusive=False, high_inclusive=True, dense=1.0)
@@ -32,7 +33,7 @@ class EntrySparsifier(Compressor):
     """A sparsifier whose payload is ``[values, flat indices]`` with a :class:`SparseContext`:
     decoding scatters the values into zeros, aggregating scatter-adds every rank's entries."""
 
-    sends_entries = True
+    traits = Traits(sends_entries=True)
 
     def __init__(self) -> None:
         super().__init__()
@@ -64,7 +65,7 @@ class OwnFeedback(EntrySparsifier):
     :class:`UndoLog`, saved by :meth:`state_dict` and, holding this rank's own gradients, kept by a
     rank that survives a change of world."""
 
-    sends_entries = False  # it sends its state's entries, not the input's own
+    traits = Traits()  # it sends its state's entries, not the input's own
     #: the attributes, each a ``dict[str, torch.Tensor]`` by tensor name, that make its state
     stores: ClassVar[tuple[str, ...]] = ()
 

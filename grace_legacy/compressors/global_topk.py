@@ -11,6 +11,7 @@ from grace_legacy.compressors.kernels.selection import top_k_first
 from grace_legacy.compressors.sparse import SparseContext, index_dtype
 from grace_legacy.compressors.topk import TopK
 from grace_legacy.core.compressor import Payload
+from grace_legacy.core.traits import Traits
 from grace_legacy.runtime.validation import check_gradient
 
 
@@ -38,7 +39,7 @@ class GlobalTopK(TopK):
     by="epoch", ...)`` schedules the ratio by phase; by layer is refused (one selection spans
     every layer)."""
 
-    spans_step = True
+    traits = Traits(sends_entries=True, delivers_nonfinite=True, spans_step=True)
 
     def compress(self, tensor: torch.Tensor, name: str) -> tuple[Payload, Any]:
         check_gradient(tensor, "GlobalTopK")

@@ -11,6 +11,7 @@ import torch
 from grace_legacy.core.compressor import Compressor, Payload
 from grace_legacy.core.memory import Memory
 from grace_legacy.core.parameter import ScheduledParameter
+from grace_legacy.core.traits import Traits
 from grace_legacy.memories.residual import Residual
 from grace_legacy.runtime.validation import check_gradient
 
@@ -96,8 +97,7 @@ class INCEPTIONN(Compressor):
     """
 
     parameter = ERROR_BOUND
-    uniform_payload = False
-    delivers_nonfinite = True
+    traits = Traits(uniform_payload=False, delivers_nonfinite=True)
 
     def __init__(self, error_bound: float | None = None) -> None:
         super().__init__()

@@ -11,6 +11,7 @@ from grace_legacy.compressors.kernels import products
 from grace_legacy.core.compressor import Compressor, Payload
 from grace_legacy.core.parameter import ScheduledParameter
 from grace_legacy.core.state import UndoLog
+from grace_legacy.core.traits import Traits
 from grace_legacy.memories.powersgd import PowerSGDMemory
 from grace_legacy.runtime.buffers import MMAP_CEILING, BufferPool
 from grace_legacy.runtime.validation import check_gradient
@@ -57,10 +58,8 @@ class PowerSGD(Compressor):
     thread count as a BLAS's do; elsewhere torch's products."""
 
     parameter = RANK
-    additive = True
     # An inf or NaN in M makes P = M Q non-finite, and every rank's sum of P, so every rank's P Q^T.
-    delivers_nonfinite = True
-    rounds = 2
+    traits = Traits(additive=True, delivers_nonfinite=True, rounds=2)
 
     def __init__(self, rank: int | None = None, seed: int = 0) -> None:
         super().__init__()

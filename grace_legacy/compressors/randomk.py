@@ -10,6 +10,7 @@ import torch
 from grace_legacy.compressors.entries import DENSITY, kept_count
 from grace_legacy.compressors.sparse import SparseContext, densify
 from grace_legacy.core.compressor import Compressor, Payload
+from grace_legacy.core.traits import Traits
 from grace_legacy.memories.residual import Residual
 from grace_legacy.runtime.validation import check_gradient
 
@@ -37,8 +38,7 @@ class RandomK(Compressor):
     ones: only the values travel, summed by an allreduce. Pairs with ``Residual``."""
 
     parameter = DENSITY
-    additive = True
-    sends_entries = True
+    traits = Traits(additive=True, sends_entries=True)
 
     def __init__(self, ratio: float | None = None, seed: int = 0) -> None:
         super().__init__()

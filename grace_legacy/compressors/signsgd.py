@@ -14,6 +14,7 @@ from grace_legacy.compressors.signs import SignContext, choose, sign_context
 from grace_legacy.core.compressor import Compressor, Payload
 from grace_legacy.core.parameter import ScheduledParameter
 from grace_legacy.core.state import UndoLog
+from grace_legacy.core.traits import Traits
 
 MOMENTUM = ScheduledParameter("momentum", low=0.0, high=1.0, low_inclusive=True, high_inclusive=False)
 
@@ -55,7 +56,7 @@ class _MajorityVote(Compressor):
     """What signSGD and Signum share: a payload of packed signs only, aggregated by a vote."""
 
     # A dense mean would change the update, not only the bytes: never swap it in.
-    aggregates_by_mean = False
+    traits = Traits(aggregates_by_mean=False)
 
     def decompress(self, payload: Payload, ctx: SignContext) -> torch.Tensor:
         one = torch.ones((), dtype=ctx.dtype, device=ctx.device)

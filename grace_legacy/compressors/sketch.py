@@ -13,6 +13,7 @@ from grace_legacy.compressors.quantization import work_dtype
 from grace_legacy.core.compressor import Compressor, Payload
 from grace_legacy.core.memory import Memory
 from grace_legacy.core.parameter import ScheduledParameter
+from grace_legacy.core.traits import Traits
 from grace_legacy.memories.residual import Residual
 from grace_legacy.runtime import paths
 from grace_legacy.runtime.validation import check_gradient
@@ -65,7 +66,7 @@ class Sketch(Compressor):
     """
 
     parameter = QUANTILES
-    delivers_nonfinite = True
+    traits = Traits(delivers_nonfinite=True)
 
     def __init__(self, quantiles: int | None = None) -> None:
         super().__init__()

@@ -12,6 +12,7 @@ from grace_legacy.compressors.sparse import SparseContext, index_dtype
 from grace_legacy.core.compressor import Payload
 from grace_legacy.core.memory import Memory
 from grace_legacy.core.parameter import ScheduledParameter
+from grace_legacy.core.traits import Traits
 from grace_legacy.memories.residual import Residual
 from grace_legacy.runtime.validation import check_gradient
 
@@ -29,7 +30,7 @@ class Threshold(EntrySparsifier):
     leave it out). Pairs with ``Residual``: an entry accumulates until it crosses the threshold."""
 
     parameter = THRESHOLD
-    uniform_payload = False
+    traits = Traits(sends_entries=True, uniform_payload=False)
 
     def __init__(self, threshold: float | None = None) -> None:
         super().__init__()

@@ -10,6 +10,7 @@ from grace_legacy.compressors.entries import DENSITY, EntrySparsifier, kept_coun
 from grace_legacy.compressors.kernels.selection import top_k_indices
 from grace_legacy.compressors.sparse import SparseContext, index_dtype
 from grace_legacy.core.compressor import Payload
+from grace_legacy.core.traits import Traits
 from grace_legacy.memories.residual import Residual
 from grace_legacy.runtime.validation import check_gradient
 
@@ -24,7 +25,8 @@ class TopK(EntrySparsifier):
     dtype; pairs with ``Residual``."""
 
     parameter = DENSITY
-    delivers_nonfinite = True  # NaN and infinity are the largest magnitudes: always kept
+    # NaN and infinity are the largest magnitudes: always kept.
+    traits = Traits(sends_entries=True, delivers_nonfinite=True)
 
     def __init__(self, ratio: float | None = None) -> None:
         super().__init__()

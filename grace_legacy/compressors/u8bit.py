@@ -14,6 +14,7 @@ from grace_legacy.compressors.kernels.u8bit_passes import MAGNITUDE_BITS
 from grace_legacy.compressors.quantization import work_dtype
 from grace_legacy.core.compressor import Compressor, Payload
 from grace_legacy.core.memory import Memory
+from grace_legacy.core.traits import Traits
 from grace_legacy.memories.residual import Residual
 from grace_legacy.runtime.validation import check_gradient
 
@@ -86,7 +87,7 @@ class U8bit(Compressor):
     below, not the nearest magnitude); this one follows the paper's construction instead.
     """
 
-    delivers_nonfinite = True
+    traits = Traits(delivers_nonfinite=True)
 
     def compress(self, tensor: torch.Tensor, name: str) -> tuple[Payload, Any]:
         check_gradient(tensor, "U8bit")

@@ -16,6 +16,7 @@ from grace_legacy.compressors.sparse import SparseContext, index_dtype
 from grace_legacy.core.backend import Backend
 from grace_legacy.core.compressor import Payload
 from grace_legacy.core.parameter import ScheduledParameter
+from grace_legacy.core.traits import Traits
 from grace_legacy.runtime.validation import check_gradient, required
 
 ALPHA = ScheduledParameter("alpha", low=0.0, low_inclusive=False)
@@ -55,8 +56,7 @@ class VarianceSparsifier(OwnFeedback):
     whole tensor's. On a CPU, one compiled pass (:mod:`~grace_legacy.compressors.kernels.accumulating`)."""
 
     parameter = ALPHA
-    uniform_payload = False
-    shardable = False
+    traits = Traits(uniform_payload=False, shardable=False)
     stores = ("sums", "variances")
 
     def __init__(self, alpha: float | None = None, ksi: float = 0.999) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Protocol
@@ -14,6 +13,7 @@ from grace_legacy.core.memory import Memory, NoMemory
 from grace_legacy.core.parameter import ScheduledParameter
 from grace_legacy.core.seeds import derived_seed
 from grace_legacy.core.state import Stateful
+from grace_legacy.core.traits import NAMES, NEEDS, Traits
 
 Payload = list[torch.Tensor]
 
@@ -26,52 +26,7 @@ class Ledger(Protocol):
     def scalars(self, stats: Mapping[str, Any], prefix: str) -> dict[str, float]: ...
 
 
-class _EarlierNames:
-    """The spellings of earlier releases, kept working with a ``DeprecationWarning``."""
-
-    #: Methods a subclass may still override under its old name.
-    _RENAMED: ClassVar[dict[str, str]] = {"resolve": "compressor_for", "rollback": "undo", "commit": "end_step",
-                                          "_set_knob": "_set_value"}
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        if "knob" in cls.__dict__ and "parameter" not in cls.__dict__:
-            cls.parameter = cls.__dict__["knob"]
-            del cls.knob
-        for old, new in _EarlierNames._RENAMED.items():
-            if old in cls.__dict__ and new not in cls.__dict__:
-                warnings.warn(f"{cls.__name__}.{old} is called {new} now; the old name keeps working for now",
-                              DeprecationWarning, stacklevel=2)
-                setattr(cls, new, cls.__dict__[old])
-
-    @staticmethod
-    def _renamed(old: str, new: str) -> None:
-        warnings.warn(f"Compressor.{old} is called {new} now", DeprecationWarning, stacklevel=3)
-
-    @property
-    def knob(self) -> ScheduledParameter | None:
-        self._renamed("knob", "parameter")
-        return self.parameter  # type: ignore[attr-defined]
-
-    @property
-    def knob_value(self) -> Any:
-        self._renamed("knob_value", "value")
-        return self.value  # type: ignore[attr-defined]
-
-    def with_knob(self, value: Any) -> Compressor:
-        self._renamed("with_knob", "with_value")
-        return self.with_value(value)  # type: ignore[attr-defined]
-
-    def _set_knob(self, value: Any) -> None:
-        self._renamed("_set_knob", "_set_value")
-        self._set_value(value)  # type: ignore[attr-defined]
-
-    def resolve(self, tensor: torch.Tensor, name: str) -> Compressor | None:
-        self._renamed("resolve", "compressor_for")
-        return self.compressor_for(tensor, name)  # type: ignore[attr-defined]
-
-
-class Compressor(_EarlierNames, Stateful, ABC):
+class Compressor(Stateful, ABC):
     """Turns a gradient into a payload (a list of tensors, the only thing sent) and back. Subclasses
     implement :meth:`compress`, :meth:`decompress` and :meth:`payload_spec` and describe their payload
     by the class attributes below (the contract: docs/IMPLEMENTING.md). Randomness comes only from
@@ -79,34 +34,27 @@ class Compressor(_EarlierNames, Stateful, ABC):
 
     #: the one parameter a schedule may set (Top-k's density), or None; ``self._set_value`` sets it
     parameter: ClassVar[ScheduledParameter | None] = None
-    #: ``D(sum_r p_r) == sum_r D(p_r)``, ctx alike on every rank: payloads are summed, not gathered
-    additive: ClassVar[bool] = False
-    #: every rank's payload has the same shapes for a tensor and step (a gather needs no header)
-    uniform_payload: ClassVar[bool] = True
-    #: ``D(C(x)) == x`` exactly: error feedback keeps nothing
-    lossless: ClassVar[bool] = False
-    #: the payload carries the input's own entries at :meth:`support`, unscaled (``x - D(C(x))`` is
-    #: ``x`` with them zeroed)
-    sends_entries: ClassVar[bool] = False
-    #: an inf or NaN given to compress is always sent, so every rank's aggregate shows it
-    delivers_nonfinite: ClassVar[bool] = False
-    #: aggregate is the sum (mean) of the decoded payloads, so sending dense is its exact limit
-    aggregates_by_mean: ClassVar[bool] = True
-    #: allreduces of an additive payload; :meth:`next_round` makes each next one (PowerSGD: P, Q)
-    rounds: ClassVar[int] = 1
-    #: entry by entry and stateless: the payload is one part, ctx a function of the input's dtype alone, and compressing
-    #: tensors back to back in one flat gives their payloads back to back (:meth:`decompress_flat`
-    #: decodes them at once), so a caller's whole bucket can go as one tensor (FP16, BF16, none)
-    elementwise: ClassVar[bool] = False
-    #: one selection over every gradient of the step: the bundle holds a step's tensors and compresses
-    #: their concatenation once, as one tensor (``GlobalTopK``, ``CAT``; grace_legacy/communicators/fusion.py)
-    spans_step: ClassVar[bool] = False
-    #: a part of a tensor may be compressed as a tensor of its own (a scatter-gather's segments);
-    #: ``False`` where the compressor needs what it knows of the whole tensor (per-sample moments)
-    shardable: ClassVar[bool] = True
+    #: what its payload allows (grace_legacy/core/traits.py), checked when a subclass is made
+    traits: ClassVar[Traits] = Traits()
 
     #: set by the bundle that runs this compressor: what :attr:`stats` reports
     ledger: Ledger | None = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        stale = [name for name in NAMES if name in cls.__dict__]
+        if stale:
+            raise TypeError(f"{cls.__name__}: {', '.join(stale)} belong to its traits record: "
+                            f"traits = Traits({stale[0]}=...) (grace_legacy.core.traits)")
+        traits = cls.__dict__.get("traits")
+        if traits is None or isinstance(traits, property):  # inherited, or a schedule's base's
+            return
+        if not isinstance(traits, Traits):
+            raise TypeError(f"{cls.__name__}.traits must be a Traits record, got {type(traits).__name__}")
+        for name, method in NEEDS.items():
+            declared = traits.rounds > 1 if name == "rounds" else getattr(traits, name)
+            if declared and getattr(cls, method, None) is getattr(Compressor, method, None):
+                raise TypeError(f"{cls.__name__}: its traits say {name} but it does not define {method}")
 
     def __init__(self) -> None:
         self._value: Any = None

@@ -2,27 +2,22 @@
 
 from __future__ import annotations
 
-import warnings
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar, Protocol
 
 import torch
 
 from grace_legacy.core.state import Stateful
+from grace_legacy.core.traits import Traits
 
 
 class Encoder(Protocol):
     """What a memory may ask of the compressor that encoded a payload (a ``Compressor`` is one)."""
 
-    lossless: bool
-    sends_entries: bool
+    traits: Traits
 
     def decompress(self, payload: list[torch.Tensor], ctx: Any) -> torch.Tensor: ...
     def support(self, payload: list[torch.Tensor], ctx: Any) -> torch.Tensor: ...
-
-
-#: Methods of subclasses written for earlier releases, and the names they have now.
-_RENAMED = {"rollback": "undo", "commit": "end_step", "forget": "reset"}
 
 
 class Memory(Stateful, ABC):
@@ -34,14 +29,6 @@ class Memory(Stateful, ABC):
     #: the state stays meaningful when ranks leave or join (a residual: yes; EF21's mean: no, it is
     #: :meth:`reset` on every rank); see docs/DESIGN.md#elastic-state
     survives_world_change: ClassVar[bool] = True
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        for old, new in _RENAMED.items():
-            if old in cls.__dict__ and new not in cls.__dict__:
-                warnings.warn(f"{cls.__name__}.{old} is called {new} now; the old name keeps working for now",
-                              DeprecationWarning, stacklevel=2)
-                setattr(cls, new, cls.__dict__[old])
 
     @abstractmethod
     def compensate(self, tensor: torch.Tensor, name: str) -> torch.Tensor:

@@ -90,13 +90,13 @@ def _refuse(compressor: object) -> None:
     """``ValueError`` naming the alternative for what cannot run in a reduce-scatter."""
     if not isinstance(compressor, Compressor):
         return
-    if compressor.rounds != 1:
-        raise ValueError(f"{_OWNER}: {compressor!r} needs {compressor.rounds} allreduce rounds, each of which needs "
-                         f"the previous round's sum of the whole tensor; a reduce-scatter delivers each rank its "
+    if compressor.traits.rounds != 1:
+        raise ValueError(f"{_OWNER}: {compressor!r} needs {compressor.traits.rounds} allreduce rounds, each of which "
+                         f"needs the previous round's sum of the whole tensor; a reduce-scatter delivers each rank its "
                          f"shard only. Use a single-round compressor (TopK, QSGD, ...), or PowerSGD with "
                          f"DistributedDataParallel (grace_legacy.ddp)")
-    if compressor.spans_step or not compressor.shardable:
-        whole = "every gradient of the step as one tensor" if compressor.spans_step else "whole tensors only"
+    if compressor.traits.spans_step or not compressor.traits.shardable:
+        whole = "every gradient of the step as one tensor" if compressor.traits.spans_step else "whole tensors only"
         raise ValueError(f"{_OWNER}: {compressor!r} compresses {whole}, but a reduce-scatter compresses each "
                          f"parameter's segments apart, unit by unit as the backward pass reaches it. Use a per-tensor "
                          f"compressor (TopK, QSGD, ...), or DistributedDataParallel (grace_legacy.ddp)")

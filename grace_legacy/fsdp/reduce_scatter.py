@@ -86,7 +86,7 @@ class Encoded:
 
     @property
     def header(self) -> bool:
-        return not self.compressor.uniform_payload
+        return not self.compressor.traits.uniform_payload
 
 
 @dataclass
@@ -116,14 +116,14 @@ def choose_route(grace: Grace, piece: Piece, like: torch.Tensor, world_size: int
     if cached is not None:
         return cached
     route = "reducescatter"
-    if grace.dense_fallback and concrete.aggregates_by_mean:
+    if grace.dense_fallback and concrete.traits.aggregates_by_mean:
         try:
             packed = dense = 0
             for owner in range(world_size):
                 shape = piece.segment_shape(owner)
                 if shape.numel():
                     packed += wire.packed_size_of(concrete.payload_spec_for(shape, like.dtype), not
-                                                  concrete.uniform_payload)
+                                                  concrete.traits.uniform_payload)
                     dense += wire.packed_size_of([(shape.numel(), like.dtype)], False)
         except NotImplementedError:  # a size only the data decides: every rank could decide differently
             packed, dense = 0, 1
@@ -200,7 +200,7 @@ def combine(compressor: Compressor, payloads: list[Payload], ctx: Any, average: 
     """Every rank's payload of one segment combined by the compressor's rule, in fp32 at least,
     as FSDP's op asks (module docstring)."""
     world_size = len(payloads)
-    if not compressor.aggregates_by_mean:  # a vote stands for the mean
+    if not compressor.traits.aggregates_by_mean:  # a vote stands for the mean
         total = compressor.aggregate(payloads, ctx, True)
         scale = factor if average else factor * world_size
         return total if scale == 1 else total * scale

@@ -83,7 +83,7 @@ class DGCMemory(Memory):
 
     def update(self, compensated: torch.Tensor, name: str, compressor: Compressor,
                payload: Payload, ctx: Any) -> None:
-        if compressor.lossless:
+        if compressor.traits.lossless:
             self.velocities.pop(name, None)
             self.accumulations.pop(name, None)
             return

@@ -58,10 +58,10 @@ class Residual(Memory):
                payload: Payload, ctx: Any) -> None:
         self.undo_log.remember(self.residuals, name)
         made = self._made.pop(name, None)
-        if compressor.lossless:
+        if compressor.traits.lossless:
             self.residuals.pop(name, None)
             return
-        if compressor.sends_entries and made is compensated and compensated.is_contiguous():
+        if compressor.traits.sends_entries and made is compensated and compensated.is_contiguous():
             # compensate made this tensor and the payload holds copies of its entries, so it can
             # become the residual in place.
             compensated.view(-1).index_fill_(0, compressor.support(payload, ctx).to(compensated.device), 0)

@@ -148,7 +148,7 @@ class Plan:
     phase_weights: list[float]
     group_labels: list[str]
     phase_labels: list[str]
-    knob_name: str
+    parameter_name: str
     world_size: int
     bucket_bytes: int
     #: per phase, the tensors in arrival order (reverse registration order)
@@ -261,7 +261,7 @@ def _nbytes(spec: Sequence[tuple[int, torch.dtype]]) -> int:
 def _rounds_of(concrete: Compressor, spec: list[tuple[int, torch.dtype]]) -> list[list[tuple[int, torch.dtype]]]:
     """The payload parts of each allreduce round: ``payload_spec`` lists every round's parts in
     turn (docs/IMPLEMENTING.md), the same number per round."""
-    rounds = concrete.rounds
+    rounds = concrete.traits.rounds
     if rounds == 1:
         return [spec]
     if len(spec) % rounds:
@@ -363,7 +363,7 @@ def _plan_phase(members: list[_Member], world_size: int, dtype: torch.dtype, ele
                 link += ring_allreduce_bytes(raw, world_size)
         elif m.route == "allgather":
             packed = wire.packed_size_of(m.concrete.payload_spec_for(m.shape, dtype),
-                                         with_header=not m.concrete.uniform_payload)
+                                         with_header=not m.concrete.traits.uniform_payload)
             sent, link = float(packed), float((world_size - 1) * packed)
         else:
             segments = tuple(m.segments)
@@ -407,15 +407,16 @@ def plan(compression: Compressor, shapes: Iterable[Any], *, world_size: int | No
     shapes = checked_shapes(shapes, "shapes", "plan")
     if not any(s.numel() for s in shapes):  # empty tensors send nothing
         raise ValueError("plan: no tensor with elements to plan for")
-    if compression.spans_step:  # the bundle sends the step's tensors end to end, as one (communicators/fusion.py)
+    # A compressor that spans the step gets its tensors end to end, as one (communicators/fusion.py).
+    if compression.traits.spans_step:
         shapes = [torch.Size([sum(s.numel() for s in shapes)])]
     schedule = compression if isinstance(compression, Legacy) else None
     if schedule is None:
         compression.check_ready()
-    if route == "allreduce" and not compression.additive:
+    if route == "allreduce" and not compression.traits.additive:
         raise ValueError(f"plan: route 'allreduce' sums payloads, but {compression!r} sends a non-additive payload")
-    if route in ("allgather", "scattergather") and compression.rounds != 1:
-        raise ValueError(f"plan: route {route!r} cannot carry {compression!r}, which needs {compression.rounds} "
+    if route in ("allgather", "scattergather") and compression.traits.rounds != 1:
+        raise ValueError(f"plan: route {route!r} cannot carry {compression!r}, which needs {compression.traits.rounds} "
                          f"allreduce rounds")
     parameter = compression.parameter
     element = torch.empty((), dtype=dtype).element_size()

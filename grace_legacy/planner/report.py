@@ -9,13 +9,13 @@ from grace_legacy.planner.plan import Cell, Plan
 from grace_legacy.planner.timing import Scaling, link_time
 
 
-def _show_knob(cell: Cell, knob_name: str) -> str:
+def _show_value(cell: Cell, parameter_name: str) -> str:
     value = cell.parameter
-    if knob_name == "-":  # a compressor without a parameter
+    if parameter_name == "-":  # a compressor without a parameter
         return "-"
     if value is None:
         return "dense"
-    text = f"{value:.4g} ({value * 100:.4g}%)" if knob_name == "ratio" else f"{value:g}"
+    text = f"{value:.4g} ({value * 100:.4g}%)" if parameter_name == "ratio" else f"{value:g}"
     return text + ("*" if cell.fallback else "")
 
 
@@ -30,14 +30,14 @@ def _mix(routes: Iterable[tuple[str, int]]) -> str:
 def format_plan(result: Plan) -> str:
     """The table, one row per phase and size group with the routes its tensors take, a total per
     phase, and the last line ``expected volume X%`` (the wire volume at ``result.world_size``)."""
-    header = (f"{'phase':<18} {'size group':<22} {'tensors':>7} {'elements':>12} {result.knob_name:>20} "
+    header = (f"{'phase':<18} {'size group':<22} {'tensors':>7} {'elements':>12} {result.parameter_name:>20} "
               f"{'link bytes/step':>16} {'dense link':>16} {'volume':>8}  routes")
     lines = [header, "-" * len(header)]
     for phase, label in enumerate(result.phase_labels):
         cells = [c for c in result.cells if c.phase == phase]
         for cell in cells:
             lines.append(f"{label:<18} {result.group_labels[cell.group]:<22} {cell.tensors:>7} "
-                         f"{cell.elements:>12,} {_show_knob(cell, result.knob_name):>20} "
+                         f"{cell.elements:>12,} {_show_value(cell, result.parameter_name):>20} "
                          f"{_bytes(cell.link_bytes):>16} {_bytes(cell.link_dense):>16} {cell.volume:>8.2%}  "
                          f"{_mix(cell.routes)}")
         link, dense = result.phase_totals(phase)

@@ -26,8 +26,8 @@ from grace_legacy.planner.plan import AUTO, WORKER_COUNTS, Plan, plan
 def routes_for(compression: Compressor) -> list[str]:
     """The routes :func:`plan` can force for ``compression`` (besides ``"dense"``): an allreduce
     for an additive payload, a gather and a scatter-gather for a single-round one."""
-    out = ["allreduce"] if compression.additive else []
-    return out + (["allgather", "scattergather"] if compression.rounds == 1 else [])
+    out = ["allreduce"] if compression.traits.additive else []
+    return out + (["allgather", "scattergather"] if compression.traits.rounds == 1 else [])
 
 
 @dataclass(frozen=True)

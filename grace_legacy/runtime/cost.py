@@ -41,10 +41,10 @@ def bytes_sent(concrete: Compressor | None, shape: int | Sequence[int], dtype: t
     if concrete is None:
         return dense
     spec = concrete.payload_spec_for(shape, dtype)
-    if concrete.additive:
+    if concrete.traits.additive:
         return sum(n * d.itemsize for n, d in spec)
-    packed = wire.packed_size_of(spec, with_header=not concrete.uniform_payload)
-    if world_size is not None and concrete.aggregates_by_mean and gather_costs_more(packed, dense, world_size):
+    packed = wire.packed_size_of(spec, with_header=not concrete.traits.uniform_payload)
+    if world_size is not None and concrete.traits.aggregates_by_mean and gather_costs_more(packed, dense, world_size):
         return dense
     return packed
 
@@ -76,18 +76,18 @@ def route_link_bytes(concrete: Compressor | None, shape: int | Sequence[int], dt
     costs = {"dense": ring_allreduce_bytes(dense, world_size)}
     if concrete is None:
         return costs
-    if not concrete.aggregates_by_mean:
+    if not concrete.traits.aggregates_by_mean:
         del costs["dense"]
     try:
         spec = concrete.payload_spec_for(shape, dtype)
     except NotImplementedError:  # a size only the data decides: every rank could choose differently
         return {"allgather": float("nan")}
-    if concrete.additive:
+    if concrete.traits.additive:
         raw = sum(n * d.itemsize for n, d in spec)
         return {"allreduce": ring_allreduce_bytes(raw, world_size)}
-    packed = wire.packed_size_of(spec, with_header=not concrete.uniform_payload)
+    packed = wire.packed_size_of(spec, with_header=not concrete.traits.uniform_payload)
     costs["allgather"] = float((world_size - 1) * packed)
-    if concrete.rounds == 1 and concrete.shardable:  # its owners compress shards as tensors of their own
+    if concrete.traits.rounds == 1 and concrete.traits.shardable:  # its owners compress shards as tensors of their own
         costs["scattergather"] = scatter_gather_bytes(concrete, shape.numel(), dtype, world_size, busiest=busiest)
     return costs
 
@@ -97,10 +97,11 @@ def segment_bytes(concrete: Compressor, numel: int, dtype: torch.dtype) -> tuple
     segment compressed by ``concrete``, and its owner's re-encoding (``for_sums``), each with a
     size header where its size is not fixed by the configuration (or the encoder differs)."""
     shape = torch.Size([numel])
-    first = wire.packed_size_of(concrete.payload_spec_for(shape, dtype), with_header=not concrete.uniform_payload)
+    first = wire.packed_size_of(concrete.payload_spec_for(shape, dtype),
+                                with_header=not concrete.traits.uniform_payload)
     encoder = concrete.for_sums()
     second = wire.packed_size_of(encoder.payload_spec_for(shape, dtype),
-                                 with_header=not concrete.uniform_payload or encoder is not concrete)
+                                 with_header=not concrete.traits.uniform_payload or encoder is not concrete)
     return first, second
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from abc import abstractmethod
 from collections.abc import Hashable, Iterable, Sequence
 from fractions import Fraction
@@ -11,6 +12,7 @@ import torch
 
 from grace_legacy.core.backend import Backend
 from grace_legacy.core.compressor import Compressor, Payload
+from grace_legacy.core.traits import Traits
 from grace_legacy.runtime.validation import ArgumentTypeError, check_gradient, check_positive_int, is_int
 
 
@@ -77,36 +79,14 @@ class Schedule(Compressor):
         return self.base.parameter
 
     @property
-    def additive(self) -> bool:  # type: ignore[override]
-        return self.base.additive
-
-    @property
-    def uniform_payload(self) -> bool:  # type: ignore[override]
-        return self.base.uniform_payload
-
-    @property
-    def rounds(self) -> int:  # type: ignore[override]
-        return self.base.rounds
+    def traits(self) -> Traits:  # type: ignore[override]
+        # A schedule decides per tensor and step, so what holds of one compressor's every tensor
+        # (exact, decoded entry by entry, always delivering inf and NaN) is not claimed for it.
+        return dataclasses.replace(self.base.traits, lossless=False, elementwise=False, delivers_nonfinite=False)
 
     @property
     def sparsifies(self) -> bool:
         return self.base.sparsifies
-
-    @property
-    def sends_entries(self) -> bool:  # type: ignore[override]
-        return self.base.sends_entries
-
-    @property
-    def aggregates_by_mean(self) -> bool:  # type: ignore[override]
-        return self.base.aggregates_by_mean
-
-    @property
-    def spans_step(self) -> bool:  # type: ignore[override]
-        return self.base.spans_step
-
-    @property
-    def shardable(self) -> bool:  # type: ignore[override]
-        return self.base.shardable
 
     def check_ready(self) -> None:
         pass

@@ -80,12 +80,12 @@ class DGCWarmup(Schedule):
         """Index into :attr:`values` at ``epoch``: the epoch itself during the warm-up, then ``W``."""
         return min(int(epoch), self.warmup_epochs)
 
-    def knob_at(self, epoch: int) -> Any:
+    def value_at(self, epoch: int) -> Any:
         """The parameter value at epoch ``epoch``."""
         return self.values[self.phase_of(epoch)]
 
     def value_for(self, tensor: torch.Tensor, name: str) -> Any:
-        return self.knob_at(math.floor(self.progress))
+        return self.value_at(math.floor(self.progress))
 
     def traffic_labels(self, name: str, tensor: torch.Tensor) -> dict[str, Hashable]:
         return {"phase": self.phase_of(math.floor(self.progress))}
@@ -94,7 +94,7 @@ class DGCWarmup(Schedule):
     def stats(self) -> dict[str, Any]:
         epoch = math.floor(self.progress)
         return {**super().stats, "warmup": {"values": list(self.values), "epoch": epoch,
-                                            "phase": self.phase_of(epoch), "current": self.knob_at(epoch)}}
+                                            "phase": self.phase_of(epoch), "current": self.value_at(epoch)}}
 
     def __repr__(self) -> str:
         parts = [repr(self.base), f"target={self.target!r}", f"warmup_epochs={self.warmup_epochs}",

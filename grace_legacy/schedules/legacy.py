@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import bisect
 import math
-import warnings
 from collections.abc import Sequence
 from fractions import Fraction
 from typing import Any
@@ -43,7 +42,7 @@ class Legacy(Schedule):
         if by not in self.MODES:
             raise ValueError(f"Legacy: by must be one of {', '.join(map(repr, self.MODES))}, got {by!r}")
         by_layer, by_phase = by in ("layer", "both"), by in ("epoch", "both")
-        if by_layer and base.spans_step:
+        if by_layer and base.traits.spans_step:
             raise ValueError(f"Legacy: by={by!r} sets a value per layer, but {type(base).__name__} makes one selection "
                              f"over every layer of the step together, so no layer has a value of its own; use "
                              f"by='epoch', or a per-layer compressor (TopK) by layer")
@@ -181,12 +180,6 @@ class Legacy(Schedule):
         :func:`~grace_legacy.schedules.flags.parse_flags` documents); ``kwargs`` go to :class:`Legacy`."""
         mode, values, options = parse_flags(base, by, group_compressions, group_splits, epochs)
         return cls(base, mode, values, **options, **kwargs)
-
-    @classmethod
-    def from_strings(cls, *args: Any, **kwargs: Any) -> Legacy:
-        """The name :meth:`from_flags` had in earlier releases."""
-        warnings.warn("Legacy.from_strings is called Legacy.from_flags now", DeprecationWarning, stacklevel=2)
-        return cls.from_flags(*args, **kwargs)
 
     def to_flags(self) -> dict[str, Any]:
         """This schedule's reference flags: ``Legacy.from_flags(base, **schedule.to_flags())`` rebuilds it."""

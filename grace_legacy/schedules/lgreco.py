@@ -203,7 +203,7 @@ class LGreCo(Schedule):
                     continue
                 payload, ctx = chosen.compress(g, name)
                 # One worker: the "sum over ranks" of each round is this payload itself.
-                for _ in range(1, chosen.rounds):
+                for _ in range(1, chosen.traits.rounds):
                     payload, ctx = chosen.next_round(payload, ctx)
                 decoded = chosen.decompress(payload, ctx)
                 e_row.append(float(torch.sum((g.double() - decoded.double()) ** 2)))

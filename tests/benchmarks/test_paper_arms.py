@@ -159,4 +159,4 @@ def test_the_topk_table_puts_legacy_and_whole_model_top_k_at_the_uniform_arms_li
         # Solved to three significant figures: within 2% of the uniform arm's link bytes.
         assert abs(expected_volume(compressor, model, 1, 4, route="allgather") / uniform - 1) < 0.02, arm.name
     assert table.comparisons == [tuple(arm.name for arm in table.schedules)]
-    assert [arm.build(None).compressor.spans_step for arm in table.schedules] == [False, True]
+    assert [arm.build(None).compressor.traits.spans_step for arm in table.schedules] == [False, True]

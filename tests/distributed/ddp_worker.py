@@ -160,7 +160,7 @@ def run_case(rec: Recorder, case, options: dict, routes_of_the_case: bool = True
         twins = twin_contributions(lambda grad, name: twin_step_sent(
             twin, twin_memory, grad, name, communicator, getattr(compression, "dense_fallback", True),
             world_size=dist.get_world_size()),
-            {name: local[name] for name, _ in model.named_parameters()}, state.grace.compressor.spans_step)
+            {name: local[name] for name, _ in model.named_parameters()}, state.grace.compressor.traits.spans_step)
         # Every parameter's contribution and synchronized gradient in one gather per step, exact in
         # float64: far fewer collectives to wait for than two per parameter.
         mine = [contribution for contribution, *_ in twins.values()] + [p.grad for p in model.parameters()]

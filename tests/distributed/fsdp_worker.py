@@ -267,7 +267,7 @@ def zoo_setups():
     for entry in ENTRIES:
         # PowerSGD's rounds, and what compresses the whole step or whole tensors only, FSDP refuses
         # (the refusals are checked apart).
-        if entry.compressor is PowerSGD or entry.compressor.spans_step or not entry.compressor.shardable:
+        if entry.compressor is PowerSGD or entry.compressor.traits.spans_step or not entry.compressor.traits.shardable:
             continue
         try:
             Grace(entry.typical(), memory=NoMemory())

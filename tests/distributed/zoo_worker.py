@@ -27,7 +27,7 @@ def predicted_packed_bytes(concrete, tensor: torch.Tensor) -> int | None:
         spec = concrete.payload_spec_for(tensor.shape, tensor.dtype)
     except NotImplementedError:
         return None
-    return wire.packed_size_of(spec, with_header=not concrete.uniform_payload)
+    return wire.packed_size_of(spec, with_header=not concrete.traits.uniform_payload)
 
 
 def twin_step(twin, memory, grad: torch.Tensor, name: str, communicator, dense_fallback: bool,
@@ -48,8 +48,8 @@ def twin_step_sent(twin, memory, grad: torch.Tensor, name: str, communicator, de
     concrete = twin.compressor_for(compensated, name)
     world = hvd.size() if world_size is None else world_size
     route = "dense"
-    if concrete is not None and dense_fallback and concrete.aggregates_by_mean:
-        gathered = communicator.carries_non_additive if communicator is not None else not concrete.additive
+    if concrete is not None and dense_fallback and concrete.traits.aggregates_by_mean:
+        gathered = communicator.carries_non_additive if communicator is not None else not concrete.traits.additive
         packed = predicted_packed_bytes(concrete, compensated) if gathered else None
         if packed is not None and gathered_goes_dense(packed, grad.numel(), world, grad.element_size()):
             concrete, route = None, "dense-fallback"
@@ -58,10 +58,10 @@ def twin_step_sent(twin, memory, grad: torch.Tensor, name: str, communicator, de
         return compensated, compensated.numel() * compensated.element_size(), route, [compensated.dtype]
     payload, ctx = concrete.compress(compensated, name)
     memory.update(compensated, name, concrete, payload, ctx)
-    if concrete.additive and communicator is None:
+    if concrete.traits.additive and communicator is None:
         sent, route = sum(p.numel() * p.element_size() for p in payload), "allreduce"
     else:
-        sent = wire.packed_size(payload, with_header=not concrete.uniform_payload)
+        sent = wire.packed_size(payload, with_header=not concrete.traits.uniform_payload)
         route = communicator.route if communicator is not None else "allgather"
     return concrete.decompress(payload, ctx), sent, route, [p.dtype for p in payload if p.is_floating_point()]
 
@@ -99,7 +99,7 @@ def run_case(rec: Recorder, case, dtype: torch.dtype) -> None:
         opt.synchronize()
         twins = twin_contributions(lambda grad, name: twin_step_sent(
             twin, twin_memory, grad, name, communicator, getattr(compression, "dense_fallback", True)),
-            {name: local[name] for name, _ in model.named_parameters()}, compression.compressor.spans_step)
+            {name: local[name] for name, _ in model.named_parameters()}, compression.compressor.traits.spans_step)
         # Every parameter's contribution in one gather per step, exact in float64: far fewer
         # collectives to wait for than one per parameter.
         flat = torch.cat([contribution.reshape(-1).double() for contribution, *_ in twins.values()])

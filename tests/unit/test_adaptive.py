@@ -153,7 +153,7 @@ def schedules_of(make_base, values, warmup):
 
 
 @pytest.mark.parametrize("make_base,values,warmup", KNOBS)
-def test_every_schedule_sets_any_knob(make_base, values, warmup):
+def test_every_schedule_sets_any_parameter(make_base, values, warmup):
     parameter = make_base().parameter.name
     for schedule in schedules_of(make_base, values, warmup):
         allowed = schedule.values if isinstance(schedule, DGCWarmup) else values

@@ -52,7 +52,7 @@ def test_it_sends_whole_packets_and_at_least_one():
     payload, _ = CAT(1.0, 60.0, 1460).compress(torch.randn(10_000), "w")
     assert payload[0].numel() % 22 == 0
     assert CAT().compress(torch.zeros(5), "w")[0][0].numel() == 5  # one packet holds all 5: ratio 0 everywhere
-    assert CAT().spans_step
+    assert CAT().traits.spans_step
 
 
 @pytest.mark.parametrize(("arguments", "named"), [

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numba
 import numpy as np
-import torch
 import pytest
+import torch
 from numba.core.dispatcher import Dispatcher
 
 from grace_legacy.compressors import kernels

@@ -89,10 +89,10 @@ def test_payload_spec_describes_the_payload(entry, shape, dtype):
     try:
         spec = concrete.payload_spec_for(tensor.shape, tensor.dtype)
     except NotImplementedError:
-        assert not concrete.uniform_payload, f"{concrete!r} has a uniform payload but no payload_spec"
+        assert not concrete.traits.uniform_payload, f"{concrete!r} has a uniform payload but no payload_spec"
         return
     sent = list(payload)
-    for _ in range(1, concrete.rounds):  # one worker: each round's sum is its own payload
+    for _ in range(1, concrete.traits.rounds):  # one worker: each round's sum is its own payload
         payload, ctx = concrete.next_round(payload, ctx)
         sent += payload
     assert [(p.numel(), p.dtype) for p in sent] == spec
@@ -103,17 +103,17 @@ def test_payload_spec_describes_the_payload(entry, shape, dtype):
 def test_additive_payloads_may_be_summed_and_means_aggregate_to_the_mean(entry, dtype):
     parts = [compressed(entry, (40, 30), dtype, rank) for rank in range(2)]
     (_, concrete, payload0, ctx0), (_, other, payload1, ctx1) = parts
-    if concrete is None or concrete.rounds > 1:
+    if concrete is None or concrete.traits.rounds > 1:
         return  # sent dense, or multi-round (PowerSGD's rounds have their own tests)
     decoded = [concrete.decompress(payload0, ctx0), other.decompress(payload1, ctx1)]
     # Summing in the payload's own dtype, or the gradient's, rounds at its precision (FP16 sends
     # float16; a bfloat16 gradient's decoded values are summed in bfloat16).
     coarsest = max(torch.finfo(d).eps for d in [dtype, *(p.dtype for p in payload0 if p.is_floating_point())])
     tolerance = {"rtol": max(1e-5, 2 * coarsest), "atol": 1e-6}
-    if concrete.additive:
+    if concrete.traits.additive:
         summed = [p + q for p, q in zip(payload0, payload1, strict=True)]
         torch.testing.assert_close(concrete.decompress(summed, ctx0), decoded[0] + decoded[1], **tolerance)
-    if concrete.aggregates_by_mean and not concrete.additive:
+    if concrete.traits.aggregates_by_mean and not concrete.traits.additive:
         aggregate = concrete.aggregate([payload0, payload1], ctx0, average=True)
         torch.testing.assert_close(aggregate, (decoded[0] + decoded[1]) / 2, **tolerance)
 

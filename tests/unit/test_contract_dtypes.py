@@ -116,17 +116,17 @@ def twins(make_twin, make_memory, dtype: torch.dtype, spans_step: bool = False) 
                 for r in range(RANKS):
                     memories[r].update(compensated[r], name, _DENSE, [compensated[r]], None)
                 combined = mean_rule(compensated)
-            elif concrete[0].additive:
+            elif concrete[0].traits.additive:
                 sent = [concrete[r].compress(compensated[r], name) for r in range(RANKS)]
                 reduced = reduced_in_rank_order([payload for payload, _ in sent])
                 contexts = [ctx for _, ctx in sent]
-                for _ in range(1, concrete[0].rounds):
+                for _ in range(1, concrete[0].traits.rounds):
                     sent = [concrete[r].next_round(reduced, contexts[r]) for r in range(RANKS)]
                     contexts = [ctx for _, ctx in sent]
                     reduced = reduced_in_rank_order([payload for payload, _ in sent])
                 for r in range(RANKS):
                     memories[r].update(compensated[r], name, concrete[r], sent[r][0], contexts[r])
-                    if concrete[r].rounds > 1:
+                    if concrete[r].traits.rounds > 1:
                         concrete[r].end_exchange(reduced, contexts[r])
                 combined = concrete[0].decompress(reduced, contexts[0])
             else:
@@ -134,7 +134,7 @@ def twins(make_twin, make_memory, dtype: torch.dtype, spans_step: bool = False) 
                 for r in range(RANKS):
                     memories[r].update(compensated[r], name, concrete[r], *sent[r])
                 decoded = [concrete[r].decompress(*sent[r]) for r in range(RANKS)]
-                rule = mean_rule if concrete[0].aggregates_by_mean else majority_vote_rule
+                rule = mean_rule if concrete[0].traits.aggregates_by_mean else majority_vote_rule
                 combined = rule(decoded).to(dtype)
             for r in range(RANKS):
                 aggregated = memories[r].aggregated(name, combined.clone())
@@ -159,7 +159,7 @@ def test_takes_the_dtype_exactly_as_its_reference_or_refuses_it_by_name(setup, d
         with pytest.raises(TypeError, match=str(dtype).removeprefix("torch.")):
             library(make, make_memory, dtype)
         return
-    got, want = library(make, make_memory, dtype), twins(make_twin, make_memory, dtype, make().spans_step)
+    got, want = library(make, make_memory, dtype), twins(make_twin, make_memory, dtype, make().traits.spans_step)
     for rank in range(RANKS):
         for step in range(STEPS):
             for name, _, _ in TENSORS:

@@ -155,7 +155,8 @@ def _lgreco() -> Compressor:
 
 #: Every registered compressor alone, each one with a parameter inside Legacy, and the adaptive schedules.
 SPECS = [_alone(entry) for entry in ENTRIES] + [_legacy(entry) for entry in ENTRIES
-                                               if entry.compressor.parameter and not entry.compressor.spans_step] + [
+                                               if entry.compressor.parameter
+                                               and not entry.compressor.traits.spans_step] + [
     Spec("DGCWarmup(TopK)", _warmup, {"target": st.floats(1e-9, 1.0, exclude_max=True), "epoch": st.integers(0, 6)},
          lambda: _warmup(0.01, 1)),
     Spec("Accordion(QSGD)", _accordion, {}, _accordion),
@@ -185,9 +186,9 @@ def round_trip(compressor: Compressor, tensor: torch.Tensor, name: str) -> list[
     if concrete is None:
         return []
     payload, ctx = concrete.compress(tensor, name)
-    for _ in range(1, concrete.rounds):  # one worker: the sum over ranks is the payload itself
+    for _ in range(1, concrete.traits.rounds):  # one worker: the sum over ranks is the payload itself
         payload, ctx = concrete.next_round(payload, ctx)
-    if concrete.rounds > 1:
+    if concrete.traits.rounds > 1:
         concrete.end_exchange(payload, ctx)
         return [concrete.decompress(payload, ctx)]
     return [concrete.decompress(payload, ctx), concrete.aggregate([payload, payload], ctx, average=True)]
@@ -253,7 +254,7 @@ def test_a_dense_legacy_value_still_refuses_an_integer_gradient():
 # -- invalid arguments --------------------------------------------------------------------------
 
 
-def knob_accepts(parameter: ScheduledParameter, value: Any) -> bool:
+def parameter_accepts(parameter: ScheduledParameter, value: Any) -> bool:
     """An independent oracle for the documented rule: an integer parameter takes whole numbers, compared
     exactly (so any int, however large); any other parameter takes the value as a float, which must be
     finite (an int or fraction too large for a float is refused). Then the range."""
@@ -306,7 +307,7 @@ def _usable(label: str, built: Any) -> None:
 @fuzz_settings(300)
 def test_numbers_out_of_range_raise_value_error(argument, value):
     label, parameter, build = argument
-    if knob_accepts(parameter, value):
+    if parameter_accepts(parameter, value):
         try:
             built = build(value)
         except ValueError as err:
@@ -337,7 +338,7 @@ def test_none_is_unset_alone_and_dense_in_a_schedule(base):
     with pytest.raises(ValueError, match=r"was built without its \w+: pass one"):
         base(None).compress(torch.randn(5, 7), "w")
     # One selection over the step has no layer of its own: its schedule goes by epoch.
-    by = {"by": "epoch", "epochs": 1} if base.spans_step else {"by": "layer"}
+    by = {"by": "epoch", "epochs": 1} if base.traits.spans_step else {"by": "layer"}
     assert Legacy(base(), values=[None], **by).compressor_for(torch.randn(5, 7), "w") is None
 
 

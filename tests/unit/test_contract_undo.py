@@ -22,10 +22,10 @@ def local_step(compressor, memory, grad: torch.Tensor, name: str = "w") -> torch
     compensated = memory.compensate(grad, name)
     concrete = compressor.compressor_for(compensated, name)
     payload, ctx = concrete.compress(compensated, name)
-    for _ in range(1, concrete.rounds):
+    for _ in range(1, concrete.traits.rounds):
         payload, ctx = concrete.next_round(payload, ctx)
     memory.update(compensated, name, concrete, payload, ctx)
-    if concrete.rounds > 1:
+    if concrete.traits.rounds > 1:
         concrete.end_exchange(payload, ctx)
     return memory.aggregated(name, concrete.decompress(payload, ctx))
 

@@ -78,5 +78,5 @@ def test_a_16_bit_cast_rejects_every_sparse_layout(layout, compressor):
 def test_no_compression_is_lossless_and_additive():
     x = torch.randn(7)
     c = NoCompression()
-    assert c.lossless and c.additive
+    assert c.traits.lossless and c.traits.additive
     assert c.decompress(*c.compress(x, "x")) is x

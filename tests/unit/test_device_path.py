@@ -141,12 +141,12 @@ def test_every_compressor_on_the_device_path_takes_no_cpu_only_path(entry, dtype
         compressor.set_rank(rank)
         concrete = compressor.compressor_for(tensor, "w")
         payload, ctx = concrete.compress(tensor, "w")
-        for _ in range(concrete.rounds - 1):
+        for _ in range(concrete.traits.rounds - 1):
             payload, ctx = concrete.next_round(payload, ctx)
         concrete.decompress(payload, ctx)
         payloads.append(payload)
         contexts.append(ctx)
-    if concrete.rounds == 1:
+    if concrete.traits.rounds == 1:
         concrete.aggregate(payloads, contexts[0], average=True)
 
 

@@ -159,7 +159,7 @@ def test_dgc_round_trips_any_shape_and_float_dtype(shape, dtype):
 def test_dgc_payload_and_defaults():
     c = DGC(0.01)
     assert c.payload_spec(1000, torch.float32) == [(10, torch.float32), (10, torch.int32)]
-    assert c.uniform_payload and not c.additive
+    assert c.traits.uniform_payload and not c.traits.additive
     assert isinstance(c.recommended_memory(), DGCMemory)
     assert isinstance(Grace(c).memory, DGCMemory)
     assert DGC(1.0).compressor_for(torch.randn(4), "x") is None

@@ -19,7 +19,7 @@ def test_dgc_paper_sequence_at_every_epoch(epoch):
     schedule = DGCWarmup(TopK(), target=0.001, warmup_epochs=4, coeff=0.25)
     schedule.set_epoch(epoch)
     expected = PAPER[min(epoch, 4)]
-    assert schedule.knob_at(epoch) == expected
+    assert schedule.value_at(epoch) == expected
     assert schedule.compressor_for(torch.zeros(1000), "w").ratio == expected
     assert schedule.stats["warmup"]["current"] == expected
 
@@ -41,10 +41,10 @@ def test_dgc_counted_steps_change_exactly_at_epoch_boundaries(steps_per_epoch):
         schedule.end_step()
     assert seen == [PAPER[min(s // steps_per_epoch, 4)] for s in range(6 * steps_per_epoch)]
     schedule.set_epoch(1)
-    assert schedule.steps == steps_per_epoch and schedule.knob_at(schedule.epoch) == 0.0625
+    assert schedule.steps == steps_per_epoch and schedule.value_at(schedule.epoch) == 0.0625
 
 
-def test_dgc_warmup_schedules_integer_and_increasing_knobs():
+def test_dgc_warmup_schedules_integer_and_increasing_parameters():
     levels = DGCWarmup(QSGD(), target=4, start=256, warmup_epochs=4)
     assert levels.values == [math.floor(256 * (4 / 256) ** ((e + 1) / 5) + 0.5) for e in range(4)] + [4]
     ranks = DGCWarmup(PowerSGD(), target=1, start=8, warmup_epochs=2, coeff=0.5)

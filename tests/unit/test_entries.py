@@ -29,7 +29,7 @@ def test_ratio_of_wrong_type_is_a_type_error(bad):
         RandomK(bad)
 
 
-def test_compressor_without_its_knob_refuses_to_run_alone():
+def test_compressor_without_its_parameter_refuses_to_run_alone():
     with pytest.raises(ValueError, match=r"TopK\(\) was built without its ratio.*Legacy"):
         Grace(TopK())
     with pytest.raises(ValueError, match="without its ratio"):

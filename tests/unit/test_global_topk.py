@@ -56,7 +56,7 @@ def test_k_is_read_from_the_ratio_as_written():
 
 def test_legacy_sets_its_ratio_by_epoch_and_refuses_to_by_layer():
     schedule = Legacy(GlobalTopK(), by="epoch", values=[0.5, 0.1], epochs=2)
-    assert schedule.spans_step
+    assert schedule.traits.spans_step
     schedule.set_epoch(1)
     payload, _ = schedule.compress(torch.randn(1000), "w")
     assert payload[0].numel() == 100

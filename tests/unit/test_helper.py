@@ -69,7 +69,7 @@ def test_defaults_are_gracess_no_compression_no_memory_allreduce():
     ({"compressor": "adacomp", "communicator": "allgather"}, AdaComp, 50),
     ({"compressor": "variance", "communicator": "allgather", "var_alpha": 1.5}, VarianceSparsifier, 1.5),
 ])
-def test_each_knob_takes_gracess_key_and_default(params, kind, parameter):
+def test_each_parameter_takes_gracess_key_and_default(params, kind, parameter):
     grc = grace_from_params(params)
     assert type(grc.compressor) is kind
     assert grc.compressor.value == parameter
@@ -196,7 +196,7 @@ def test_design_card_names():
     assert {"LegacyCompressor", "grace_from_params"} <= set(grace_legacy.__all__)
 
 
-def test_compressor_from_name_sets_the_knob_or_leaves_it_to_a_schedule():
+def test_compressor_from_name_sets_the_parameter_or_leaves_it_to_a_schedule():
     from grace_legacy.helper import compressor_from_name
 
     assert compressor_from_name("topk").ratio == 0.3

@@ -118,8 +118,11 @@ def test_each_layer_imports_only_the_layers_below_it(name):
 
 
 def test_core_holds_the_interfaces_only():
+    # Each an interface, or a record or helper every interface shares; anything else belongs to a
+    # layer above (docs/ARCHITECTURE.md).
     modules = sorted(p.stem for p in (PACKAGE / "core").glob("*.py"))
-    assert len(modules) <= 8, modules
+    assert modules == ["__init__", "backend", "communicator", "compressor", "memory", "parameter", "seeds", "state",
+                       "traits"]
 
 
 def test_architecture_names_every_module():

@@ -86,9 +86,9 @@ def test_dense_values_take_the_dense_route():
     assert isinstance(chosen, TopK) and chosen.ratio == 0.1
 
 
-def test_schedules_any_knob_and_its_memory():
+def test_schedules_any_parameter_and_its_memory():
     schedule = Legacy(RandomK(seed=3), by="layer", values=[0.5, 0.1], splits=[100])
-    assert schedule.additive and isinstance(Grace(schedule).memory, Residual)
+    assert schedule.traits.additive and isinstance(Grace(schedule).memory, Residual)
     assert schedule.compressor_for(torch.zeros(1000), "w").ratio == 0.1
     Grace(schedule, memory=NoMemory())
 

@@ -204,7 +204,7 @@ def test_lgreco_ranks_take_rank_0s_choices_even_when_their_own_differ():
         assert own != rank0_applied  # the broadcast, not the local state, decided
 
 
-def test_powersgd_memory_and_power_sgd_knob():
+def test_powersgd_memory_and_power_sgd_parameter():
     schedule = LGreCo(PowerSGD(), [4, 2, 1], reference=2, interval=1)
     grace = Grace(schedule, memory=PowerSGDMemory())
     assert isinstance(grace.memory, PowerSGDMemory)

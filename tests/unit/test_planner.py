@@ -100,7 +100,7 @@ def test_budget_matches_the_uniform_volume(capsys):
     assert any(line.startswith("reference flags: --by 'both'") for line in matched)
 
 
-def test_no_schedule_uses_gracess_default_knob(capsys):
+def test_no_schedule_uses_gracess_default_parameter(capsys):
     lines = run(capsys, "--sizes", "1000", "--compressor", "qsgd")
     assert lines[0].startswith("QSGD(levels=127, seed=0) on 4 workers (the default")
     # GRACE's compress_ratio 0.3, 8 bytes per entry: gathered at 4 workers more than dense;

@@ -94,7 +94,7 @@ def test_payload_spec_describes_the_real_payload_and_its_bytes(compressor, numel
     payload, _ = compressor.compress(x, "w")
     spec = compressor.payload_spec(numel, dtype)
     assert spec == [(p.numel(), p.dtype) for p in payload]
-    assert not compressor.additive and compressor.uniform_payload
+    assert not compressor.traits.additive and compressor.traits.uniform_payload
     packed = wire.packed_size(payload, with_header=False)
     assert packed == wire.packed_size_of(spec, with_header=False) == bytes_sent(compressor, numel, dtype)
     assert packed == wire.pack(payload, with_header=False).numel()
@@ -224,7 +224,7 @@ def test_seed_must_be_an_int(make):
 
 
 @pytest.mark.parametrize("compressor", [TernGrad(), Natural()], ids=repr)
-def test_knobless_quantizers_cannot_be_scheduled(compressor):
+def test_parameterless_quantizers_cannot_be_scheduled(compressor):
     with pytest.raises(ValueError, match="no parameter to schedule"):
         Legacy(compressor, by="layer", values=[None, 1], splits=[10])
     with pytest.raises(ValueError, match="no parameter to schedule"):

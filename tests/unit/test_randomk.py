@@ -42,7 +42,7 @@ def test_randomk_step_counter_survives_state_dict():
     assert torch.equal(a.compress(x, "w")[1][0], b.compress(x, "w")[1][0])
 
 
-def test_with_knob_copies_share_step_counters():
+def test_with_value_copies_share_step_counters():
     base = RandomK(seed=0)
     dense, sparse = base.with_value(0.5), base.with_value(0.1)
     dense.compress(torch.randn(10), "w")

@@ -70,7 +70,7 @@ def sparsifier(kind: str, ratio: float):
 @settings(max_examples=80, deadline=None)
 def test_residual_in_place_equals_the_subtraction_bit_for_bit(kind, ratio, n, dtype, steps, seed):
     compressor = sparsifier(kind, ratio)
-    assert compressor.sends_entries
+    assert compressor.traits.sends_entries
     memory, reference = Residual(), None
     draw = torch.Generator().manual_seed(seed)
     for step in range(steps):

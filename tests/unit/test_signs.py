@@ -55,7 +55,7 @@ def test_payload_is_packed_bits_plus_scalars_and_payload_spec_matches(shape, dty
     assert sum(p.numel() for p in payload[1:]) == scalars and all(p.dtype == dtype for p in payload[1:])
     assert compressor.payload_spec(n, dtype) == [(p.numel(), p.dtype) for p in payload]
     assert sum(p.numel() * p.element_size() for p in payload) == math.ceil(n / 8) + scalars * x.element_size()
-    assert not compressor.additive and compressor.uniform_payload and not compressor.lossless
+    assert not compressor.traits.additive and compressor.traits.uniform_payload and not compressor.traits.lossless
     assert bytes_sent(compressor, n, dtype) == wire.packed_size(payload, with_header=False)
 
 

@@ -62,12 +62,12 @@ def digests(threads: int) -> dict[str, str]:
                         if concrete is None:
                             break
                         payload, ctx = concrete.compress(tensor, "w")
-                        for _ in range(concrete.rounds - 1):
+                        for _ in range(concrete.traits.rounds - 1):
                             payload, ctx = concrete.next_round(payload, ctx)
                         parts += [*payload, concrete.decompress(payload, ctx)]
                         payloads.append(payload)
                         contexts.append(ctx)
-                    if concrete is not None and concrete.rounds == 1:
+                    if concrete is not None and concrete.traits.rounds == 1:
                         parts.append(concrete.aggregate(payloads, contexts[0], average=True))
                     for compressor in compressors:
                         compressor.end_step()

@@ -95,7 +95,7 @@ def test_threshold_cannot_predict_its_size_so_budget_matching_refuses_it():
 
 
 def test_threshold_defaults_and_refusals():
-    assert not Threshold.uniform_payload and not Threshold.additive
+    assert not Threshold.traits.uniform_payload and not Threshold.traits.additive
     assert isinstance(Grace(Threshold(0.1)).memory, Residual)
     with pytest.raises(ValueError, match="without its threshold"):
         Threshold().compress(torch.randn(3), "x")

@@ -38,7 +38,7 @@ def test_nonfinite_flag_of_a_view_and_of_an_empty_tensor():
     assert not nonfinite_flag(torch.empty(0, 3))
 
 
-def test_an_integer_knob_refuses_a_fraction_whose_float_is_an_integer():
+def test_an_integer_parameter_refuses_a_fraction_whose_float_is_an_integer():
     """Found by the fuzzer: float(Fraction(2**53 + 1, 2)) rounds to the integer 2**52."""
     from fractions import Fraction
 

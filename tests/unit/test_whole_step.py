@@ -133,7 +133,7 @@ def test_the_scatter_gather_route_equals_its_two_phase_reference(label):
     for rank, (compressor, _) in enumerate(made):
         compressor.set_rank(rank)
     reference = TwoPhase([c for c, _ in made], memories, owner_feedback=isinstance(memories[0], Residual))
-    spans = made[0][0].spans_step
+    spans = made[0][0].traits.spans_step
     for step in range(steps):
         local = [gradients(rank, step) for rank in range(world)]
         units = [step_units(local[rank], spans) for rank in range(world)]
