@@ -87,7 +87,6 @@ class Grace:
         self._schedule = compressor if isinstance(compressor, Schedule) else None
         #: the bytes this rank sent, by route (and by a schedule's groups and phases): :attr:`stats`
         self.traffic = TrafficStats()
-        compressor.ledger = self.traffic
         self.memory = memory if memory is not None else compressor.recommended_memory()
         compressor.check_memory(self.memory)
         self.memory.check_compressor(compressor)
@@ -286,8 +285,9 @@ class Grace:
     @property
     def stats(self) -> dict[str, Any]:
         """This rank's traffic (:class:`~grace_legacy.runtime.traffic.TrafficStats`): bytes sent and
-        on the link against a dense send, by route (and a schedule's groups and phases)."""
-        return self.traffic.as_dict()
+        on the link against a dense send, by route (and a schedule's groups and phases), with what
+        its schedule decided (:attr:`Schedule.stats <grace_legacy.schedules.base.Schedule.stats>`)."""
+        return {**self.traffic.as_dict(), **(self._schedule.stats if self._schedule is not None else {})}
 
     def scalars(self, prefix: str = "grace") -> dict[str, float]:
         """:attr:`stats` flattened for TensorBoard or W&B (``{"grace/volume": ..., ...}``)."""

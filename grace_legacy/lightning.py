@@ -13,8 +13,8 @@ keyword argument theirs) with one change: right after Lightning wraps the model 
 ``torchrun`` script that does the same by hand, with the same guarantees (docs/DDP.md).
 
 ``compression`` is what :func:`grace_legacy.ddp.register` accepts (a compressor, a schedule or a
-``Grace`` bundle); ``compression.stats``, the strategy's :attr:`stats` and :meth:`scalars` report
-its traffic in the training process. The Trainer's strategy enters each epoch
+``Grace`` bundle); the strategy's :attr:`stats` and :meth:`scalars` (its bundle's) report its
+traffic in the training process. The Trainer's strategy enters each epoch
 (``set_epoch(trainer.current_epoch)``) before the epoch's first batch, as Lightning does for a
 ``DistributedSampler``; with Fabric the loop is the user's, who calls :meth:`set_epoch`.
 

@@ -69,7 +69,7 @@ def _description(self: Any) -> dict[str, str | list[str]]:
                              for p in self._requires_update),
         "op": "Average" if self.op == Average else "Sum",
         "backward_passes_per_step": str(self.backward_passes_per_step),
-        **self._grace.describe(),
+        **self.grace.describe(),
     }
 
 
@@ -80,7 +80,7 @@ def _verify_ranks_agree(self: Any, when: str) -> None:
 
 
 def _grace_allreduce_grad_async(self: Any, p: torch.Tensor) -> tuple[Any, None]:
-    if self._grace.join_world(self._grace_backend):
+    if self.grace.join_world(self._grace_backend):
         if _elastic_worker():
             # A new world (the first, or one after a reset): its members post to a new board.
             self._grace_backend.open_board()
@@ -98,7 +98,7 @@ def _grace_allreduce_grad_async(self: Any, p: torch.Tensor) -> tuple[Any, None]:
         tensor = tensor.to_dense()
     # p.grad is set to the synchronized result (as Horovod's in-place allreduce would overwrite
     # it), so its contents are the bundle's to use.
-    pending = self._grace.start(tensor, self._parameter_names.get(p), self._grace_backend,
+    pending = self.grace.start(tensor, self._parameter_names.get(p), self._grace_backend,
                                 average=self.op == Average, overwrite=True)
     return pending, None
 
@@ -135,7 +135,7 @@ def _grace_synchronize(self: Any) -> None:
     _hvd_optimizer._DistributedOptimizer.synchronize(self)
     if self._requires_update and self.process_set.included():
         by_name = {self._parameter_names[p]: p for p in self._requires_update}
-        flagged = self._grace.guard.nonfinite_names(sorted(by_name), self._grace_backend)
+        flagged = self.grace.guard.nonfinite_names(sorted(by_name), self._grace_backend)
         for name in flagged:
             grad = by_name[name].grad
             # A compressor may have dropped the inf; make sure GradScaler sees it on every rank.
@@ -144,15 +144,15 @@ def _grace_synchronize(self: Any) -> None:
         if flagged:
             # GradScaler skips the whole step, so no tensor's memory or schedule may keep it.
             for name in by_name:
-                self._grace.guard.undo(name)
-    self._grace.end_step(self._grace_backend)
+                self.grace.guard.undo(name)
+    self.grace.end_step(self._grace_backend)
 
 
 def _grace_load_state_dict(self: Any, *args: Any, **kwargs: Any) -> None:
     """Horovod's ``load_state_dict``, which drops the gradients of a step under way; the bundle
     drops the step too (:meth:`Grace.undo_step`), first waiting for what this rank launched."""
     if self._handles:
-        self._grace.undo_step()
+        self.grace.undo_step()
     _hvd_optimizer._DistributedOptimizer.load_state_dict(self, *args, **kwargs)
 
 
@@ -173,7 +173,11 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
     :class:`~grace_legacy.consistency.RanksDisagree` on every rank, here or at the first step, when
     ranks differ in parameters, compression set-up or schedule. Horovod's other behaviours hold: a
     second ``synchronize()`` re-averages dense, ``zero_grad()`` refuses pending gradients, and
-    ``load_state_dict`` in mid-step drops the step."""
+    ``load_state_dict`` in mid-step drops the step.
+
+    The returned optimizer's ``grace`` is the ``Grace`` bundle that runs the compression (the one
+    given, or one built around a bare compressor): ``opt.grace.stats``, ``opt.grace.scalars()``,
+    ``opt.grace.set_epoch(epoch)``."""
     if grace is not None:
         if compression is not _NOT_GIVEN:
             raise ValueError(f"DistributedOptimizer: got both grace={grace!r} and compression={compression!r}; "
@@ -215,7 +219,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), members)
     distributed = cls(optimizer.param_groups, named_parameters, _AlreadyAggregated(), backward_passes_per_step,
                       op, gradient_predivide_factor, None, sparse_as_dense, process_set)
-    distributed._grace = bundle
+    distributed.grace = bundle
     distributed._grace_backend = HorovodBackend(process_set, bundle.stall_timeout)
     # Gradients arrive roughly in reverse registration order, so buckets fill while backward goes on.
     trainable = [p for group in distributed.param_groups for p in group["params"] if p.requires_grad]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import copy
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar, Protocol
+from collections.abc import Sequence
+from typing import Any, ClassVar
 
 import torch
 
@@ -18,14 +18,6 @@ from grace_legacy.core.traits import NAMES, NEEDS, Traits
 Payload = list[torch.Tensor]
 
 
-class Ledger(Protocol):
-    """Where the bundle running a compressor records its traffic (a ``TrafficStats``)."""
-
-    def as_dict(self) -> dict[str, Any]: ...
-
-    def scalars(self, stats: Mapping[str, Any], prefix: str) -> dict[str, float]: ...
-
-
 class Compressor(Stateful, ABC):
     """Turns a gradient into a payload (a list of tensors, the only thing sent) and back. Subclasses
     implement :meth:`compress`, :meth:`decompress` and :meth:`payload_spec` and describe their payload
@@ -36,9 +28,6 @@ class Compressor(Stateful, ABC):
     parameter: ClassVar[ScheduledParameter | None] = None
     #: what its payload allows (grace_legacy/core/traits.py), checked when a subclass is made
     traits: ClassVar[Traits] = Traits()
-
-    #: set by the bundle that runs this compressor: what :attr:`stats` reports
-    ledger: Ledger | None = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -199,24 +188,7 @@ class Compressor(Stateful, ABC):
         parts = (seed, self.rank, name, step) if per_rank else (seed, name, step)
         return derived_seed(*parts)
 
-    # -- what the bundle recorded, and checkpoints -------------------------------------------
-    @property
-    def stats(self) -> dict[str, Any]:
-        """The traffic the bundle running this compressor recorded (:attr:`grace_legacy.Grace.stats`);
-        empty before it runs."""
-        return self.ledger.as_dict() if self.ledger is not None else {}
-
-    def scalars(self, prefix: str = "grace") -> dict[str, float]:
-        """:attr:`stats` flattened for TensorBoard or W&B: every number under its path of keys,
-        ``{"grace/volume": ..., "grace/wire_bytes": ..., "grace/group/0/volume": ...,
-        "grace/phase/1/volume": ...}`` (``grace_legacy.runtime.traffic.flatten_scalars``); empty
-        before the bundle runs. Log it with ``writer.add_scalar(key, value, step)`` per item or
-        ``wandb.log(compression.scalars())``."""
-        if not isinstance(prefix, str):
-            raise TypeError(f"{type(self).__name__}.scalars: prefix must be a string (\"\" for none), got "
-                            f"{type(prefix).__name__}")
-        return self.ledger.scalars(self.stats, prefix) if self.ledger is not None else {}
-
+    # -- checkpoints ----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """The :meth:`configuration` and the per-tensor step counters (with the seed and rank, the
         state of every generator); subclasses add what else they keep, as copies."""

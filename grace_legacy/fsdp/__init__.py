@@ -329,7 +329,7 @@ def _tensor_bytes(*roots: Any) -> int:
         elif isinstance(obj, dict):
             stack.extend(obj.values())
         elif isinstance(obj, Compressor | Memory):
-            stack.extend(value for key, value in vars(obj).items() if key not in ("undo_log", "ledger"))
+            stack.extend(value for key, value in vars(obj).items() if key != "undo_log")
     return total
 
 

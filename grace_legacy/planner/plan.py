@@ -21,7 +21,7 @@ bundle calls (with no communicator named: the route of the compressor's own aggr
 the fused buckets are the bundle's :class:`~grace_legacy.communicators.fusion.BucketPlan`
 over the tensors in reverse registration order (the order the optimizer and the DDP hook plan them),
 ``default_bucket_bytes()`` unless told. So the planned link bytes of rank ``r`` per step,
-:meth:`Plan.rank_link_bytes`, are what that rank's ``compression.stats["wire_bytes"]`` records for
+:meth:`Plan.rank_link_bytes`, are what that rank's bundle's ``stats["wire_bytes"]`` records for
 the step, bit for bit when the tensors finish in arrival order, and :attr:`Plan.volume` is
 ``stats["volume"]`` over the run (with one worker nothing crosses a link and, as in the stats, the
 volume is the ratio of the bytes handed to the collectives to the dense bytes).

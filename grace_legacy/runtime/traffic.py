@@ -85,7 +85,7 @@ class TrafficStats:
 
     @staticmethod
     def scalars(stats: Mapping[str, Any], prefix: str = "grace") -> dict[str, float]:
-        """:func:`flatten_scalars` (what ``Compressor.scalars`` calls through its ledger)."""
+        """:func:`flatten_scalars` (what ``Grace.scalars`` calls)."""
         return flatten_scalars(stats, prefix)
 
     def state_dict(self) -> dict[str, Any]:

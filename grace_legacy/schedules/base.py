@@ -69,6 +69,13 @@ class Schedule(Compressor):
         """The aggregated gradient of ``name`` this step, the same on every rank (adaptive schedules
         decide from it)."""
 
+    @property
+    def stats(self) -> dict[str, Any]:
+        """What this schedule decided, under its own key (Accordion's regimes, L-GreCo's solves,
+        DGC's warm-up); nothing by default. The bundle's :attr:`~grace_legacy.Grace.stats` holds it
+        beside the traffic."""
+        return {}
+
     def traffic_labels(self, name: str, tensor: torch.Tensor) -> dict[str, Hashable]:
         """Labels under which :attr:`stats` breaks this tensor's bytes down (none by default)."""
         return {}

@@ -97,7 +97,7 @@ schedule = Legacy(TopK(), by="both", values=[[1.0, 0.1], [1.0, 0.05]], splits=[1
 given = schedule if ARGS.bare else Grace(schedule, memory=Residual(), bucket_bytes=8 * 1024)
 optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05 * hvd.size(), momentum=0.9),
                                      named_parameters=model.named_parameters(), compression=given)
-compression = optimizer._grace
+compression = optimizer.grace
 assert isinstance(compression.memory, Residual)
 # The failing host has one slot, so exactly one process fails, in the first world (it dies).
 failing = {"armed": ARGS.scenario in ("raise", "kill") and HOST == ARGS.fail_host}

@@ -86,7 +86,7 @@ def test_accordion_regime_breakdown_in_stats():
             schedule.notify_lr_drop()
         if step == 10:
             schedule.set_lr(0.01)
-    regimes = schedule.stats["regime"]
+    regimes = bundle.stats["regime"]
     # a at steps 8, 9 and 11 and b at step 11 are critical only because of the drops.
     assert regimes["lr-drop"]["tensors"] == 4
     assert regimes["normal"]["tensors"] == EXPECTED_A.count(HIGH) + EXPECTED_B.count(HIGH)

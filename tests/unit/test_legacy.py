@@ -142,9 +142,10 @@ def test_state_dict_restores_progress_and_stats():
         schedule.end_step()
     bundle.record_traffic("w", torch.zeros(100), 80, "allgather")
     fresh = Legacy(TopK(), by="epoch", values=[0.1, 0.01], epochs=4, steps_per_epoch=3)
-    Grace(fresh).load_state_dict(bundle.state_dict())
+    resumed = Grace(fresh)
+    resumed.load_state_dict(bundle.state_dict())
     assert (fresh.steps, fresh.epoch, fresh.progress) == (7, 2, Fraction(7, 3))
-    assert fresh.stats == schedule.stats and fresh.stats["phase"][1]["bytes_sent"] == 80
+    assert resumed.stats == bundle.stats and resumed.stats["phase"][1]["bytes_sent"] == 80
 
 
 def test_stats_break_down_by_group_and_phase():
@@ -154,7 +155,7 @@ def test_stats_break_down_by_group_and_phase():
         schedule.set_epoch(epoch)
         bundle.record_traffic("small", torch.zeros(10), 40, "dense")
         bundle.record_traffic("large", torch.zeros(1000), 800 // (10**epoch), "allgather")
-    stats = schedule.stats
+    stats = bundle.stats
     assert stats["group"][0]["volume"] == 1.0 and stats["group"][1]["bytes_sent"] == 880
     assert stats["phase"][0]["bytes_sent"] == 840 and stats["phase"][1]["bytes_sent"] == 120
 
