@@ -6,9 +6,12 @@
 * :mod:`~grace_legacy.planner.timing`: the same over 4 to 1024 workers (:func:`scaling`) and an
   alpha-beta estimate of a step's link time (:func:`link_time`);
 * :mod:`~grace_legacy.planner.report`: the text and the picture ``python -m grace_legacy plan``
-  prints and draws.
+  prints and draws;
+* :mod:`~grace_legacy.planner.models`: the shapes of a model named on the command line
+  (:func:`model_shapes`).
 """
 
+from grace_legacy.planner.models import model_shapes
 from grace_legacy.planner.plan import (
     AUTO,
     DEFAULT_WORKERS,
@@ -17,7 +20,6 @@ from grace_legacy.planner.plan import (
     Cell,
     Plan,
     TensorPlan,
-    model_shapes,
     plan,
     segment_runs,
 )
