@@ -145,10 +145,11 @@ class BucketExchange:
     def _decompress_flat(self, segments: list[tuple[Parcel, int]], flat: torch.Tensor,
                          results: dict[str, torch.Tensor]) -> bool:
         """Decode a flat of one-part payloads of one compressor at once
-        (:meth:`~grace_legacy.core.compressor.Compressor.decompress_flat`) into ``results``, and look
-        at it whole for infs and NaNs; ``False`` where the compressor decodes tensor by tensor."""
+        (:meth:`~grace_legacy.core.compressor.Elementwise.decompress_flat`) into ``results``, and look
+        at it whole for infs and NaNs; ``False`` where the compressor is not elementwise."""
         compressor = segments[0][0].compressor
-        if not all(parcel.compressor is compressor and len(parcel.payload) == 1 for parcel, _ in segments):
+        if not compressor.traits.elementwise or not all(
+                parcel.compressor is compressor and len(parcel.payload) == 1 for parcel, _ in segments):
             return False
         whole = len(segments) == len(self.parcels) and all(
             parcel is mine for (parcel, _), mine in zip(segments, self.parcels, strict=True))

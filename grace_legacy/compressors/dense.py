@@ -7,14 +7,14 @@ from typing import Any, ClassVar
 
 import torch
 
-from grace_legacy.core.compressor import Compressor, Payload
+from grace_legacy.core.compressor import Elementwise, Payload
 from grace_legacy.core.traits import Traits
 from grace_legacy.runtime import paths
 from grace_legacy.runtime.buffers import MMAP_CEILING, BufferPool
 from grace_legacy.runtime.validation import check_gradient
 
 
-class NoCompression(Compressor):
+class NoCompression(Elementwise):
     """Sends the gradient as it is, through a plain allreduce (the route of every uncompressed tensor)."""
 
     # A sum keeps every inf and NaN.
@@ -37,7 +37,7 @@ class NoCompression(Compressor):
         return [(numel, dtype)]
 
 
-class _WireCast(Compressor):
+class _WireCast(Elementwise):
     """Casts to :attr:`wire_dtype` for the wire and back to the gradient's dtype on arrival. The
     payload is additive: every rank's cast is summed by one allreduce, in the wire dtype."""
 

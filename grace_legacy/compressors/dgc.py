@@ -13,13 +13,13 @@ from grace_legacy.compressors.kernels import selection
 from grace_legacy.compressors.kernels.selection import top_k_at_or_above
 from grace_legacy.compressors.sparse import SparseContext, index_dtype
 from grace_legacy.compressors.topk import TopK
-from grace_legacy.core.compressor import Payload
+from grace_legacy.core.compressor import Payload, Randomized
 from grace_legacy.core.memory import Memory
 from grace_legacy.memories.dgc import DGCMemory
 from grace_legacy.runtime.validation import ArgumentTypeError, check_gradient
 
 
-class DGC(TopK):
+class DGC(Randomized, TopK):
     """Deep Gradient Compression's sparsifier (Lin et al., 2018): the entries :class:`TopK` keeps
     (with its payload and dtypes), found the DGC way: ``s = max(min_samples, ceil(sample_ratio * n))``
     positions drawn uniformly with replacement (keyed by ``(seed, rank, name, step)``), the sample's

@@ -13,12 +13,12 @@ from grace_legacy.compressors.quantization import (
     draw_key,
     work_dtype,
 )
-from grace_legacy.core.compressor import Compressor, Payload
+from grace_legacy.core.compressor import Payload, Randomized
 from grace_legacy.core.memory import Memory, NoMemory
 from grace_legacy.runtime.validation import check_gradient
 
 
-class Natural(Compressor):
+class Natural(Randomized):
     """Natural compression (Horvath et al., 2019): each element rounded at random to one of the two
     powers of two around it. For ``2^a <= |x| < 2^(a+1)``, ``|x|`` becomes ``2^(a+1)`` with
     probability ``|x| / 2^a - 1``, else ``2^a``, keeping its sign: ``E[C(x)] = x`` and

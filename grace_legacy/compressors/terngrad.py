@@ -19,7 +19,7 @@ from grace_legacy.compressors.quantization import (
     usable_scale,
     work_dtype,
 )
-from grace_legacy.core.compressor import Compressor, Payload
+from grace_legacy.core.compressor import Payload, Randomized
 from grace_legacy.core.memory import Memory, NoMemory
 from grace_legacy.runtime.validation import check_gradient
 
@@ -27,7 +27,7 @@ from grace_legacy.runtime.validation import check_gradient
 CLIP_SIGMAS = 2.5
 
 
-class TernGrad(Compressor):
+class TernGrad(Randomized):
     """TernGrad (Wen et al., 2017): a scale and one ternary digit per element.
 
     Clipping: ``g_c = clamp(g, -2.5 sigma, 2.5 sigma)``, ``sigma`` the elements' standard deviation

@@ -21,8 +21,9 @@ Payload = list[torch.Tensor]
 class Compressor(Stateful, ABC):
     """Turns a gradient into a payload (a list of tensors, the only thing sent) and back. Subclasses
     implement :meth:`compress`, :meth:`decompress` and :meth:`payload_spec` and describe their payload
-    by the class attributes below (the contract: docs/IMPLEMENTING.md). Randomness comes only from
-    :meth:`generator` or :meth:`step_seed`, keyed by ``(seed, rank, name, step)``: reproducible."""
+    by the class attributes below (the contract: docs/IMPLEMENTING.md). What only some compressors
+    do is opt-in, mixed in below: drawing random numbers (:class:`Randomized`), several allreduce
+    rounds (:class:`MultiRound`), a fused bucket decoded whole (:class:`Elementwise`)."""
 
     #: the one parameter a schedule may set (Top-k's density), or None; ``self._set_value`` sets it
     parameter: ClassVar[ScheduledParameter | None] = None
@@ -47,8 +48,6 @@ class Compressor(Stateful, ABC):
 
     def __init__(self) -> None:
         self._value: Any = None
-        # Shared (not copied) by with_value copies, so a schedule changing the value keeps counting.
-        self._steps: dict[str, int] = {}
         self.rank = 0
 
     # -- encoding ---------------------------------------------------------------------------
@@ -59,15 +58,6 @@ class Compressor(Stateful, ABC):
     @abstractmethod
     def decompress(self, payload: Payload, ctx: Any) -> torch.Tensor:
         """Decode one payload into a tensor of the original shape and dtype."""
-
-    def decompress_flat(self, flat: torch.Tensor, contexts: Sequence[Any],
-                        out: torch.Tensor | None = None) -> torch.Tensor | None:
-        """Optional: the payloads of several tensors of one-part payloads, lying back to back in the
-        1-D ``flat`` (as a fused allreduce delivers them), decoded at once into one 1-D tensor whose
-        consecutive pieces are the tensors' :meth:`decompress` bit for bit; ``None`` (the default)
-        where this compressor decodes tensor by tensor only. ``out``: a 1-D tensor of ``flat``'s
-        length to decode into when it has the results' dtype (it is then returned), else ignored."""
-        return None
 
     def aggregate(self, payloads: Sequence[Payload], ctx: Any, average: bool) -> torch.Tensor:
         """``sum_r D(p_r)``, divided by the number of ranks when ``average``; override for a faster
@@ -103,14 +93,6 @@ class Compressor(Stateful, ABC):
         scatter-add of part 0 (values) at part 1 (flat indices) into zeros, so a bucket may sum all
         such members at once; ``None`` otherwise."""
         return None
-
-    # -- multi-round compressors ------------------------------------------------------------
-    def next_round(self, reduced: Payload, ctx: Any) -> tuple[Payload, Any]:
-        """The next local payload, given the previous round's sum."""
-        raise NotImplementedError(f"{type(self).__name__} sends a single round")
-
-    def end_exchange(self, reduced: Payload, ctx: Any) -> None:  # noqa: B027 (optional hook)
-        """The last round's reduced payload, before it is decoded (PowerSGD keeps Q)."""
 
     # -- the scheduled parameter ------------------------------------------------------------
     @property
@@ -164,10 +146,57 @@ class Compressor(Stateful, ABC):
     def set_epoch(self, epoch: int) -> None:  # noqa: B027 (only schedules act on progress)
         """Enter epoch ``epoch``, like ``DistributedSampler.set_epoch``."""
 
-    # -- per-tensor steps and randomness ----------------------------------------------------
     def set_rank(self, rank: int) -> None:
         """This process's rank among those it exchanges gradients with (set by the bundle)."""
         self.rank = rank
+
+    # -- checkpoints ----------------------------------------------------------------------
+    def rejoin_state(self, shared: dict[str, Any], own: dict[str, Any]) -> dict[str, Any]:
+        """The state to continue from after the world changed: ``shared`` (rank 0's), except what
+        is per rank (Signum's momentum), which subclasses keep from ``own`` (docs/DESIGN.md#elastic-state)."""
+        return dict(shared)
+
+    def __repr__(self) -> str:
+        if self.parameter is None:
+            return f"{type(self).__name__}()"
+        return f"{type(self).__name__}({self.parameter.name}={self._value!r})"
+
+class Elementwise(Compressor):
+    """Opt-in: a one-part additive payload decoded entry by entry (FP16, BF16, none), so a fused
+    allreduce's whole bucket is decoded by one call. Declare ``traits = Traits(additive=True,
+    elementwise=True)``."""
+
+    @abstractmethod
+    def decompress_flat(self, flat: torch.Tensor, contexts: Sequence[Any],
+                        out: torch.Tensor | None = None) -> torch.Tensor:
+        """The payloads of several tensors, lying back to back in the 1-D ``flat`` (as a fused
+        allreduce delivers them), decoded at once into one 1-D tensor whose consecutive pieces are
+        the tensors' :meth:`decompress` bit for bit. ``out``: a 1-D tensor of ``flat``'s length to
+        decode into when it has the results' dtype (it is then returned), else ignored."""
+
+
+class MultiRound(Compressor):
+    """Opt-in: an additive payload sent in several allreduces, each made from the previous round's
+    sum (PowerSGD: P, then Q). Declare ``traits = Traits(additive=True, rounds=N)``."""
+
+    @abstractmethod
+    def next_round(self, reduced: Payload, ctx: Any) -> tuple[Payload, Any]:
+        """The next local payload, given the previous round's sum."""
+
+    def end_exchange(self, reduced: Payload, ctx: Any) -> None:  # noqa: B027 (optional hook)
+        """The last round's reduced payload, before it is decoded (PowerSGD keeps Q)."""
+
+
+class Randomized(Compressor):
+    """Opt-in: a compressor that draws random numbers, only from :meth:`generator` or
+    :meth:`step_seed`, keyed by ``(seed, rank, name, step)`` with ``step = self.next_step(name)``:
+    a run is reproducible, a rank's draws can be replayed, and a checkpoint (the step counters)
+    resumes them exactly."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)  # before the compressor it is mixed into (DGC: TopK's)
+        # Shared (not copied) by with_value copies, so a schedule changing the value keeps counting.
+        self._steps: dict[str, int] = {}
 
     def next_step(self, name: str) -> int:
         """How many times ``name`` was compressed before (0 the first time), then count this one."""
@@ -188,10 +217,8 @@ class Compressor(Stateful, ABC):
         parts = (seed, self.rank, name, step) if per_rank else (seed, name, step)
         return derived_seed(*parts)
 
-    # -- checkpoints ----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """The :meth:`configuration` and the per-tensor step counters (with the seed and rank, the
-        state of every generator); subclasses add what else they keep, as copies."""
+        """Adds the per-tensor step counters: with the seed and rank, the state of every generator."""
         return {**super().state_dict(), "steps": dict(self._steps)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -199,13 +226,3 @@ class Compressor(Stateful, ABC):
         # In place: with_value copies share this dict.
         self._steps.clear()
         self._steps.update(state["steps"])
-
-    def rejoin_state(self, shared: dict[str, Any], own: dict[str, Any]) -> dict[str, Any]:
-        """The state to continue from after the world changed: ``shared`` (rank 0's), except what
-        is per rank (Signum's momentum), which subclasses keep from ``own`` (docs/DESIGN.md#elastic-state)."""
-        return dict(shared)
-
-    def __repr__(self) -> str:
-        if self.parameter is None:
-            return f"{type(self).__name__}()"
-        return f"{type(self).__name__}({self.parameter.name}={self._value!r})"
