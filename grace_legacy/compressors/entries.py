@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 import torch
 
 from grace_legacy.compressors.sparse import SparseContext, densify, scatter_sum
-from grace_legacy.core.compressor import Compressor, Payload
+from grace_legacy.core.compressor import Payload, Sparsifier
 from grace_legacy.core.memory import Memory, NoMemory
 from grace_legacy.core.parameter import ScheduledParameter
 from grace_legacy.core.state import UndoLog
@@ -29,7 +29,7 @@ def kept_count(ratio: float, numel: int) -> int:
     return max(1, math.floor(Fraction(repr(float(ratio))) * numel))
 
 
-class EntrySparsifier(Compressor):
+class EntrySparsifier(Sparsifier):
     """A sparsifier whose payload is ``[values, flat indices]`` with a :class:`SparseContext`:
     decoding scatters the values into zeros, aggregating scatter-adds every rank's entries."""
 

@@ -22,8 +22,9 @@ class Compressor(Stateful, ABC):
     """Turns a gradient into a payload (a list of tensors, the only thing sent) and back. Subclasses
     implement :meth:`compress`, :meth:`decompress` and :meth:`payload_spec` and describe their payload
     by the class attributes below (the contract: docs/IMPLEMENTING.md). What only some compressors
-    do is opt-in, mixed in below: drawing random numbers (:class:`Randomized`), several allreduce
-    rounds (:class:`MultiRound`), a fused bucket decoded whole (:class:`Elementwise`)."""
+    do is opt-in, mixed in below: sending some of the input's entries (:class:`Sparsifier`), drawing
+    random numbers (:class:`Randomized`), several allreduce rounds (:class:`MultiRound`), a fused
+    bucket decoded whole (:class:`Elementwise`)."""
 
     #: the one parameter a schedule may set (Top-k's density), or None; ``self._set_value`` sets it
     parameter: ClassVar[ScheduledParameter | None] = None
@@ -77,16 +78,6 @@ class Compressor(Stateful, ABC):
     def payload_spec_for(self, shape: torch.Size, dtype: torch.dtype) -> list[tuple[int, torch.dtype]]:
         """:meth:`payload_spec` for a tensor of this shape; override where the shape matters."""
         return self.payload_spec(shape.numel(), dtype)
-
-    # -- sparsifiers ------------------------------------------------------------------------
-    def support(self, payload: Payload, ctx: Any) -> torch.Tensor:
-        """The flat indices whose values ``payload`` carries (sparsifiers only)."""
-        raise NotImplementedError(f"{type(self).__name__} does not send a subset of entries")
-
-    @property
-    def sparsifies(self) -> bool:
-        """Whether :meth:`support` says which entries a payload carries."""
-        return type(self).support is not Compressor.support
 
     def scatter_context(self, ctx: Any) -> Any | None:
         """The ``SparseContext`` of the result where :meth:`aggregate` is exactly a rank-by-rank
@@ -160,6 +151,16 @@ class Compressor(Stateful, ABC):
         if self.parameter is None:
             return f"{type(self).__name__}()"
         return f"{type(self).__name__}({self.parameter.name}={self._value!r})"
+
+class Sparsifier(Compressor):
+    """Opt-in: a payload that carries some of the input's entries and says which (:meth:`support`),
+    so error feedback can zero exactly those (``Residual``) and DGC's memory can mask them. Declare
+    ``traits = Traits(sends_entries=True)`` where the values are the input's own, unscaled."""
+
+    @abstractmethod
+    def support(self, payload: Payload, ctx: Any) -> torch.Tensor:
+        """The flat indices whose values ``payload`` carries."""
+
 
 class Elementwise(Compressor):
     """Opt-in: a one-part additive payload decoded entry by entry (FP16, BF16, none), so a fused

@@ -95,7 +95,7 @@ class DGCMemory(Memory):
         self.accumulations[name] = self.accumulations[name].masked_fill(mask, 0)
 
     def check_compressor(self, compressor: Compressor) -> None:
-        if not compressor.sparsifies:
+        if not compressor.traits.sends_entries:
             raise ValueError(f"DGCMemory masks the entries a payload carried, but {compressor!r} sends no subset of "
                              f"entries; use a sparsifier (DGC, TopK, RandomK, Threshold) or another memory")
 

@@ -91,10 +91,6 @@ class Schedule(Compressor):
         # (exact, decoded entry by entry, always delivering inf and NaN) is not claimed for it.
         return dataclasses.replace(self.base.traits, lossless=False, elementwise=False, delivers_nonfinite=False)
 
-    @property
-    def sparsifies(self) -> bool:
-        return self.base.sparsifies
-
     def check_ready(self) -> None:
         pass
 
