@@ -363,17 +363,11 @@ def _check_arguments(compressor: Compressor, memory: Memory | None, communicator
     if communicator is not None and not isinstance(communicator, Communicator):
         raise TypeError(f"Grace: communicator must be a grace_legacy Communicator, got {type(communicator).__name__}")
     compressor.check_ready()
-    if communicator is not None and not communicator.carries_non_additive and not compressor.traits.additive:
-        raise ValueError(
-            f"Grace: {communicator!r} sums payloads, but {compressor!r} sends a non-additive payload "
-            f"(indices, signs or per-rank scales) that would be corrupted by summing; use Allgather() "
-            f"or leave communicator=None")
-    if communicator is not None and communicator.compresses and compressor.traits.rounds != 1:
-        raise ValueError(f"Grace: {communicator!r} cannot run {compressor!r}, which needs {compressor.traits.rounds} "
-                         f"allreduce rounds; leave communicator=None")
-    if communicator is not None and communicator.compresses and not compressor.traits.shardable:
-        raise ValueError(f"Grace: {communicator!r} compresses shards of tensors, but {compressor!r} compresses "
-                         f"whole tensors only; use Allgather() or leave communicator=None")
+    if communicator is not None:
+        try:
+            communicator.check_compressor(compressor)
+        except ValueError as err:
+            raise ValueError(f"Grace: {err}; or leave communicator=None") from None
 
 
 def as_bundle(compression: Compressor | Grace, owner: str, communicator: Communicator | str | None = None) -> Grace:

@@ -88,6 +88,21 @@ class Communicator(ABC):
         bound (:meth:`Pending.finish_with`) to what finishes them. Call ``parcel.feed_back`` once,
         with the last local payload, before sending it."""
 
+    def check_compressor(self, compressor: Compressor) -> None:
+        """Raise ``ValueError``, naming both, where this communicator cannot carry what ``compressor``
+        sends (as a memory's ``check_compressor`` refuses a compressor it cannot learn from): a sum
+        of payloads that are not additive, or shards of a compressor that needs several rounds or
+        whole tensors. The bundle asks before its first step."""
+        if not self.carries_non_additive and not compressor.traits.additive:
+            raise ValueError(f"{self!r} sums payloads, but {compressor!r} sends a non-additive payload (indices, "
+                             f"signs or per-rank scales) that would be corrupted by summing; use Allgather()")
+        if self.compresses and compressor.traits.rounds != 1:
+            raise ValueError(f"{self!r} cannot run {compressor!r}, which needs {compressor.traits.rounds} allreduce "
+                             f"rounds")
+        if self.compresses and not compressor.traits.shardable:
+            raise ValueError(f"{self!r} compresses shards of tensors, but {compressor!r} compresses whole tensors "
+                             f"only; use Allgather()")
+
     def start_many(self, label: str, parcels: Sequence[Parcel], backend: Backend, average: bool,
                    into: torch.Tensor | None = None, pool: Any = None) -> Flight | None:
         """Launch a fused bucket's parcels: those of every communicator of the bucket whose class
