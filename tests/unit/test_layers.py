@@ -131,3 +131,20 @@ def test_architecture_names_every_module():
              if path.name != "__init__.py" or path.parent == PACKAGE]
     missing = [module for module in named if f"`{module}`" not in text]
     assert not missing, f"docs/ARCHITECTURE.md does not name {missing}"
+
+
+#: The house's measures (issue "the house, third pass"): a module one can read in a sitting, and a
+#: README that is a user's page (history lives in benchmarks/results/).
+MODULE_LINES = 450
+README_BYTES = 16_000
+
+
+def test_no_module_is_over_the_line_limit():
+    long = {str(path.relative_to(PACKAGE)): n for path in PACKAGE.rglob("*.py")
+            if (n := len(path.read_text().splitlines())) > MODULE_LINES}
+    assert not long, f"modules over {MODULE_LINES} lines: {long}"
+
+
+def test_the_readme_stays_a_users_page():
+    size = len((PACKAGE.parent / "README.md").read_bytes())
+    assert size <= README_BYTES, f"README.md is {size} bytes, over {README_BYTES}: move history to benchmarks/results"
