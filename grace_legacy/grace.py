@@ -33,6 +33,7 @@ from grace_legacy.core.state import refuse_other_configuration, saved_configurat
 from grace_legacy.memories import Residual
 from grace_legacy.runtime.advice import RouteAdvice
 from grace_legacy.runtime.cost import choose_route, ring_allreduce_bytes
+from grace_legacy.runtime.placement import Placement
 from grace_legacy.runtime.stall import RanksStalled, resolve_stall_timeout
 from grace_legacy.runtime.traffic import TrafficStats
 from grace_legacy.runtime.validation import check_flag
@@ -102,9 +103,7 @@ class Grace:
         # The first step's link bytes on the default routes, for one line of advice; None once given,
         # or where the user chose the communicator.
         self._advice = None if communicator is not None or self.byte_optimal else RouteAdvice()
-        # (rank, size) of the process set this bundle ran on, and the one a loaded state expects.
-        self._placement: tuple[int, int] | None = None
-        self._expected_placement: tuple[int, int] | None = None
+        self.placement = Placement()
 
     @property
     def bucket_bytes(self) -> int:
@@ -231,19 +230,13 @@ class Grace:
         new (the ranks' agreement should be checked again). A loaded state must be entered at the
         rank and size that saved it (``ValueError``); a change under a running bundle leaves the old
         world first (docs/DESIGN.md#elastic-state)."""
-        placement = (backend.rank(), backend.size())
-        if placement == self._placement:
+        rank, size = backend.rank(), backend.size()
+        if not self.placement.is_new(rank, size):
             return False
-        if self._expected_placement is not None and self._expected_placement != placement:
-            (rank, size), (saved_rank, saved_size) = placement, self._expected_placement
-            raise ValueError(
-                f"Grace: this rank ({rank} of {size}) loaded the state that rank {saved_rank} of {saved_size} "
-                f"saved; residuals and generators belong to one rank, so each rank must load its own "
-                f"(compression.load_state_dict(states[hvd.rank()])) on as many ranks as saved them")
-        if self._placement is not None:
+        if self.placement.current is not None:
             self.leave_world()
-        self._placement, self._expected_placement = placement, None
-        self.compressor.set_rank(placement[0])
+        self.placement.enter(rank, size)
+        self.compressor.set_rank(rank)
         return True
 
     def leave_world(self) -> None:
@@ -254,7 +247,7 @@ class Grace:
             self.memory.reset()
         if self.owner_memory is not None:
             self.owner_memory.reset()
-        self._placement = self._expected_placement = None
+        self.placement.leave()
 
     def undo_step(self) -> None:
         """Forget the step under way (``load_state_dict`` in mid-step, an elastic restore): what this
@@ -327,8 +320,7 @@ class Grace:
         rank to rank: gather it, and have each rank load its own (docs/CHECKPOINTING.md). A run
         resumed from it ends bit for bit as the uninterrupted run, given the same data in the same
         order, world size, controller and Horovod settings."""
-        placement = self._placement or self._expected_placement
-        return {"config": self.configuration(), "placement": None if placement is None else list(placement),
+        return {"config": self.configuration(), "placement": self.placement.saved(),
                 "compressor": self.compressor.state_dict(), "memory": self.memory.state_dict(),
                 "owner_memory": None if self.owner_memory is None else self.owner_memory.state_dict(),
                 "traffic": self.traffic.state_dict()}
@@ -339,9 +331,7 @@ class Grace:
         at the first step if another rank or number of ranks did."""
         saved = saved_configuration(state, "Grace.load_state_dict")
         refuse_other_configuration("Grace.load_state_dict", saved, self.configuration())
-        placement = state["placement"]
-        self._expected_placement = None if placement is None else (int(placement[0]), int(placement[1]))
-        self._placement = None
+        self.placement.expect(state["placement"])
         self.compressor.load_state_dict(state["compressor"])
         self.memory.load_state_dict(state["memory"])
         if self.owner_memory is not None:
