@@ -105,8 +105,8 @@ class FaultInjector:
         ``decompress_flat`` counts as a decompress) and ``update`` of these memories' classes while
         inside (each method patched where the class defines it)."""
         methods_of = ((compressors, ("compress", "decompress", "decompress_flat")), (memories, ("update",)))
-        targets = {(first_definer(obj, method), method)
-                   for objects, methods in methods_of for obj in objects for method in methods}
+        targets = {(first_definer(obj, method), method)  # decompress_flat: elementwise compressors only
+                   for objects, methods in methods_of for obj in objects for method in methods if hasattr(obj, method)}
         patched = []
         for cls, method in sorted(targets, key=lambda target: (target[0].__qualname__, target[1])):
             original = cls.__dict__[method]

@@ -152,7 +152,7 @@ class HorovodEngine:
         optimizer = self.hvd.DistributedOptimizer(
             torch.optim.SGD(model.parameters(), lr=LEARNING_RATE), named_parameters=named,
             compression=self.hvd.Compression.none if compression is None else compression)
-        return model, optimizer, lambda: None if compression is None else compression.stats
+        return model, optimizer, lambda: None if compression is None else optimizer.grace.stats
 
     def gather(self, value: Any) -> list[Any]:
         return self.hvd.allgather_object(value)

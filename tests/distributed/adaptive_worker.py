@@ -60,9 +60,10 @@ class NamedRuleTwin:
 
 def run_case(rec: Recorder, label: str, schedule, memory, twin, twin_memory, steps: int, *, before_step=None,
              after_sync=None, rtol=1e-6, atol=1e-7, process_set=hvd.global_process_set,
-             dense_fallback: bool = True) -> None:
+             dense_fallback: bool = True) -> Grace:
     """Train ``steps`` steps; ``before_step(step, decided)`` sees the schedule's parameter per parameter
-    for the step, ``after_sync(step, model)`` runs once the gradients are synchronized."""
+    for the step, ``after_sync(step, model)`` runs once the gradients are synchronized. Returns the
+    bundle (its stats)."""
     grace = Grace(schedule, memory=memory, communicator=Allgather(), dense_fallback=dense_fallback)
     twin.set_rank(process_set.rank())
     torch.manual_seed(0)
@@ -102,12 +103,13 @@ def run_case(rec: Recorder, label: str, schedule, memory, twin, twin_memory, ste
             after_sync(step, model)
         with opt.skip_synchronize():
             opt.step()
-    stats = schedule.stats
+    stats = grace.stats
     rec.check(f"{label}: stats bytes_sent equals the twin's payload bytes", stats["bytes_sent"] == expected_bytes,
               f"{stats['bytes_sent']} != {expected_bytes}")
     rec.check(f"{label}: the bundle's routes are the twin's", set(stats["tensors_by_route"]) == routes,
               f"bundle {stats['tensors_by_route']}, twin {routes}")
     rec.extra.setdefault("stats", {})[label] = {k: v for k, v in stats.items() if k not in ("lgreco",)}
+    return grace
 
 
 # -- DGC warm-up ----------------------------------------------------------------------------------
@@ -125,9 +127,8 @@ def dgc_warmup_case(rec: Recorder) -> None:
         rec.check(f"dgc-warmup: step {step} density", set(decided.values()) == {densities[min(step, 3)]},
                   str(decided))
 
-    run_case(rec, "dgc-warmup", schedule, DGCMemory(0.9), twin, DGCMemory(0.9), 4, before_step=before)
-    rec.check("dgc-warmup: every phase was used", set(schedule.stats["phase"]) == {0, 1, 2, 3},
-              str(schedule.stats["phase"]))
+    stats = run_case(rec, "dgc-warmup", schedule, DGCMemory(0.9), twin, DGCMemory(0.9), 4, before_step=before).stats
+    rec.check("dgc-warmup: every phase was used", set(stats["phase"]) == {0, 1, 2, 3}, str(stats["phase"]))
 
 
 def qsgd_warmup_case(rec: Recorder) -> None:
@@ -202,10 +203,11 @@ def accordion_case(rec: Recorder) -> None:
             rule.lr_drop()
             schedule.notify_lr_drop()
 
-    run_case(rec, "accordion", schedule, Residual(), twin, Residual(), 6, before_step=before, after_sync=after)
-    regimes = set(schedule.stats["regime"])
+    bundle = run_case(rec, "accordion", schedule, Residual(), twin, Residual(), 6, before_step=before,
+                      after_sync=after)
+    regimes = set(bundle.stats["regime"])
     rec.check("accordion: critical, normal and lr-drop regimes all occurred",
-              regimes == {"critical", "normal", "lr-drop"}, str(schedule.stats["regime"]))
+              regimes == {"critical", "normal", "lr-drop"}, str(bundle.stats["regime"]))
     rec.extra["accordion"] = schedule.stats["accordion"]
 
 

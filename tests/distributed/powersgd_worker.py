@@ -101,11 +101,11 @@ def run_dtype(rec: Recorder, dtype: torch.dtype, prefix: str) -> None:
     quartiles = [6, 4, 3, 2]
     schedule = Legacy(PowerSGD(seed=SEED), by="epoch", values=quartiles, epochs=4, steps_per_epoch=1)
     rank_by_rule = lambda step: quartiles[next(i for i in range(4) if step < (i + 1) * 4 / 4)]  # noqa: E731
+    bundle = Grace(schedule, memory=PowerSGDMemory())
     rec.guard(prefix + "legacy powersgd quartiles", train_and_compare, rec, prefix + "legacy powersgd quartiles",
-              Grace(schedule, memory=PowerSGDMemory()), ReferencePowerSGD(rank_by_rule, residual=True),
-              steps=4, **options)
-    rec.check(prefix + "legacy powersgd: every phase used", set(schedule.stats.get("phase", {})) == {0, 1, 2, 3},
-              str(schedule.stats))
+              bundle, ReferencePowerSGD(rank_by_rule, residual=True), steps=4, **options)
+    rec.check(prefix + "legacy powersgd: every phase used", set(bundle.stats.get("phase", {})) == {0, 1, 2, 3},
+              str(bundle.stats))
 
 if __name__ == "__main__":
     main()

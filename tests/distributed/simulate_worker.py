@@ -42,7 +42,7 @@ def horovod_runs(out: Path, launcher: str) -> None:
                 loss_of(model, batch(step, process_set.rank())).backward()
                 optimizer.step()
                 grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
-            runs[(world, label)] = record(model, compression.stats, grads)
+            runs[(world, label)] = record(model, optimizer.grace.stats, grads)
     for process_set in halves:
         hvd.remove_process_set(process_set)
     torch.save(runs, out / f"rank{hvd.rank()}.pt")
