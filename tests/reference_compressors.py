@@ -11,8 +11,8 @@ large tensor would not afford. ``tests/unit/test_reference_arrays.py`` holds the
 payload bits and decoded values on drawn tensors.
 
 They subclass ``grace_legacy.Compressor`` only to serve as the twins of the registry's reference
-cases (``tests/registry.py``): the bundle calls ``resolve``, ``compress``, ``decompress`` and reads the
-class flags; everything they compute is their own. The generators are seeded from
+cases (``tests/registry.py``): the bundle calls ``compressor_for``, ``compress``, ``decompress`` and reads
+the traits; everything they compute is their own. The generators are seeded from
 ``blake2b("seed\\0rank\\0name\\0step")``, written out here as the library documents it.
 """
 

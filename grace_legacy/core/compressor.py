@@ -21,10 +21,10 @@ Payload = list[torch.Tensor]
 class Compressor(Stateful, ABC):
     """Turns a gradient into a payload (a list of tensors, the only thing sent) and back. Subclasses
     implement :meth:`compress`, :meth:`decompress` and :meth:`payload_spec` and describe their payload
-    by the class attributes below (the contract: docs/IMPLEMENTING.md). What only some compressors
-    do is opt-in, mixed in below: sending some of the input's entries (:class:`Sparsifier`), drawing
-    random numbers (:class:`Randomized`), several allreduce rounds (:class:`MultiRound`), a fused
-    bucket decoded whole (:class:`Elementwise`)."""
+    by :attr:`parameter` and :attr:`traits` (the contract: docs/IMPLEMENTING.md). What only some
+    compressors do is opt-in, mixed in below: sending some of the input's entries
+    (:class:`Sparsifier`), drawing random numbers (:class:`Randomized`), several allreduce rounds
+    (:class:`MultiRound`), a fused bucket decoded whole (:class:`Elementwise`)."""
 
     #: the one parameter a schedule may set (Top-k's density), or None; ``self._set_value`` sets it
     parameter: ClassVar[ScheduledParameter | None] = None
