@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any, ClassVar
@@ -38,13 +39,13 @@ class Compressor(Stateful, ABC):
             raise TypeError(f"{cls.__name__}: {', '.join(stale)} belong to its traits record: "
                             f"traits = Traits({stale[0]}=...) (grace_legacy.core.traits)")
         traits = cls.__dict__.get("traits")
-        if traits is None or isinstance(traits, property):  # inherited, or a schedule's base's
+        if traits is None or isinstance(traits, property | functools.cached_property):  # inherited, or derived
             return
         if not isinstance(traits, Traits):
             raise TypeError(f"{cls.__name__}.traits must be a Traits record, got {type(traits).__name__}")
         for name, method in NEEDS.items():
             declared = traits.rounds > 1 if name == "rounds" else getattr(traits, name)
-            if declared and getattr(cls, method, None) is getattr(Compressor, method, None):
+            if declared and not hasattr(cls, method):
                 raise TypeError(f"{cls.__name__}: its traits say {name} but it does not define {method}")
 
     def __init__(self) -> None:
@@ -151,6 +152,7 @@ class Compressor(Stateful, ABC):
         if self.parameter is None:
             return f"{type(self).__name__}()"
         return f"{type(self).__name__}({self.parameter.name}={self._value!r})"
+
 
 class Sparsifier(Compressor):
     """Opt-in: a payload that carries some of the input's entries and says which (:meth:`support`),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from abc import abstractmethod
 from collections.abc import Hashable, Iterable, Sequence
 from fractions import Fraction
@@ -85,10 +86,11 @@ class Schedule(Compressor):
     def parameter(self):  # type: ignore[override]
         return self.base.parameter
 
-    @property
+    @functools.cached_property
     def traits(self) -> Traits:  # type: ignore[override]
         # A schedule decides per tensor and step, so what holds of one compressor's every tensor
         # (exact, decoded entry by entry, always delivering inf and NaN) is not claimed for it.
+        # Made once: the routes read it for every tensor, and the base never changes.
         return dataclasses.replace(self.base.traits, lossless=False, elementwise=False, delivers_nonfinite=False)
 
     def check_ready(self) -> None:
