@@ -26,7 +26,7 @@ from grace_legacy.communicators.fusion import Fusion, checked_bucket_bytes
 from grace_legacy.compressors import NoCompression
 from grace_legacy.core.backend import Backend, Pending
 from grace_legacy.core.communicator import Communicator, Parcel
-from grace_legacy.core.compressor import Compressor, Payload
+from grace_legacy.core.compressor import Compressor, Payload, Tunable
 from grace_legacy.core.memory import Encoder, Memory, NoMemory
 from grace_legacy.core.seeds import derived_seed
 from grace_legacy.core.state import refuse_other_configuration, saved_configuration
@@ -98,8 +98,6 @@ class Grace:
         self.fusion = Fusion(checked_bucket_bytes(bucket_bytes, "Grace"), compressor.traits.spans_step)
         self.guard = StepGuard(compressor, self.memory, self.owner_memory, self.fusion.flat_of)
         self._routes: dict[tuple, str] = {}
-        # Whether a caller's bucket (names, dtype, ranks) may go as one tensor.
-        self._whole: dict[tuple, bool] = {}
         # The first step's link bytes on the default routes, for one line of advice; None once given,
         # or where the user chose the communicator.
         self._advice = None if communicator is not None or self.byte_optimal else RouteAdvice()
@@ -201,26 +199,21 @@ class Grace:
         on the allreduce route. On a fast link the per-tensor work is what a step waits for. The
         result is ``flat`` itself, decoded in place; ``None``: start the tensors one by one."""
         self.join_world(backend)
-        world_size = backend.size()
-        key = (tuple(names), flat.dtype, world_size)
-        whole = self._whole.get(key)
-        if whole is None:  # decided from what every rank shares: configuration, names, shapes, dtypes
-            compressor = self.compressor
-            whole = self._whole[key] = (
-                compressor.traits.elementwise and self._schedule is None and type(self.memory) is NoMemory
-                and self.guard.flags_from_results and all(
-                    t.numel() and compressor.compressor_for(t, n) is compressor
-                    and self.route_of(compressor, t.shape, t.dtype, world_size) == "allreduce"
-                    for t, n in zip(tensors, names, strict=True)))
-        if not whole:
+        compressor, world_size = self.compressor, backend.size()
+        if not (compressor.traits.elementwise and self._schedule is None and type(self.memory) is NoMemory
+                and self.guard.flags_from_results):
             return None
-        if self._advice is not None:
-            for tensor in tensors:
-                self._advice.weigh(self.compressor, tensor, "allreduce", world_size)
-        pending = self.fusion.start_whole(label, flat, tensors, names, self.compressor, backend, average,
-                                          self.guard.watch, self.traffic)
+
+        def alone(tensor: torch.Tensor, name: str) -> bool:
+            return (tensor.numel() > 0 and compressor.compressor_for(tensor, name) is compressor
+                    and self.route_of(compressor, tensor.shape, tensor.dtype, world_size) == "allreduce")
+
+        pending = self.fusion.start_whole(label, flat, tensors, names, compressor, backend, average,
+                                          self.guard.watch, self.traffic, alone)
         if pending is not None:
-            for name in names:
+            for tensor, name in zip(tensors, names, strict=True):
+                if self._advice is not None:
+                    self._advice.weigh(compressor, tensor, "allreduce", world_size)
                 self.guard.started[name] = pending
         return pending
 
@@ -352,7 +345,8 @@ def _check_arguments(compressor: Compressor, memory: Memory | None, communicator
         raise TypeError(f"Grace: memory must be a grace_legacy Memory, got {type(memory).__name__}")
     if communicator is not None and not isinstance(communicator, Communicator):
         raise TypeError(f"Grace: communicator must be a grace_legacy Communicator, got {type(communicator).__name__}")
-    compressor.check_ready()
+    if isinstance(compressor, Tunable):
+        compressor.check_ready()
     if communicator is not None:
         try:
             communicator.check_compressor(compressor)

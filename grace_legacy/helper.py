@@ -79,7 +79,7 @@ from grace_legacy.compressors import (
     VarianceSparsifier,
 )
 from grace_legacy.core.communicator import Communicator
-from grace_legacy.core.compressor import Compressor
+from grace_legacy.core.compressor import Compressor, Tunable
 from grace_legacy.core.memory import Memory, NoMemory
 from grace_legacy.grace import AUTO, Grace
 from grace_legacy.memories import DGCMemory, EFSignSGDMemory, PowerSGDMemory, Residual
@@ -243,7 +243,8 @@ def grace_from_params(params: Mapping[str, Any]) -> Grace:
     if scheduled:
         compressor = _legacy(compressor, params)
     else:  # a parameter of None: the error names the key to set
-        _built(full, "compressor", compressor.check_ready)
+        if isinstance(compressor, Tunable):
+            _built(full, "compressor", compressor.check_ready)
     memory = _built(full, "memory", lambda: make_memory(full))
     communicator = make_communicator()
     try:

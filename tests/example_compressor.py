@@ -14,7 +14,8 @@ from typing import Any
 
 import torch
 
-from grace_legacy import Compressor, Memory, Residual, ScheduledParameter
+from grace_legacy import Memory, Residual, ScheduledParameter
+from grace_legacy.core.compressor import Tunable
 from grace_legacy.runtime.validation import check_gradient
 
 #: The parameter a schedule may set: whole levels that fit an int8 code. No value means dense, so
@@ -27,7 +28,7 @@ def _scale_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-class Int8Linear(Compressor):
+class Int8Linear(Tunable):
     """Deterministic linear quantization: payload ``[scale (1 element), codes (n int8)]``."""
 
     parameter = LEVELS

@@ -64,6 +64,7 @@ from grace_legacy import (
 )
 from grace_legacy.core.compressor import Compressor
 from grace_legacy.runtime.cost import choose_route, link_bytes, ring_allreduce_bytes, route_link_bytes
+from grace_legacy.schedules.base import Schedule
 
 from .arms import Arm, Run
 from .resnets import PAPER_SPLITS, ResNet9, ResNet18, counterpart_splits, group_sizes, scaled_splits
@@ -338,7 +339,8 @@ def expected_volume(compressor: Compressor, model: nn.Module, epochs: int, world
         tensors = [("whole", torch.cat([p.reshape(-1) for _, p in tensors]))]
     sent = dense = 0.0
     for epoch in range(epochs):
-        compressor.set_epoch(epoch)
+        if isinstance(compressor, Schedule):  # only a schedule's choices follow the epoch
+            compressor.set_epoch(epoch)
         for name, p in tensors:
             concrete = compressor.compressor_for(p, name)
             if route is None or concrete is None:

@@ -153,7 +153,7 @@ class Fusion:
         # Each bucket's large buffers, used again by its next flight once the caller has let go.
         self._pool = BufferPool()
         # A whole bucket's tensors' traffic rows, the same every step.
-        self._whole_rows: dict[tuple, list[tuple[int, int, float, float]]] = {}
+        self._whole_rows: dict[tuple, list[tuple[int, int, float, float]] | None] = {}
         # The step's gradients held for its flats, what starts a flat, and the flats in flight.
         self._step_held: dict[str, torch.Tensor] = {}
         self._start_flat: StartFlat | None = None
@@ -212,22 +212,24 @@ class Fusion:
 
     def start_whole(self, label: str, flat: torch.Tensor, tensors: Sequence[torch.Tensor], names: Sequence[str],
                     compressor: Compressor, backend: Backend, average: bool, watch: Callable[[str, torch.Tensor], None],
-                    traffic: TrafficStats) -> Pending | None:
+                    traffic: TrafficStats, alone: Callable[[torch.Tensor, str], bool]) -> Pending | None:
         """Send a caller's 1-D bucket ``flat`` (``tensors``, named ``names``, back to back in it) as
         one tensor of an elementwise ``compressor`` (one cast, one allreduce), decoded into ``flat``
-        itself; ``None`` where ``flat`` is not laid out so. On arrival, a non-finite sum has each
-        tensor ``watch``-ed alone, and ``traffic`` records each tensor as sent alone would."""
+        itself; ``None`` where ``flat`` is not laid out so, or where not every tensor would be sent
+        ``alone`` as this compressor's allreduce (decided once per names, dtype and world: what every
+        rank shares). On arrival, a non-finite sum has each tensor ``watch``-ed alone, and
+        ``traffic`` records each tensor as sent alone would."""
         if not (flat.dim() == 1 and flat.is_contiguous() and sum(t.numel() for t in tensors) == flat.numel()
                 and all(t.dtype == flat.dtype for t in tensors)):
             return None
         world_size = backend.size()
         key = (tuple(names), flat.dtype, world_size)
-        rows = self._whole_rows.get(key)
-        if rows is None:  # what each tensor alone would count: the key and the compressor fix it
-            wire = compressor.payload_spec(1, flat.dtype)[0][1].itemsize
-            rows = self._whole_rows[key] = [
-                (sent, dense, ring_allreduce_bytes(sent, world_size), ring_allreduce_bytes(dense, world_size))
-                for sent, dense in ((t.numel() * wire, t.numel() * t.element_size()) for t in tensors)]
+        if key not in self._whole_rows:
+            self._whole_rows[key] = None if not all(map(alone, tensors, names)) else self._rows(
+                compressor, tensors, flat.dtype, world_size)
+        rows = self._whole_rows[key]
+        if rows is None:
+            return None
         payload, ctx = compressor.compress(flat, label)
         (part,) = payload
         # The cast is a tensor nobody else holds: a backend that can reduce it in place is given it.
@@ -251,6 +253,14 @@ class Fusion:
             return flat
 
         return Pending(finish, part.numel() * part.element_size())
+
+    @staticmethod
+    def _rows(compressor: Compressor, tensors: Sequence[torch.Tensor], dtype: torch.dtype,
+              world_size: int) -> list[tuple[int, int, float, float]]:
+        """What each tensor sent alone would count: (sent, dense, link, dense link) bytes."""
+        wire = compressor.payload_spec(1, dtype)[0][1].itemsize
+        return [(sent, dense, ring_allreduce_bytes(sent, world_size), ring_allreduce_bytes(dense, world_size))
+                for sent, dense in ((t.numel() * wire, t.numel() * t.element_size()) for t in tensors)]
 
     def holds_for_step(self, name: str) -> bool:
         """Whether the gradient ``name`` goes in the step's flat (:meth:`hold_for_step`) rather than

@@ -10,7 +10,7 @@ from grace_legacy.compressors.entries import OwnFeedback
 from grace_legacy.compressors.kernels import accumulating
 from grace_legacy.compressors.kernels.sign_passes import accumulator_dtype
 from grace_legacy.compressors.sparse import SparseContext, index_dtype
-from grace_legacy.core.compressor import Payload
+from grace_legacy.core.compressor import Payload, Tunable
 from grace_legacy.core.parameter import ScheduledParameter
 from grace_legacy.core.traits import Traits
 from grace_legacy.runtime.validation import check_gradient
@@ -18,7 +18,7 @@ from grace_legacy.runtime.validation import check_gradient
 BIN_SIZE = ScheduledParameter("bin_size", low=1, integer=True)
 
 
-class AdaComp(OwnFeedback):
+class AdaComp(OwnFeedback, Tunable):
     """AdaComp (Chen et al., AAAI 2018, "AdaComp: adaptive residual gradient compression for
     data-parallel distributed training"). Per tensor, a residue ``R`` (0 at first) of what was not
     sent; each step, with ``g`` the gradient, ``G = R + g`` and ``H = G + g`` (the residue plus

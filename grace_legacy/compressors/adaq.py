@@ -12,7 +12,7 @@ import torch
 from grace_legacy.compressors.entries import DENSITY, kept_count
 from grace_legacy.compressors.quantization import check_seed
 from grace_legacy.compressors.sparse import index_dtype
-from grace_legacy.core.compressor import Payload, Randomized
+from grace_legacy.core.compressor import Payload, Randomized, Tunable
 from grace_legacy.core.memory import Memory
 from grace_legacy.core.traits import Traits
 from grace_legacy.memories.residual import Residual
@@ -26,7 +26,7 @@ class AdaQContext(NamedTuple):
     device: torch.device
 
 
-class AdaQ(Randomized):
+class AdaQ(Randomized, Tunable):
     """Adaptive quantization (Dryden, Moon, Jacobs and Van Essen, "Communication Quantization for
     Data-Parallel Training of Deep Neural Networks", MLHPC 2016; GRACE's ``adaq``), meant to run
     with error feedback.

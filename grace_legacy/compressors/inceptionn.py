@@ -8,7 +8,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from grace_legacy.core.compressor import Compressor, Payload
+from grace_legacy.core.compressor import Payload, Tunable
 from grace_legacy.core.memory import Memory
 from grace_legacy.core.parameter import ScheduledParameter
 from grace_legacy.core.traits import Traits
@@ -57,7 +57,7 @@ class InceptionnContext(NamedTuple):
     step: float
 
 
-class INCEPTIONN(Compressor):
+class INCEPTIONN(Tunable):
     """INCEPTIONN's lossy compression of gradients (Li et al., "A Network-Centric Hardware/Algorithm
     Co-Design to Accelerate Distributed Training of Deep Neural Networks", MICRO 2018; GRACE's
     ``inceptionn``), with its error bound ``eb`` on the absolute error.

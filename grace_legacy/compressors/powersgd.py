@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from grace_legacy.compressors.kernels import products
-from grace_legacy.core.compressor import Compressor, MultiRound, Payload, Randomized
+from grace_legacy.core.compressor import Compressor, MultiRound, Payload, Randomized, Tunable
 from grace_legacy.core.parameter import ScheduledParameter
 from grace_legacy.core.state import UndoLog
 from grace_legacy.core.traits import Traits
@@ -39,7 +39,7 @@ class PowerContext:
     p_hat: torch.Tensor | None = None
 
 
-class PowerSGD(MultiRound, Randomized):
+class PowerSGD(MultiRound, Randomized, Tunable):
     """Rank-``r`` PowerSGD (Vogels, Karimireddy and Jaggi, 2019). A gradient viewed as an ``n x m``
     matrix ``M_w`` on worker ``w`` is approximated by one step of subspace iteration from the
     previous step's ``Q`` (``m x r``):

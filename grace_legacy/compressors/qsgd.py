@@ -15,7 +15,7 @@ from grace_legacy.compressors.quantization import (
     usable_scale,
     work_dtype,
 )
-from grace_legacy.core.compressor import Payload, Randomized
+from grace_legacy.core.compressor import Payload, Randomized, Tunable
 from grace_legacy.core.memory import Memory, NoMemory
 from grace_legacy.core.parameter import ScheduledParameter
 from grace_legacy.runtime.validation import check_gradient
@@ -45,7 +45,7 @@ class QSGDContext(NamedTuple):
     levels: int
 
 
-class QSGD(Randomized):
+class QSGD(Randomized, Tunable):
     """QSGD (Alistarh et al., 2017) with ``s = levels`` quantization levels (the scheduled parameter).
 
     With ``r_i = |v_i| / ||v||_2 * s`` in ``[0, s]``, element ``i`` becomes ``l_i = ceil(r_i)`` with

@@ -9,7 +9,7 @@ import torch
 
 from grace_legacy.compressors.entries import DENSITY, kept_count
 from grace_legacy.compressors.sparse import SparseContext, densify
-from grace_legacy.core.compressor import Payload, Randomized, Sparsifier
+from grace_legacy.core.compressor import Payload, Randomized, Sparsifier, Tunable
 from grace_legacy.core.traits import Traits
 from grace_legacy.memories.residual import Residual
 from grace_legacy.runtime.validation import check_gradient
@@ -32,7 +32,7 @@ def uniform_subset(n: int, k: int, generator: torch.Generator) -> torch.Tensor:
         draws = torch.cat([draws, torch.randint(n, (2 * missing + 64,), generator=generator)])
 
 
-class RandomK(Randomized, Sparsifier):
+class RandomK(Randomized, Sparsifier, Tunable):
     """Keeps ``k = max(1, floor(ratio * n))`` entries chosen uniformly at random, unscaled. The
     indices are a function of ``(seed, name, step)``, not of the rank, so every rank picks the same
     ones: only the values travel, summed by an allreduce. Pairs with ``Residual``."""

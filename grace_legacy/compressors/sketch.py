@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from grace_legacy.compressors.quantization import work_dtype
-from grace_legacy.core.compressor import Compressor, Payload
+from grace_legacy.core.compressor import Payload, Tunable
 from grace_legacy.core.memory import Memory
 from grace_legacy.core.parameter import ScheduledParameter
 from grace_legacy.core.traits import Traits
@@ -31,7 +31,7 @@ class SketchContext(NamedTuple):
     device: torch.device
 
 
-class Sketch(Compressor):
+class Sketch(Tunable):
     """SketchML's quantile-bucket quantification (Jiang, Fu, Yang and Cui, "SketchML: Accelerating
     Distributed Machine Learning with Data Sketches", SIGMOD 2018; GRACE's ``sketch``).
 

@@ -9,7 +9,7 @@ import torch
 from grace_legacy.compressors.entries import EntrySparsifier
 from grace_legacy.compressors.kernels.threshold_passes import entries_at_or_above
 from grace_legacy.compressors.sparse import SparseContext, index_dtype
-from grace_legacy.core.compressor import Payload
+from grace_legacy.core.compressor import Payload, Tunable
 from grace_legacy.core.memory import Memory
 from grace_legacy.core.parameter import ScheduledParameter
 from grace_legacy.core.traits import Traits
@@ -19,7 +19,7 @@ from grace_legacy.runtime.validation import check_gradient
 THRESHOLD = ScheduledParameter("threshold", low=0.0, high=None, low_inclusive=False, high_inclusive=False, dense=None)
 
 
-class Threshold(EntrySparsifier):
+class Threshold(EntrySparsifier, Tunable):
     """Sends the entries with ``|g_i| >= threshold`` (Strom 2015, without his 1-bit quantization),
     exactly in every floating dtype, NaN never: ``[values, indices]``, signed values in the
     gradient's dtype and int32 indices in increasing order (int64 from 2**31 elements).

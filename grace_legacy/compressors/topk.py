@@ -9,13 +9,13 @@ import torch
 from grace_legacy.compressors.entries import DENSITY, EntrySparsifier, kept_count
 from grace_legacy.compressors.kernels.selection import top_k_indices
 from grace_legacy.compressors.sparse import SparseContext, index_dtype
-from grace_legacy.core.compressor import Payload
+from grace_legacy.core.compressor import Payload, Tunable
 from grace_legacy.core.traits import Traits
 from grace_legacy.memories.residual import Residual
 from grace_legacy.runtime.validation import check_gradient
 
 
-class TopK(EntrySparsifier):
+class TopK(EntrySparsifier, Tunable):
     """Keeps the ``k = max(1, floor(ratio * n))`` entries of largest magnitude: the set
     ``torch.topk(x.abs(), k)`` picks (ties aside; NaN, then infinity first), found by
     :func:`~grace_legacy.compressors.kernels.selection.top_k_indices`.

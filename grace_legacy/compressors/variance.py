@@ -14,7 +14,7 @@ from grace_legacy.compressors.kernels.sign_passes import accumulator_dtype
 from grace_legacy.compressors.per_sample import MomentSource, SampleMoments
 from grace_legacy.compressors.sparse import SparseContext, index_dtype
 from grace_legacy.core.backend import Backend
-from grace_legacy.core.compressor import Payload
+from grace_legacy.core.compressor import Payload, Tunable
 from grace_legacy.core.parameter import ScheduledParameter
 from grace_legacy.core.traits import Traits
 from grace_legacy.runtime.validation import check_gradient, required
@@ -23,7 +23,7 @@ ALPHA = ScheduledParameter("alpha", low=0.0, low_inclusive=False)
 KSI = ScheduledParameter("ksi", low=0.0, high=1.0)
 
 
-class VarianceSparsifier(OwnFeedback):
+class VarianceSparsifier(OwnFeedback, Tunable):
     """Variance-based gradient compression (Tsuzuku, Imachi and Akiba, 2018, "Variance-based
     gradient compression for efficient distributed deep learning"). Per entry ``i`` of a tensor, two
     running sums, 0 at first: ``r``, of the gradient, and ``v``, of its per-sample second moment

@@ -23,14 +23,20 @@ class Compressor(Stateful, ABC):
     """Turns a gradient into a payload (a list of tensors, the only thing sent) and back. Subclasses
     implement :meth:`compress`, :meth:`decompress` and :meth:`payload_spec` and describe their payload
     by :attr:`parameter` and :attr:`traits` (the contract: docs/IMPLEMENTING.md). What only some
-    compressors do is opt-in, mixed in below: sending some of the input's entries
-    (:class:`Sparsifier`), drawing random numbers (:class:`Randomized`), several allreduce rounds
-    (:class:`MultiRound`), a fused bucket decoded whole (:class:`Elementwise`)."""
+    compressors do is opt-in, mixed in below: a parameter a schedule sets (:class:`Tunable`),
+    sending some of the input's entries (:class:`Sparsifier`), drawing random numbers
+    (:class:`Randomized`), several allreduce rounds (:class:`MultiRound`), a fused bucket decoded
+    whole (:class:`Elementwise`)."""
 
-    #: the one parameter a schedule may set (Top-k's density), or None; ``self._set_value`` sets it
+    #: the one parameter a schedule may set (a :class:`Tunable`'s), or None
     parameter: ClassVar[ScheduledParameter | None] = None
     #: what its payload allows (grace_legacy/core/traits.py), checked when a subclass is made
     traits: ClassVar[Traits] = Traits()
+    #: this process's rank, until the bundle sets it (:meth:`set_rank`)
+    rank: int = 0
+
+    def __init__(self) -> None:
+        super().__init__()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -47,10 +53,6 @@ class Compressor(Stateful, ABC):
             declared = traits.rounds > 1 if name == "rounds" else getattr(traits, name)
             if declared and not hasattr(cls, method):
                 raise TypeError(f"{cls.__name__}: its traits say {name} but it does not define {method}")
-
-    def __init__(self) -> None:
-        self._value: Any = None
-        self.rank = 0
 
     # -- encoding ---------------------------------------------------------------------------
     @abstractmethod
@@ -86,38 +88,9 @@ class Compressor(Stateful, ABC):
         such members at once; ``None`` otherwise."""
         return None
 
-    # -- the scheduled parameter ------------------------------------------------------------
-    @property
-    def value(self) -> Any:
-        """The current value of :attr:`parameter` (``None``: not set, or dense)."""
-        return self._value
-
-    def _set_value(self, value: Any) -> None:
-        assert self.parameter is not None
-        self._value = self.parameter.check(value, type(self).__name__)
-
-    def with_value(self, value: Any) -> Compressor:
-        """A copy with its parameter set to ``value``, sharing this one's per-tensor state (step
-        counters, generators), so that a schedule changing the value does not reset it."""
-        if self.parameter is None:
-            raise ValueError(f"{type(self).__name__} has no parameter to schedule")
-        clone = copy.copy(self)
-        clone._set_value(value)
-        return clone
-
-    def check_ready(self) -> None:
-        """Raise if this compressor cannot be used on its own (its parameter was never set)."""
-        if self.parameter is not None and self._value is None:
-            raise ValueError(
-                f"{type(self).__name__}() was built without its {self.parameter.name}: pass one, e.g. "
-                f"{type(self).__name__}({self.parameter.name}=...), or wrap it in Legacy(...) which sets it")
-
     def compressor_for(self, tensor: torch.Tensor, name: str) -> Compressor | None:
         """The compressor that encodes ``tensor`` now, or ``None`` to send it uncompressed; decided
         only from what every rank shares (shape, name, progress), so all ranks take one route."""
-        self.check_ready()
-        if self.parameter is not None and self.parameter.is_dense(self._value):
-            return None
         return self
 
     def for_sums(self) -> Compressor:
@@ -135,11 +108,9 @@ class Compressor(Stateful, ABC):
     def check_memory(self, memory: Memory) -> None:  # noqa: B027 (optional hook)
         """Raise ``ValueError`` if this compressor cannot work with ``memory``."""
 
-    def set_epoch(self, epoch: int) -> None:  # noqa: B027 (only schedules act on progress)
-        """Enter epoch ``epoch``, like ``DistributedSampler.set_epoch``."""
-
     def set_rank(self, rank: int) -> None:
-        """This process's rank among those it exchanges gradients with (set by the bundle)."""
+        """This process's rank among those it exchanges gradients with (set by the bundle; a
+        randomized compressor keys its per-rank draws by it)."""
         self.rank = rank
 
     # -- checkpoints ----------------------------------------------------------------------
@@ -149,8 +120,50 @@ class Compressor(Stateful, ABC):
         return dict(shared)
 
     def __repr__(self) -> str:
-        if self.parameter is None:
-            return f"{type(self).__name__}()"
+        return f"{type(self).__name__}()"
+
+
+class Tunable(Compressor):
+    """Opt-in: one parameter a schedule may set (Top-k's density, QSGD's levels), declared as
+    :attr:`parameter` and set by ``self._set_value(value)`` in ``__init__`` (``None``: left for a
+    schedule). ``Legacy`` and the other schedules take a tunable compressor built without it and
+    configure copies with :meth:`with_value`."""
+
+    #: the parameter's name, range and dense value
+    parameter: ClassVar[ScheduledParameter]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._value: Any = None
+
+    @property
+    def value(self) -> Any:
+        """The current value of :attr:`parameter` (``None``: not set, or dense)."""
+        return self._value
+
+    def _set_value(self, value: Any) -> None:
+        self._value = self.parameter.check(value, type(self).__name__)
+
+    def with_value(self, value: Any) -> Compressor:
+        """A copy with its parameter set to ``value``, sharing this one's per-tensor state (step
+        counters, generators), so that a schedule changing the value does not reset it."""
+        clone = copy.copy(self)
+        clone._set_value(value)
+        return clone
+
+    def check_ready(self) -> None:
+        """Raise if this compressor cannot be used on its own (its parameter was never set)."""
+        if self._value is None:
+            raise ValueError(
+                f"{type(self).__name__}() was built without its {self.parameter.name}: pass one, e.g. "
+                f"{type(self).__name__}({self.parameter.name}=...), or wrap it in Legacy(...) which sets it")
+
+    def compressor_for(self, tensor: torch.Tensor, name: str) -> Compressor | None:
+        """``None`` (send dense) where the value means dense, as density 1.0 does."""
+        self.check_ready()
+        return None if self.parameter.is_dense(self._value) else self
+
+    def __repr__(self) -> str:
         return f"{type(self).__name__}({self.parameter.name}={self._value!r})"
 
 

@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from grace_legacy.communicators.fusion import BucketPlan, checked_bucket_bytes
-from grace_legacy.core.compressor import Compressor
+from grace_legacy.core.compressor import Compressor, Tunable
 from grace_legacy.runtime import wire
 from grace_legacy.runtime.cost import choose_route, ring_allreduce_bytes, segment_bytes
 from grace_legacy.runtime.validation import (
@@ -386,7 +386,7 @@ def plan(compression: Compressor, shapes: Iterable[Any], *, world_size: int | No
     if compression.traits.spans_step:
         shapes = [torch.Size([sum(s.numel() for s in shapes)])]
     schedule = compression if isinstance(compression, Legacy) else None
-    if schedule is None:
+    if schedule is None and isinstance(compression, Tunable):
         compression.check_ready()
     if route == "allreduce" and not compression.traits.additive:
         raise ValueError(f"plan: route 'allreduce' sums payloads, but {compression!r} sends a non-additive payload")

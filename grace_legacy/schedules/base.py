@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from grace_legacy.core.backend import Backend
-from grace_legacy.core.compressor import Compressor, Payload
+from grace_legacy.core.compressor import Compressor, Payload, Tunable
 from grace_legacy.core.traits import Traits
 from grace_legacy.runtime.validation import ArgumentTypeError, check_gradient, check_positive_int, is_int
 
@@ -34,7 +34,7 @@ class Schedule(Compressor):
         if not isinstance(base, Compressor) or isinstance(base, Schedule):
             raise ArgumentTypeError(f"{owner}: base must be a grace_legacy compressor (not a Legacy or another "
                             f"schedule), got {base!r}")
-        if base.parameter is None:
+        if not isinstance(base, Tunable):
             raise ValueError(f"{owner}: {type(base).__name__} has no parameter to schedule")
         if base.value is not None:
             raise ValueError(f"{owner}: the base's {base.parameter.name}={base.value!r} would be ignored; build it "
@@ -93,17 +93,11 @@ class Schedule(Compressor):
         # Made once: the routes read it for every tensor, and the base never changes.
         return dataclasses.replace(self.base.traits, lossless=False, elementwise=False, delivers_nonfinite=False)
 
-    def check_ready(self) -> None:
-        pass
-
     def set_rank(self, rank: int) -> None:
         super().set_rank(rank)
         self.base.set_rank(rank)
         for configured in self._configured.values():
             configured.set_rank(rank)
-
-    def with_value(self, value: Any) -> Compressor:
-        raise ValueError(f"{type(self).__name__} sets its base's parameter itself; change its arguments instead")
 
     def recommended_memory(self):
         return self.base.recommended_memory()

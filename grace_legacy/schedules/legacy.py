@@ -107,9 +107,6 @@ class Legacy(Schedule):
         self._phase_now: tuple[tuple[int, int], int] | None = None
         self._group_by_numel: dict[int, int] = {}
 
-    def with_value(self, value: Any) -> Compressor:
-        raise ValueError("Legacy sets its base's parameter itself; change values= instead")
-
     # -- the rules ------------------------------------------------------------------------------
     def group_of(self, numel: int) -> int:
         """Size group of a tensor of ``numel`` elements: the first ``i`` with ``numel < splits[i]``."""

@@ -27,6 +27,7 @@ import torch
 
 import grace_legacy
 from grace_legacy import QSGD, Grace, Legacy, Natural, NoMemory, TernGrad
+from grace_legacy.core.compressor import Tunable
 from grace_legacy.runtime import wire
 from grace_legacy.runtime.cost import bytes_sent
 
@@ -227,14 +228,13 @@ def test_seed_must_be_an_int(make):
 def test_parameterless_quantizers_cannot_be_scheduled(compressor):
     with pytest.raises(ValueError, match="no parameter to schedule"):
         Legacy(compressor, by="layer", values=[None, 1], splits=[10])
-    with pytest.raises(ValueError, match="no parameter to schedule"):
-        compressor.with_value(2)
+    assert not isinstance(compressor, Tunable)
 
 
 @pytest.mark.parametrize("compressor", [*all_three(), QSGD()], ids=repr)
 def test_unbiased_quantizers_recommend_no_memory(compressor):
     assert isinstance(compressor.recommended_memory(), NoMemory)
-    if compressor.value is not None or compressor.parameter is None:
+    if not isinstance(compressor, Tunable) or compressor.value is not None:
         assert isinstance(Grace(compressor).memory, NoMemory)
 
 

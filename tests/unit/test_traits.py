@@ -59,3 +59,26 @@ def test_a_schedule_has_its_bases_traits_less_what_holds_per_compressor_only():
     schedule = gl.Legacy(gl.PowerSGD(), by="layer", values=[1, 2], splits=[100])
     assert schedule.traits.rounds == 2 and schedule.traits.additive
     assert gl.PowerSGD.traits.delivers_nonfinite and not schedule.traits.delivers_nonfinite
+
+
+def test_the_base_keeps_what_every_compressor_needs_and_the_rest_is_opt_in():
+    from grace_legacy.core.compressor import Elementwise, MultiRound, Randomized, Sparsifier, Tunable
+    from grace_legacy.core.state import Stateful
+
+    def own_public(cls, below=()):
+        skipped = (*below, object, Stateful)
+        classes = [k for k in cls.__mro__ if k not in skipped and k.__module__.startswith("grace_legacy")]
+        return {name for klass in classes for name in vars(klass)
+                if not name.startswith("_") and callable(getattr(cls, name, None))}
+
+    assert own_public(Compressor) == {
+        "compress", "decompress", "aggregate", "payload_spec", "payload_spec_for", "scatter_context",
+        "compressor_for", "for_sums", "recommended_memory", "check_memory", "set_rank", "rejoin_state"}
+    assert own_public(Tunable, below=Compressor.__mro__) >= {"with_value", "check_ready", "compressor_for"}
+    for opt_in, method in ((Sparsifier, "support"), (Randomized, "generator"), (MultiRound, "next_round"),
+                           (Elementwise, "decompress_flat"), (Tunable, "with_value")):
+        assert not hasattr(Compressor, method) and hasattr(opt_in, method), (opt_in, method)
+    # Only a compressor with a parameter can be scheduled, and one without has no value to set.
+    with pytest.raises(ValueError, match="no parameter to schedule"):
+        gl.Legacy(gl.TernGrad(), by="layer", values=[None, 1], splits=[10])
+    assert isinstance(gl.TopK(), Tunable) and not isinstance(gl.FP16(), Tunable)
