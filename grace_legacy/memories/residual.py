@@ -9,6 +9,7 @@ import torch
 from grace_legacy.core.compressor import Compressor, Payload
 from grace_legacy.core.memory import Memory
 from grace_legacy.core.state import UndoLog
+from grace_legacy.runtime.buffers import LARGE, BufferPool
 
 
 class Residual(Memory):
@@ -30,12 +31,23 @@ class Residual(Memory):
         self.undo_log = UndoLog()
         # The g + e that compensate made this step, which no one else holds (see update).
         self._made: dict[str, torch.Tensor] = {}
+        # Large results go into buffers kept per tensor (the previous step's residual is held until
+        # the step ends, for a skipped step to restore), so that a step does not fault in fresh
+        # pages (docs/DESIGN.md#kept-buffers); a buffer still held anywhere is not reused.
+        self._buffers = BufferPool(min_bytes=LARGE)
+
+    def _kept(self, purpose: str, name: str, like: torch.Tensor) -> torch.Tensor:
+        """A tensor shaped as ``like`` for ``purpose`` of ``name``, to be overwritten."""
+        return self._buffers.empty((purpose, name), like.numel(), like.dtype, like.device).view(like.shape)
 
     def compensate(self, tensor: torch.Tensor, name: str) -> torch.Tensor:
         residual = self._residual_for(tensor, name)
         if residual is None:
             return tensor
-        compensated = self._made[name] = tensor + residual
+        if tensor.requires_grad:  # out= takes no part in autograd
+            compensated = self._made[name] = tensor + residual
+            return compensated
+        compensated = self._made[name] = torch.add(tensor, residual, out=self._kept("compensated", name, residual))
         return compensated
 
     def compensate_into(self, tensor: torch.Tensor, name: str) -> torch.Tensor:
@@ -67,7 +79,11 @@ class Residual(Memory):
             compensated.view(-1).index_fill_(0, compressor.support(payload, ctx).to(compensated.device), 0)
             self.residuals[name] = compensated
             return
-        self.residuals[name] = compensated - compressor.decompress(payload, ctx)
+        decoded = compressor.decompress(payload, ctx)
+        if decoded.dtype != compensated.dtype or decoded.shape != compensated.shape or compensated.requires_grad:
+            self.residuals[name] = compensated - decoded
+            return
+        self.residuals[name] = torch.sub(compensated, decoded, out=self._kept("residual", name, compensated))
 
     def end_step(self, backend=None) -> None:
         super().end_step(backend)

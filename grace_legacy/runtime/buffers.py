@@ -46,6 +46,10 @@ def zeroed(buffer: torch.Tensor) -> torch.Tensor:
 #: Buffers at least this large are worth keeping per size: a fresh one is often a new mapping
 #: (glibc's mmap threshold moves between 128 KiB and 32 MiB) or pages just returned to the kernel.
 LARGE = 4 * 1024 * 1024
+#: Buffers kept per key: a step's result is often still held while the next step's is made (the
+#: residual a skipped step would restore, a result the caller has not yet copied), so two turns
+#: let every other step write where the one before the last did.
+DEPTH = 2
 #: glibc's largest mmap threshold on 64-bit: a buffer above it is always a new mapping.
 MMAP_CEILING = 32 * 1024 * 1024
 
@@ -69,17 +73,17 @@ def _references(buffer: torch.Tensor) -> tuple[int, int] | None:
 
 
 class BufferPool:
-    """One kept CPU buffer per key, handed out again when nobody else holds it; buffers under
-    ``min_bytes`` are always made afresh."""
+    """Up to :data:`DEPTH` kept CPU buffers per key, each handed out again when nobody else holds
+    it; buffers under ``min_bytes`` are always made afresh."""
 
     def __init__(self, min_bytes: int = 0) -> None:
         self.min_bytes = min_bytes
-        # key -> (buffer, its references when only this recycler held it)
-        self._kept: dict[Hashable, tuple[torch.Tensor, tuple[int, int] | None]] = {}
+        # key -> [(buffer, its references when only this pool held it)], the most recently made last
+        self._kept: dict[Hashable, list[tuple[torch.Tensor, tuple[int, int] | None]]] = {}
 
     def zeros(self, key: Hashable, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        """A 1-D zero tensor of ``numel`` elements: the one kept under ``key`` if nothing outside
-        this pool refers to it any more, else a new one, kept from now on."""
+        """A 1-D zero tensor of ``numel`` elements: one kept under ``key`` if nothing outside this
+        pool refers to it any more, else a new one, kept from now on."""
         return self._take(key, numel, dtype, device, torch.zeros, zeroed)
 
     def empty(self, key: Hashable, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -91,15 +95,14 @@ class BufferPool:
               ) -> torch.Tensor:
         if numel * dtype.itemsize < self.min_bytes:
             return make(numel, dtype=dtype, device=device)
-        kept = self._kept.get(key)
-        if kept is not None:
-            buffer, alone = kept
-            if (alone is not None and buffer.numel() == numel and buffer.dtype == dtype
-                    and buffer.device == device and _references(buffer) == alone):
+        kept = [entry for entry in self._kept.get(key, ()) if entry[0].numel() == numel
+                and entry[0].dtype == dtype and entry[0].device == device]
+        for buffer, alone in kept:
+            if alone is not None and _references(buffer) == alone:
                 return buffer if clear is None else clear(buffer)
         buffer = make(numel, dtype=dtype, device=device)
         if paths.cpu_path(buffer):
-            self._kept[key] = (buffer, _references(buffer))
+            self._kept[key] = [*kept[1 - DEPTH:], (buffer, _references(buffer))]
         else:
             self._kept.pop(key, None)
         return buffer

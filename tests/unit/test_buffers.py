@@ -70,14 +70,17 @@ def test_a_buffer_the_caller_still_refers_to_is_never_overwritten(holder):
     kept = HOLDERS[holder](buffer)
     pointer = buffer.data_ptr()
     del buffer
-    fresh = recycler.zeros("b", N, torch.float32, CPU)
+    fresh = recycler.zeros("b", N, torch.float32, CPU).view(N)  # a view, as the library hands them on
     assert fresh.data_ptr() != pointer
     assert torch.equal(fresh, torch.zeros(N))
-    del kept  # its memory held arange all along; now the fresh buffer is the one kept
+    third = recycler.zeros("b", N, torch.float32, CPU).view(N)  # both kept ones are held: a new one
+    assert third.data_ptr() not in (pointer, fresh.data_ptr())
+    del kept  # its memory held arange all along; now it may be handed out again, zeroed
     fresh.fill_(1.0)
-    pointer = fresh.data_ptr()
-    del fresh
-    assert recycler.zeros("b", N, torch.float32, CPU).data_ptr() == pointer
+    pointers = {fresh.data_ptr(), third.data_ptr()}
+    del fresh, third
+    again = recycler.zeros("b", N, torch.float32, CPU)
+    assert again.data_ptr() in pointers and torch.equal(again, torch.zeros(N))  # at most DEPTH kept
 
 
 @pytest.mark.parametrize("holder", sorted(HOLDERS))
@@ -90,9 +93,9 @@ def test_an_uninitialised_buffer_follows_the_same_rule(holder):
     fresh = recycler.empty("b", N, torch.float32, CPU)
     assert fresh.data_ptr() != pointer
     del kept
-    pointer = fresh.data_ptr()
+    pointers = {pointer, fresh.data_ptr()}
     del fresh
-    assert recycler.empty("b", N, torch.float32, CPU).data_ptr() == pointer
+    assert recycler.empty("b", N, torch.float32, CPU).data_ptr() in pointers
 
 
 @pytest.mark.parametrize("with_memset", [True, False], ids=["C memset", "torch zero_"])

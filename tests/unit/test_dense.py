@@ -59,11 +59,11 @@ def test_a_large_output_is_reused_only_once_the_caller_let_go(compressor):
     second = compressor.decompress(*compressor.compress(-x, "x"))
     assert second.data_ptr() != held, "a result still held was overwritten"
     assert torch.equal(first, x.to(cast).float()) and torch.equal(second, (-x).to(cast).float())
-    kept = second.data_ptr()
+    kept = {held, second.data_ptr()}
     del first, second
     third = compressor.decompress(*compressor.compress(2 * x, "x"))
     assert torch.equal(third, (2 * x).to(cast).float())
-    assert third.data_ptr() == kept, "the kept buffer, which nobody held any more, was not used again"
+    assert third.data_ptr() in kept, "the kept buffers, which nobody held any more, were not used again"
 
 
 @pytest.mark.parametrize("layout", ["coo", "csr"])

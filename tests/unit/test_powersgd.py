@@ -135,8 +135,8 @@ def test_a_large_output_is_reused_only_once_the_caller_let_go():
     second, want_second = round_trip(-x)
     assert second.data_ptr() != first.data_ptr(), "a result still held was overwritten"
     assert torch.equal(first, want_first) and torch.equal(second, want_second)
-    kept = second.data_ptr()
+    kept = {first.data_ptr(), second.data_ptr()}
     del first, second, want_second
     third, want_third = round_trip(2 * x)
     assert torch.equal(third, want_third)
-    assert third.data_ptr() == kept, "the kept buffer, which nobody held any more, was not used again"
+    assert third.data_ptr() in kept, "the kept buffers, which nobody held any more, were not used again"

@@ -111,3 +111,29 @@ def test_rollback_after_the_in_place_update_restores_the_old_residual():
     assert memory.residuals["w"] is compensated
     memory.undo("w")
     assert memory.residuals["w"] is old and torch.equal(old, kept)
+
+
+def test_large_results_reuse_the_buffers_of_two_steps_before_and_never_one_still_held():
+    from grace_legacy import PowerSGD
+    from grace_legacy.runtime.buffers import LARGE
+
+    rows = LARGE // (4 * 256) + 1  # a matrix just above the size whose buffers are kept
+    compressor, memory = PowerSGD(2), Residual()
+    pointers, held = [], None
+    for step in range(6):
+        g = torch.randn(rows, 256, generator=torch.Generator().manual_seed(step))
+        want = g + memory.residuals.get("w", torch.zeros(rows, 256))  # the plain arithmetic, made afresh
+        compensated = memory.compensate(g, "w")
+        assert torch.equal(bits(compensated), bits(want))
+        payload, ctx = compressor.next_round(*compressor.compress(compensated, "w"))
+        memory.update(compensated, "w", compressor, payload, ctx)
+        assert torch.equal(bits(memory.residuals["w"]), bits(want - compressor.decompress(payload, ctx)))
+        if step == 3:  # a caller keeps this residual: it is never written over
+            held = (memory.residuals["w"], memory.residuals["w"].clone())
+        pointers.append(memory.residuals["w"].data_ptr())
+        memory.end_step()
+    # Two turns: a step writes where the step before the last did, not into fresh pages...
+    assert pointers[2] == pointers[0] and pointers[3] == pointers[1] and pointers[4] == pointers[0]
+    # ...unless someone still holds that buffer.
+    assert pointers[5] != pointers[3]
+    assert torch.equal(bits(held[0]), bits(held[1]))
