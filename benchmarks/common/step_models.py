@@ -52,6 +52,22 @@ class ResNetLike(nn.Module):
         return self.head(self.blocks(self.stem(x)).mean(dim=(2, 3)))
 
 
+class DenseHeadCNN(nn.Module):
+    """Two small convolutions and a large fully connected layer (``features`` x ``hidden``): a
+    model whose gradient is mostly one big matrix, as VGG's or AlexNet's classifiers are."""
+
+    def __init__(self, channels: tuple[int, int] = (32, 64), hidden: int = 512, classes: int = 10) -> None:
+        super().__init__()
+        first, second = channels
+        self.features = nn.Sequential(nn.Conv2d(3, first, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                                      nn.Conv2d(first, second, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2))
+        self.head = nn.Sequential(nn.Flatten(), nn.Linear(second * 8 * 8, hidden), nn.ReLU(),
+                                  nn.Linear(hidden, classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x))
+
+
 class TransformerLike(nn.Module):
     """A pre-norm transformer encoder with causal attention and an untied output head."""
 

@@ -1,22 +1,32 @@
 """DDP hooks on a fast link: grace_legacy's against PyTorch's on loopback, no rate limit, paired step by step.
 
-    python -m benchmarks.performance.fast_links            # the full run (about 10 minutes on 2 cores)
-    python -m benchmarks.performance.fast_links --quick    # a smoke run with a tiny model
+    python -m benchmarks.performance.fast_links            # the full run (about 30 minutes on 2 cores)
+    python -m benchmarks.performance.fast_links --quick    # a smoke run with tiny models
+    python -m benchmarks.performance.fast_links --models fc   # one model shape
 
 Four ``torchrun`` workers (Gloo over loopback, ``env://``; no namespaces, no root) train the same
-CNN (ResNet-18's layout at a quarter of its widths, :class:`benchmarks.common.step_models.ResNetLike`,
-2.8M parameters, batch 16 of 3 x 32 x 32) wrapped in ``DistributedDataParallel``, one DDP
-instance per way, all from the same seed. On such a link communication costs little, so what a hook
-does on the CPU decides the step (the regime of a fast interconnect):
+model wrapped in ``DistributedDataParallel``, one DDP instance per way, all from the same seed, for
+each of three shapes (:data:`MODELS`): *conv*, ResNet-18's layout at a quarter of its widths
+(:class:`~benchmarks.common.step_models.ResNetLike`, 2.8M parameters in 62 tensors, batch 16 of
+3 x 32 x 32); *fc*, two small convolutions and a 4096 x 512 fully connected layer
+(:class:`~benchmarks.common.step_models.DenseHeadCNN`, 2.1M parameters, most in one matrix, batch
+16); *transformer*, four pre-norm blocks of width 256 with a 2048-word embedding and head
+(:class:`~benchmarks.common.step_models.TransformerLike`, 4.2M parameters, batch 4 x 64 tokens). On
+such a link communication costs little, so what a hook does on the CPU decides the step (the regime
+of a fast interconnect):
 
 * *allreduce*: DDP's own allreduce (no hook), the floor;
 * *torch fp16* (``fp16_compress_hook``) against *grace FP16* (``grace_legacy.ddp.register(ddp, FP16())``);
-* *torch PowerSGD* (``powerSGD_hook``, ``matrix_approximation_rank=2``, error feedback and warm start on,
-  ``min_compression_rate=1`` so that it factors what ours factors) against *grace PowerSGD*
-  (``register(ddp, PowerSGD(2))``, each round one allreduce for every bucket), and *grace PowerSGD
-  per bucket* (``fuse_rounds=False``: each bucket's first round launched as it arrives) for
-  comparison. PyTorch's hook hangs or aborts on Gloo with more than one bucket (its later rounds
-  start from future callbacks), so it gets one bucket; ours runs with DDP's default buckets.
+* PyTorch's ``powerSGD_hook`` two ways: *at its defaults* (``PowerSGDState(process_group)`` and
+  nothing else: rank 1, ``min_compression_rate=2``, and plain allreduces for the first
+  ``start_powerSGD_iter=1000`` steps, which is what a user of the defaults gets over the steps
+  timed here), and *matched* (``matrix_approximation_rank=2``, error feedback and warm start on,
+  ``min_compression_rate=1`` so that it factors what ours factors, factoring from the second
+  step); against *grace PowerSGD* (``register(ddp, PowerSGD(2))``, each round one allreduce for
+  every bucket), and *grace PowerSGD per bucket* (``fuse_rounds=False``: each bucket's first round
+  launched as it arrives) for comparison. PyTorch's hook hangs or aborts on Gloo with more than one
+  bucket once it factors (its later rounds start from future callbacks), so the matched way gets
+  one bucket; the others run with DDP's default buckets.
 
 Each iteration runs every way once, in an order that reverses from one iteration to the next, each
 step after a barrier and timed from forward to the end of ``optimizer.step()``; the slowest rank's
@@ -30,7 +40,7 @@ hook's own work): torch's operator counts per step (load-insensitive) for every 
 ours a cProfile of the hook split by part: hook entry and exit (DDP's bucket to parcels and the
 results back into the bucket), the bundle's per-tensor bookkeeping, compress, decompress, memory,
 fusion (packing, concatenating, splitting), non-finite checks, traffic accounting, collective
-launch and wait. Results: ``benchmarks/results/performance.md`` (section "fast_links"),
+launch and wait, for each model. Results: ``benchmarks/results/performance.md`` (section "fast_links"),
 ``fast_links.json``, ``fast_links.png``.
 """
 
@@ -61,13 +71,19 @@ TORCH_POWERSGD_START = 2
 ONE_BUCKET_MB = 1024
 WIDTHS, QUICK_WIDTHS = (32, 64, 128, 256), (8, 16, 32, 64)
 BATCH, QUICK_BATCH = 16, 4
+#: The model shapes, each timed in a launch of its own.
+MODELS = ("conv", "fc", "transformer")
 
-ALLREDUCE, TORCH_FP16, GRACE_FP16, TORCH_POWERSGD, GRACE_POWERSGD, GRACE_POWERSGD_PER_BUCKET = (
-    "allreduce", "torch fp16", "grace FP16", "torch PowerSGD", "grace PowerSGD", "grace PowerSGD per bucket")
-WAYS = (ALLREDUCE, TORCH_FP16, GRACE_FP16, TORCH_POWERSGD, GRACE_POWERSGD, GRACE_POWERSGD_PER_BUCKET)
-#: (ours, theirs) and the target ratio theirs / ours (issue #35; None: shown for comparison)
-PAIRS = {"FP16": (GRACE_FP16, TORCH_FP16, 0.97), "PowerSGD": (GRACE_POWERSGD, TORCH_POWERSGD, 1.0),
-         "PowerSGD per bucket": (GRACE_POWERSGD_PER_BUCKET, TORCH_POWERSGD, None)}
+ALLREDUCE, TORCH_FP16, GRACE_FP16 = "allreduce", "torch fp16", "grace FP16"
+TORCH_POWERSGD_DEFAULTS, TORCH_POWERSGD = "torch PowerSGD at defaults", "torch PowerSGD matched"
+GRACE_POWERSGD, GRACE_POWERSGD_PER_BUCKET = "grace PowerSGD", "grace PowerSGD per bucket"
+WAYS = (ALLREDUCE, TORCH_FP16, GRACE_FP16, TORCH_POWERSGD_DEFAULTS, TORCH_POWERSGD, GRACE_POWERSGD,
+        GRACE_POWERSGD_PER_BUCKET)
+#: (ours, theirs) and the target ratio theirs / ours (issues #35 and #46; None: shown for comparison)
+PAIRS = {"FP16": (GRACE_FP16, TORCH_FP16, 0.98),
+         "PowerSGD vs the hook at its defaults": (GRACE_POWERSGD, TORCH_POWERSGD_DEFAULTS, 1.0),
+         "PowerSGD vs the hook matched": (GRACE_POWERSGD, TORCH_POWERSGD, 1.0),
+         "PowerSGD per bucket vs matched": (GRACE_POWERSGD_PER_BUCKET, TORCH_POWERSGD, None)}
 
 #: grace_legacy's code by part: (file under grace_legacy/, function name or "*") -> part, first match wins.
 PARTS = (
@@ -96,8 +112,30 @@ PARTS = (
 
 # -- the ways ---------------------------------------------------------------------------------------------
 
-def build_way(name: str, quick: bool, group: Any, data_seed: int) -> tuple[Any, Any]:
-    """(step function, hook state) of way ``name``; a collective on ``group`` (every rank, same order)."""
+def build_model(shape: str, quick: bool, data_seed: int) -> tuple[Any, Any, Any]:
+    """(model, inputs, targets) of model shape ``shape`` (:data:`MODELS`), weights from seed 0."""
+    import torch
+
+    from benchmarks.common.step_models import DenseHeadCNN, ResNetLike, TransformerLike
+
+    torch.manual_seed(0)
+    data = torch.Generator().manual_seed(data_seed)
+    batch = QUICK_BATCH if quick else BATCH
+    if shape == "transformer":
+        vocab, width, layers, context, batch = (256, 32, 2, 16, 2) if quick else (2048, 256, 4, 64, 4)
+        tokens = torch.randint(0, vocab, (batch, context + 1), generator=data)
+        return TransformerLike(vocab, width, layers, heads=4, context=context), tokens[:, :-1], tokens[:, 1:]
+    images, labels = torch.randn(batch, 3, 32, 32, generator=data), torch.randint(0, 10, (batch,), generator=data)
+    if shape == "fc":
+        return DenseHeadCNN((8, 16), 64) if quick else DenseHeadCNN(), images, labels
+    if shape == "conv":
+        return ResNetLike(QUICK_WIDTHS if quick else WIDTHS), images, labels
+    raise ValueError(f"fast_links: model must be one of {MODELS}, got {shape!r}")
+
+
+def build_way(name: str, shape: str, quick: bool, group: Any, data_seed: int) -> tuple[Any, Any]:
+    """(step function, hook state) of way ``name`` on model ``shape``; a collective on ``group``
+    (every rank, same order)."""
     import torch
     import torch.nn.functional as F
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compress_hook
@@ -105,14 +143,9 @@ def build_way(name: str, quick: bool, group: Any, data_seed: int) -> tuple[Any, 
     from torch.nn.parallel import DistributedDataParallel
 
     import grace_legacy.ddp
-    from benchmarks.common.step_models import ResNetLike
     from grace_legacy import FP16, PowerSGD
 
-    torch.manual_seed(0)
-    model = ResNetLike(QUICK_WIDTHS if quick else WIDTHS)
-    data = torch.Generator().manual_seed(data_seed)
-    batch = QUICK_BATCH if quick else BATCH
-    inputs, targets = torch.randn(batch, 3, 32, 32, generator=data), torch.randint(0, 10, (batch,), generator=data)
+    model, inputs, targets = build_model(shape, quick, data_seed)
     ddp = DistributedDataParallel(model, process_group=group,
                                   bucket_cap_mb=ONE_BUCKET_MB if name == TORCH_POWERSGD else None)
     state: Any = None
@@ -120,6 +153,9 @@ def build_way(name: str, quick: bool, group: Any, data_seed: int) -> tuple[Any, 
         ddp.register_comm_hook(group, fp16_compress_hook)
     elif name == GRACE_FP16:
         state = grace_legacy.ddp.register(ddp, FP16())
+    elif name == TORCH_POWERSGD_DEFAULTS:
+        state = PowerSGDState(process_group=group)
+        ddp.register_comm_hook(state, powerSGD_hook)
     elif name == TORCH_POWERSGD:
         state = PowerSGDState(process_group=group, matrix_approximation_rank=POWERSGD_RANK,
                               start_powerSGD_iter=TORCH_POWERSGD_START, min_compression_rate=1,
@@ -133,15 +169,16 @@ def build_way(name: str, quick: bool, group: Any, data_seed: int) -> tuple[Any, 
 
     def step() -> None:
         optimizer.zero_grad()
-        F.cross_entropy(ddp(inputs), targets).backward()
+        out = ddp(inputs)
+        F.cross_entropy(out.reshape(-1, out.shape[-1]), targets.reshape(-1)).backward()
         optimizer.step()
 
     return step, state
 
 
-def build_ways(quick: bool, group: Any, data_seed: int) -> dict[str, Any]:
-    """Every way's step, PyTorch's PowerSGD past its plain-allreduce steps and every way warmed up."""
-    steps = {name: build_way(name, quick, group, data_seed)[0] for name in WAYS}
+def build_ways(shape: str, quick: bool, group: Any, data_seed: int) -> dict[str, Any]:
+    """Every way's step, PyTorch's matched PowerSGD past its plain-allreduce steps and every way warmed up."""
+    steps = {name: build_way(name, shape, quick, group, data_seed)[0] for name in WAYS}
     for _ in range(TORCH_POWERSGD_START):
         steps[TORCH_POWERSGD]()
     for step in steps.values():
@@ -156,7 +193,7 @@ def worker(args: argparse.Namespace) -> None:
     dist.init_process_group("gloo")
     torch.set_num_threads(1)
     rank = dist.get_rank()
-    steps = build_ways(args.quick, None, rank)
+    steps = build_ways(args.model, args.quick, None, rank)
     times: dict[str, list[float]] = {name: [] for name in WAYS}
     for iteration in range(args.steps):
         for name in WAYS if iteration % 2 == 0 else tuple(reversed(WAYS)):
@@ -210,7 +247,7 @@ def profile_worker(args: argparse.Namespace) -> None:
 
     dist.init_process_group("gloo")
     torch.set_num_threads(1)
-    steps = build_ways(args.quick, None, 0)
+    steps = build_ways(args.model, args.quick, None, 0)
     repeats = args.profile_steps
     result: dict[str, Any] = {"steps": repeats, "ops": {}, "parts_s": {}, "step_s": {}}
     for name, step in steps.items():
@@ -303,13 +340,18 @@ def ratios(times: dict[str, list[float]], repeats: int) -> dict[str, dict[str, A
 def launch(args: argparse.Namespace) -> dict:
     before = uptime()
     load_before = load_average()
-    common = ["--quick"] if args.quick else []
-    times = torchrun(WORKERS, "--worker", "--steps", str(args.steps), *common)
-    profile = torchrun(1, "--profile-worker", "--profile-steps", str(args.profile_steps), *common)
+    models = {}
+    for shape in args.models:
+        common = ["--model", shape] + (["--quick"] if args.quick else [])
+        times = torchrun(WORKERS, "--worker", "--steps", str(args.steps), *common)
+        profile = torchrun(1, "--profile-worker", "--profile-steps", str(args.profile_steps), *common)
+        model = build_model(shape, args.quick, 0)[0]
+        models[shape] = {"parameters": sum(p.numel() for p in model.parameters()),
+                         "largest": max(p.numel() for p in model.parameters()),
+                         "tensors": sum(1 for _ in model.parameters()), "times_s": times,
+                         "ratios": ratios(times, args.repeats), "profile": profile}
     return {"machine": machine(), "uptime": [before, uptime()], "load_average": [load_before, load_average()],
-            "workers": WORKERS, "steps": args.steps, "repeats": args.repeats, "quick": args.quick,
-            "widths": list(QUICK_WIDTHS if args.quick else WIDTHS), "times_s": times,
-            "ratios": ratios(times, args.repeats), "profile": profile}
+            "workers": WORKERS, "steps": args.steps, "repeats": args.repeats, "quick": args.quick, "models": models}
 
 
 OPS_SHOWN = ("aten::copy_", "aten::_to_copy", "aten::cat", "aten::clone", "aten::aminmax", "aten::isfinite",
@@ -320,13 +362,16 @@ def collectives(ops: dict[str, float]) -> float:
     return sum(count for op, count in ops.items() if op.startswith("c10d::") and not op.startswith("c10d::barrier"))
 
 
-def write(result: dict, results_dir: Path, command: str) -> None:
-    import matplotlib
+MODEL_TEXT = {
+    "conv": "ResNet-like CNN (ResNet-18's layout at a quarter of its widths)",
+    "fc": "CNN with a 4096 x 512 fully connected layer",
+    "transformer": "four transformer blocks of width 256, 2048-word embedding and head",
+}
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    times, profile = result["times_s"], result["profile"]
+def model_section(shape: str, run: dict, steps: int, repeats: int) -> str:
+    """The tables of one model shape: verdicts, step times, operator counts, our hook by part."""
+    times, profile = run["times_s"], run["profile"]
     lines = ["| way | step ms (median, 95% interval) | vs allreduce |", "|---|---|---|"]
     floor = statistics.median(times[ALLREDUCE])
     for name in WAYS:
@@ -334,7 +379,7 @@ def write(result: dict, results_dir: Path, command: str) -> None:
         med = statistics.median(times[name])
         lines.append(f"| {name} | {1e3 * med:.1f} ({1e3 * low:.1f}-{1e3 * high:.1f}) | {med / floor:.2f}x |")
     verdicts = []
-    for pair, r in result["ratios"].items():
+    for pair, r in run["ratios"].items():
         verdicts.append(
             f"- **{pair}**: {r['theirs']} / {r['ours']} = **{r['median']:.3f}x** (median of {len(r['per_repeat'])} "
             f"repeats' medians; range {r['range'][0]:.3f}-{r['range'][1]:.3f}; 95% interval of the median over "
@@ -358,19 +403,10 @@ def write(result: dict, results_dir: Path, command: str) -> None:
                                                   for parts in profile["parts_s"].values()) + " |")
     hook_cpu = ", ".join(f"{name} {1e3 * seconds:.2f} ms" for name, seconds in profile["hook_cpu_s"].items())
     nl = "\n"
-    section = f"""## DDP hooks on a fast link: grace_legacy's against PyTorch's (loopback, no rate limit)
+    return f"""### {shape}: {MODEL_TEXT[shape]}
 
-`{command}`
-
-Machine: {result['machine']}; `uptime` before: `{result['uptime'][0]}`; after: `{result['uptime'][1]}`.
-{result['workers']} torchrun workers, Gloo over loopback, one thread each; ResNet-like CNN of widths
-{tuple(result['widths'])}, one DDP instance per way, {result['steps']} iterations, each way once per
-iteration in an order reversing every iteration, each step after a barrier, the slowest rank's time.
-Ours with DDP's default buckets; PyTorch's PowerSGD with one bucket (it breaks on Gloo with more).
-grace PowerSGD sends each round once for all buckets (`fuse_rounds`, the default); grace PowerSGD per
-bucket (`fuse_rounds=False`) sends each bucket's first round as it arrives.
-A ratio is theirs / ours in the same iteration (above 1: ours faster); a repeat is the median over a
-block of {result['steps'] // result['repeats']} iterations.
+{run['parameters']:,} parameters in {run['tensors']} tensors (the largest {run['largest']:,}); {steps}
+iterations, a repeat is the median over a block of {steps // repeats}.
 
 {nl.join(verdicts)}
 
@@ -390,20 +426,60 @@ part of ours that called it):
 CPU time of the thread running backward spent in our hook per step (thread clock, no profiler;
 median over {profile['steps']} steps): {hook_cpu}.
 """
+
+
+def write(result: dict, results_dir: Path, command: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = result["models"]
+    summary = ["| model | " + " | ".join(PAIRS) + " |", "|---|" + "---|" * len(PAIRS)]
+    for shape, run in models.items():
+        summary.append(f"| {shape} | " + " | ".join(
+            f"{r['median']:.3f}x ({r['range'][0]:.3f}-{r['range'][1]:.3f})"
+            + ("" if r["target"] is None else f", {'met' if r['met'] else 'not met'}")
+            for r in run["ratios"].values()) + " |")
+    nl = "\n"
+    sections = nl.join(model_section(shape, run, result["steps"], result["repeats"]) for shape, run in models.items())
+    section = f"""## DDP hooks on a fast link: grace_legacy's against PyTorch's (loopback, no rate limit)
+
+`{command}`
+
+Machine: {result['machine']}; `uptime` before: `{result['uptime'][0]}`; after: `{result['uptime'][1]}`.
+{result['workers']} torchrun workers, Gloo over loopback, one thread each; one DDP instance per way,
+each way once per iteration in an order reversing every iteration, each step after a barrier, the
+slowest rank's time. PyTorch's PowerSGD *at its defaults* is `PowerSGDState(process_group)` alone
+(rank 1; its first 1,000 steps, all of those timed, are plain allreduces); *matched* is rank 2, error
+feedback and warm start, `min_compression_rate=1`, factoring from the second step, with one bucket
+(it breaks on Gloo with more). Ours run with DDP's default buckets; grace PowerSGD sends each round
+once for all buckets (`fuse_rounds`, the default), per bucket (`fuse_rounds=False`) each bucket's
+first round as it arrives. A ratio is theirs / ours in the same iteration (above 1: ours faster):
+median over the repeats (range over the repeats).
+
+{nl.join(summary)}
+
+{sections}"""
     write_report(results_dir, "fast_links", result, section)
-    figure, axis = plt.subplots(figsize=(6, 3.5))
-    names = list(result["ratios"])
-    medians = [result["ratios"][n]["median"] for n in names]
-    spread = [[m - result["ratios"][n]["range"][0] for n, m in zip(names, medians, strict=True)],
-              [result["ratios"][n]["range"][1] - m for n, m in zip(names, medians, strict=True)]]
-    axis.bar(names, medians, yerr=spread, capsize=6, color=["tab:blue", "tab:orange", "tab:gray"][:len(names)])
-    for index, name in enumerate(names):
-        if result["ratios"][name]["target"] is not None:
-            axis.hlines(result["ratios"][name]["target"], index - 0.4, index + 0.4, colors="black",
-                        linestyles="dashed")
-    axis.set_ylabel("PyTorch's step / ours (above 1: ours faster)")
-    axis.set_title(f"DDP hooks, {result['workers']} ranks on loopback (range over repeats; dashed: target)",
-                   fontsize=9)
+    figure, axes = plt.subplots(1, len(models), figsize=(4.2 * len(models), 3.8), squeeze=False, sharey=True)
+    for axis, (shape, run) in zip(axes[0], models.items(), strict=True):
+        names = list(run["ratios"])
+        medians = [run["ratios"][n]["median"] for n in names]
+        spread = [[m - run["ratios"][n]["range"][0] for n, m in zip(names, medians, strict=True)],
+                  [run["ratios"][n]["range"][1] - m for n, m in zip(names, medians, strict=True)]]
+        axis.bar(range(len(names)), medians, yerr=spread, capsize=5,
+                 color=["tab:blue", "tab:orange", "tab:green", "tab:gray"][:len(names)])
+        for index, name in enumerate(names):
+            if run["ratios"][name]["target"] is not None:
+                axis.hlines(run["ratios"][name]["target"], index - 0.4, index + 0.4, colors="black",
+                            linestyles="dashed")
+        axis.set_xticks(range(len(names)), [n.replace(" vs ", "\nvs ").replace("per bucket", "per\nbucket")
+                                            for n in names], fontsize=7)
+        axis.set_title(shape, fontsize=9)
+    axes[0][0].set_ylabel("PyTorch's step / ours (above 1: ours faster)")
+    figure.suptitle(f"DDP hooks, {result['workers']} ranks on loopback (range over repeats; dashed: target)",
+                    fontsize=9)
     figure.tight_layout()
     figure.savefig(results_dir / "fast_links.png", dpi=120)
     plt.close(figure)
@@ -417,6 +493,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=None, help="blocks the iterations are cut into")
     parser.add_argument("--profile-steps", type=int, default=None, help="steps per way in the one-rank profile")
     parser.add_argument("--profile-worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--model", choices=MODELS, default="conv", help=argparse.SUPPRESS)
+    parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS), help="model shapes to time")
     args = parser.parse_args()
     if args.steps is None:
         args.steps = 4 if args.quick else 120
@@ -433,9 +511,10 @@ def main() -> None:
     result = launch(args)
     write(result, args.results, "python -m benchmarks.performance.fast_links"
           + (" --quick" if args.quick else "") + (f" --steps {args.steps}" if args.steps != 120 and not args.quick
-                                                   else ""))
-    print(json.dumps({pair: {k: r[k] for k in ("median", "range", "met")} for pair, r in result["ratios"].items()},
-                     indent=1))
+                                                   else "")
+          + ("" if list(args.models) == list(MODELS) else " --models " + " ".join(args.models)))
+    print(json.dumps({shape: {pair: {k: r[k] for k in ("median", "range", "met")} for pair, r in run["ratios"].items()}
+                      for shape, run in result["models"].items()}, indent=1))
 
 
 if __name__ == "__main__":

@@ -31,16 +31,35 @@ def test_each_part_of_the_hook_is_named_by_where_the_code_lives():
 
 @pytest.mark.distributed
 def test_fast_links_quick(tmp_path):
-    subprocess.run([sys.executable, "-m", "benchmarks.performance.fast_links", "--quick", "--results",
-                    str(tmp_path)], cwd=REPO, check=True, timeout=600)
+    subprocess.run([sys.executable, "-m", "benchmarks.performance.fast_links", "--quick", "--models", "fc",
+                    "transformer", "--results", str(tmp_path)], cwd=REPO, check=True, timeout=600)
     text = (tmp_path / "performance.md").read_text()
     assert "## DDP hooks on a fast link" in text and "`uptime` before:" in text
+    assert "### fc:" in text and "### transformer:" in text and "### conv:" not in text
+    result = json.loads((tmp_path / "fast_links.json").read_text())
+    assert set(result["models"]) == {"fc", "transformer"} and result["workers"] == 4
+    for shape, run in result["models"].items():
+        assert set(run["times_s"]) == set(WAYS), shape
+        assert all(len(times) == result["steps"] for times in run["times_s"].values())
+        assert set(run["ratios"]) == set(PAIRS)
+        # PyTorch's hook at its defaults and matched are both timed, and named apart in the report.
+        assert {"torch PowerSGD at defaults", "torch PowerSGD matched"} <= set(run["times_s"])
+        # Every way was profiled; the hooks' own parts add up to something.
+        assert set(run["profile"]["ops"]) == set(WAYS)
+        assert all(sum(parts.values()) > 0 for parts in run["profile"]["parts_s"].values())
     for pair in PAIRS:
         assert f"- **{pair}**:" in text
-    result = json.loads((tmp_path / "fast_links.json").read_text())
-    assert set(result["times_s"]) == set(WAYS) and result["workers"] == 4
-    assert all(len(times) == result["steps"] for times in result["times_s"].values())
-    # Every way was profiled; the hooks' own parts add up to something.
-    assert set(result["profile"]["ops"]) == set(WAYS)
-    assert all(sum(parts.values()) > 0 for parts in result["profile"]["parts_s"].values())
     assert (tmp_path / "fast_links.png").stat().st_size > 1000
+
+
+def test_the_model_shapes_are_the_ones_the_report_names():
+    from benchmarks.performance.fast_links import MODELS, build_model
+
+    for shape in MODELS:
+        model, inputs, targets = build_model(shape, quick=True, data_seed=0)
+        out = model(inputs)
+        assert out.shape[:-1] == targets.shape, shape
+    largest = max(p.numel() for p in build_model("fc", quick=False, data_seed=0)[0].parameters())
+    assert largest == 4096 * 512  # the fully connected layer the comparison is about
+    with pytest.raises(ValueError, match="model must be one of"):
+        build_model("vgg", quick=True, data_seed=0)
