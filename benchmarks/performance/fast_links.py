@@ -474,8 +474,10 @@ median over the repeats (range over the repeats).
             if run["ratios"][name]["target"] is not None:
                 axis.hlines(run["ratios"][name]["target"], index - 0.4, index + 0.4, colors="black",
                             linestyles="dashed")
-        axis.set_xticks(range(len(names)), [n.replace(" vs ", "\nvs ").replace("per bucket", "per\nbucket")
-                                            for n in names], fontsize=7)
+        labels = {"PowerSGD vs the hook at its defaults": "PowerSGD vs\nits defaults",
+                  "PowerSGD vs the hook matched": "PowerSGD vs\nmatched", "PowerSGD per bucket vs matched":
+                  "per bucket vs\nmatched"}
+        axis.set_xticks(range(len(names)), [labels.get(n, n) for n in names], fontsize=7)
         axis.set_title(shape, fontsize=9)
     axes[0][0].set_ylabel("PyTorch's step / ours (above 1: ours faster)")
     figure.suptitle(f"DDP hooks, {result['workers']} ranks on loopback (range over repeats; dashed: target)",
