@@ -4,6 +4,7 @@ bytes it sent, what the ranks must agree on, and its checkpoint (docs/DESIGN.md#
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import Any
 
 import torch
@@ -22,7 +23,7 @@ from grace_legacy.schedules.base import Schedule
 from grace_legacy.step_guard import StepGuard
 
 
-class Lifetime:
+class Lifetime(ABC):
     """The part of a bundle that outlives one tensor: :class:`~grace_legacy.grace.Grace` is one,
     and makes the parts these methods use."""
 
@@ -37,8 +38,9 @@ class Lifetime:
     _schedule: Schedule | None
     _advice: RouteAdvice | None
 
+    @abstractmethod
     def _communicator_label(self) -> str:
-        raise NotImplementedError
+        """The communicator as the description and the configuration name it."""
 
     # -- the step ------------------------------------------------------------------------------
     def join_world(self, backend: Backend) -> bool:

@@ -31,13 +31,14 @@ def test_each_part_of_the_hook_is_named_by_where_the_code_lives():
 
 @pytest.mark.distributed
 def test_fast_links_quick(tmp_path):
+    # One shape launched (each costs a launch and a profile); every shape is built and run below.
     subprocess.run([sys.executable, "-m", "benchmarks.performance.fast_links", "--quick", "--models", "fc",
-                    "transformer", "--results", str(tmp_path)], cwd=REPO, check=True, timeout=600)
+                    "--results", str(tmp_path)], cwd=REPO, check=True, timeout=600)
     text = (tmp_path / "performance.md").read_text()
     assert "## DDP hooks on a fast link" in text and "`uptime` before:" in text
-    assert "### fc:" in text and "### transformer:" in text and "### conv:" not in text
+    assert "### fc:" in text and "### conv:" not in text
     result = json.loads((tmp_path / "fast_links.json").read_text())
-    assert set(result["models"]) == {"fc", "transformer"} and result["workers"] == 4
+    assert set(result["models"]) == {"fc"} and result["workers"] == 4
     for shape, run in result["models"].items():
         assert set(run["times_s"]) == set(WAYS), shape
         assert all(len(times) == result["steps"] for times in run["times_s"].values())
