@@ -186,17 +186,18 @@ def _plot(runs: list[dict], counts: list[int], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     figure, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for arm in _arms(runs):
+    for index, arm in enumerate(_arms(runs)):
+        color = f"C{index}"  # one colour an arm in both panels
         xs = [w for w in counts if any(r["arm"] == arm and r["workers"] == w for r in runs)]
         means = [100 * _mean([r["final"] for r in _at(runs, w) if r["arm"] == arm]) for w in xs]
-        left.plot(xs, means, "o-", label=arm)
+        left.plot(xs, means, "o-", label=arm, color=color)
         if arm != UNIFORM:
             pairs = [(w, paired(_at(runs, w), arm, UNIFORM)) for w in xs]
             pairs = [(w, p) for w, p in pairs if p.seeds > 1]
             below = [100 * (p.mean - p.low) for _, p in pairs]
             above = [100 * (p.high - p.mean) for _, p in pairs]
             right.errorbar([w for w, _ in pairs], [100 * p.mean for _, p in pairs], yerr=[below, above], fmt="o-",
-                           capsize=3, label=arm)
+                           capsize=3, label=arm, color=color)
     for axis in (left, right):
         axis.set_xscale("log", base=2)
         axis.set_xlabel("workers")
