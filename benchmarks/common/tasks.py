@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import pickle
 import sysconfig
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -83,30 +84,46 @@ STDLIB_FILES = ["textwrap.py", "functools.py", "dataclasses.py", "pathlib.py", "
 SEQUENCE = 64
 
 
-def _digits():
+def _cached(name: str, make: Callable[[], dict]) -> dict:
+    """``make()``'s arrays, made once per checkout and read from ``.cache/accuracy/<name>`` after:
+    a worker then needs neither the generator nor its imports (scikit-learn's alone takes a second)."""
+    path = CACHE / name
+    if not path.exists():
+        data = make()
+        CACHE.mkdir(parents=True, exist_ok=True)
+        # Every rank of a fresh checkout makes the same data at once: a file of its own, then
+        # an atomic rename, so no rank renames a file another has already moved.
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_bytes(pickle.dumps(data))
+        tmp.replace(path)
+    return pickle.loads(path.read_bytes())
+
+
+def _load_digits() -> dict:
     from sklearn.datasets import load_digits
 
     digits = load_digits()
-    x = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0
-    y = torch.tensor(digits.target, dtype=torch.long)
+    return {"images": digits.images, "target": digits.target}
+
+
+def _digits():
+    digits = _cached("digits.pkl", _load_digits)
+    x = torch.tensor(digits["images"], dtype=torch.float32).unsqueeze(1) / 16.0
+    y = torch.tensor(digits["target"], dtype=torch.long)
     order = torch.randperm(len(y), generator=torch.Generator().manual_seed(0))
     cut = int(0.8 * len(y))
     return (x[order[:cut]], y[order[:cut]]), (x[order[cut:]], y[order[cut:]])
 
 
-def _mnist1d():
-    path = CACHE / "mnist1d.pkl"
-    if not path.exists():
-        from mnist1d.data import get_dataset_args, make_dataset
+def _make_mnist1d() -> dict:
+    from mnist1d.data import get_dataset_args, make_dataset
 
-        data = make_dataset(get_dataset_args())   # generated locally; get_dataset() would download
-        CACHE.mkdir(parents=True, exist_ok=True)
-        # Every rank of a fresh checkout generates the same data at once: a file of its own, then
-        # an atomic rename, so no rank renames a file another has already moved.
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_bytes(pickle.dumps({k: data[k] for k in ("x", "y", "x_test", "y_test")}))
-        tmp.replace(path)
-    data = pickle.loads(path.read_bytes())
+    data = make_dataset(get_dataset_args())   # generated locally; get_dataset() would download
+    return {k: data[k] for k in ("x", "y", "x_test", "y_test")}
+
+
+def _mnist1d():
+    data = _cached("mnist1d.pkl", _make_mnist1d)
 
     def tensor(values, dtype):
         return torch.tensor(values, dtype=dtype)

@@ -173,7 +173,8 @@ def build_trainer(arm: Arm | None, ranks: Ranks, seed: int, widths: tuple[int, .
         compression = arm.compression(setting)
         named = [(f"{prefix}.{name}", p) for name, p in model.named_parameters()]
         optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=named, compression=compression)
-        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        from benchmarks.common.training import broadcast_parameters
+        broadcast_parameters(model.state_dict())
         # The bundle that runs it (a bare compressor's too); None for Horovod's own compression.
         return Trainer(arm, model, model, optimizer, getattr(optimizer, "grace", None))
     from torch.nn.parallel import DistributedDataParallel

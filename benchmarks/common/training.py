@@ -19,9 +19,19 @@ from torch import nn
 from tqdm import tqdm
 
 from grace_legacy import Grace
+from grace_legacy.backends.horovod import synchronize
 
 from .arms import Arm, Run
 from .tasks import Task, evaluate, loss_of
+
+
+def broadcast_parameters(state: dict[str, torch.Tensor], root_rank: int = 0) -> None:
+    """``hvd.broadcast_parameters``, its ranks waiting asleep: Horovod's own wait spins, and ranks
+    that arrive first would take the cores of the ranks still building their model."""
+    handles = [hvd.broadcast_async_(tensor, root_rank, name=f"broadcast.{name}")
+               for name, tensor in sorted(state.items())]
+    for handle in handles:
+        synchronize(handle)
 
 
 def learning_rate(task: Task, epoch: int, epochs: int) -> float:
@@ -55,7 +65,7 @@ def train_one(task: Task, arm: Arm, seed: int, build: Callable[[], nn.Module], t
         optimizer = torch.optim.Adam(model.parameters(), lr=task.lr, weight_decay=task.weight_decay)
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
                                          compression=compression)
-    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    broadcast_parameters(model.state_dict())
     generator = torch.Generator().manual_seed(1000 * seed + hvd.rank())
     tell_lr = _lr_listener(compression)
     curve, volumes = [], []

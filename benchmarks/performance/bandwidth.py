@@ -128,7 +128,8 @@ def build_way(name: str, model: str, quick: bool, hvd: Any) -> Way:
                                          tolerance=0.05 if quick else 0.01)
         compression = Grace(schedule, memory=Residual())
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=named, compression=compression)
-    hvd.broadcast_parameters(step_model.model.state_dict(), root_rank=0)
+    from benchmarks.common.training import broadcast_parameters
+    broadcast_parameters(step_model.model.state_dict())
     return Way(name, step_model, optimizer, compression, sum(p.numel() * p.element_size() for _, p in named))
 
 

@@ -257,7 +257,8 @@ def worker(args: argparse.Namespace) -> None:
                                steps_per_epoch=max(1, args.checkpoints[-1] // 20)), memory=Residual())
     optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
                                          named_parameters=model.named_parameters(), compression=compression)
-    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    from benchmarks.common.training import broadcast_parameters
+    broadcast_parameters(model.state_dict())
     generator = torch.Generator().manual_seed(hvd.rank())
     inputs, labels = torch.randn(256, 64, generator=generator), torch.randint(0, 10, (256,), generator=generator)
     checkpoints = sorted(set(args.checkpoints))

@@ -52,7 +52,8 @@ def worker(args: argparse.Namespace) -> None:
                                              compression=Grace(TopK(DENSITY), memory=Residual()))
         if way == "unwatched":
             optimizer._grace_backend.wait = lambda launched: launched.finish(synchronize)
-        hvd.broadcast_parameters(step_model.model.state_dict(), root_rank=0)
+        from benchmarks.common.training import broadcast_parameters
+        broadcast_parameters(step_model.model.state_dict())
         ways[way] = (step_model, optimizer)
     flag = torch.zeros(1)
     measured: dict[str, list[float]] = {way: [] for way in WAYS}

@@ -51,7 +51,8 @@ def worker(args: argparse.Namespace) -> None:
                                                  compression=Grace(TopK(DENSITY), memory=Residual()))
             if way == "Top-k spinning":
                 optimizer._grace_backend.wait = lambda launched: launched.finish(hvd.synchronize)
-            hvd.broadcast_parameters(step_model.model.state_dict(), root_rank=0)
+            from benchmarks.common.training import broadcast_parameters
+            broadcast_parameters(step_model.model.state_dict())
         ways[way] = (step_model, optimizer)
     flag = torch.zeros(1)
     measured: dict[str, dict[str, list[float]]] = {way: {"step_s": [], "cpu_s": []} for way in WAYS}

@@ -11,6 +11,7 @@ import hashlib
 import itertools
 import json
 import math
+import time
 import traceback
 from fractions import Fraction
 from pathlib import Path
@@ -78,9 +79,21 @@ def gather_from_ranks(tensor: torch.Tensor, process_set=None) -> list[torch.Tens
     process_set = process_set or hvd.global_process_set
     rows = tensor.detach().reshape(1, -1).clone()
     bits = rows.dtype == torch.bfloat16
-    stacked = hvd.allgather(rows.view(torch.int16) if bits else rows, name=f"reference.{next(_reference_calls)}",
-                            process_set=process_set)
+    handle = hvd.allgather_async(rows.view(torch.int16) if bits else rows, name=f"reference.{next(_reference_calls)}",
+                                 process_set=process_set)
+    stacked = hvd.synchronize(asleep_until_done(handle))
     return [(row.view(torch.bfloat16) if bits else row).view(tensor.shape) for row in stacked]
+
+
+def asleep_until_done(handle: int) -> int:
+    """``handle``, once Horovod has finished it. ``hvd.synchronize`` waits by spinning (yielding
+    the core between polls); with more ranks than cores the spinning ranks take turns away from the
+    rank they wait for, so the references wait asleep, as the library's backend does."""
+    sleep = 1e-4
+    while not hvd.poll(handle):
+        time.sleep(sleep)
+        sleep = min(2 * sleep, 5e-3)
+    return handle
 
 
 def kept(ratio: float, numel: int) -> int:
