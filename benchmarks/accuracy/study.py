@@ -4,7 +4,8 @@
     python -m benchmarks.accuracy.study --quick    # a smoke run (a few minutes)
 
 Each task is one ``horovodrun`` launch whose workers train every arm for every seed in turn (one
-launch per task amortizes Horovod's start-up). For every run the workers record the final metric,
+launch per task amortizes Horovod's start-up; ``--quick`` runs every task in one launch, since
+starting the workers is most of a smoke run's cost). For every run the workers record the final metric,
 the per-epoch curve, the measured data volume (``stats["volume"]``: bytes this rank handed to
 Horovod over bytes a dense send would have) and the wall time. The results are written to
 ``benchmarks/results/accuracy.md`` (tables, mean +- std over seeds) with plots of accuracy vs data
@@ -33,24 +34,28 @@ def worker(args: argparse.Namespace) -> None:
 
     hvd.init()
     torch.set_num_threads(1)
-    task = TASKS[args.task]
-    build, train, test = load(task, args.quick)
     arms = [a for a in ARMS if not args.quick or a.name in QUICK_ARMS]
-    runs = run_arms(task, arms, args.seeds, build, train, test, task.quick_epochs if args.quick else task.epochs)
+    runs = []
+    for name in args.task.split(","):
+        task = TASKS[name]
+        build, train, test = load(task, args.quick)
+        runs += run_arms(task, arms, args.seeds, build, train, test,
+                         task.quick_epochs if args.quick else task.epochs)
     if hvd.rank() == 0:
         Path(args.json).write_text(json.dumps(runs))
 
 
-def launch(task: str, args: argparse.Namespace) -> list[dict]:
+def launch(tasks: list[str], args: argparse.Namespace) -> list[dict]:
+    """The runs of one ``horovodrun`` launch that trains ``tasks`` one after the other."""
     from benchmarks.common.report import run_workers
 
-    options = ["--task", task, "--seeds", str(args.seeds)]
+    options = ["--task", ",".join(tasks), "--seeds", str(args.seeds)]
     if args.quick:
         options.append("--quick")
     return run_workers("benchmarks.accuracy.study", 4, *options)
 
 
-def report(runs: list[dict], results: Path, command: str, elapsed: float) -> None:
+def report(runs: list[dict], results: Path, command: str, elapsed: float, launches: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -64,7 +69,7 @@ def report(runs: list[dict], results: Path, command: str, elapsed: float) -> Non
     colors = {"dense": "black", "uniform": "#c44", "legacy": "#27a", "qsgd": "#a5a", "adaptive": "#e90"}
     lines = ["# Accuracy at equal data volume", "",
              f"`{command}`", "",
-             f"Machine: {machine()}. Each task: one `horovodrun -np 4 -H localhost:4 --gloo` launch; "
+             f"Machine: {machine()}. {launches}: one `horovodrun -np 4 -H localhost:4 --gloo` launch; "
              f"whole study {elapsed / 60:.1f} min.", "",
              "Volume is the measured `stats['volume']` (bytes handed to Horovod / bytes of a dense send), "
              "mean over seeds; accuracy and perplexity are on held-out data after the last epoch, "
@@ -123,11 +128,11 @@ def main() -> None:
     from benchmarks.common.tasks import TASKS
 
     start = time.perf_counter()
-    runs = []
-    for task in args.tasks or list(TASKS):
-        runs += launch(task, args)
+    tasks = args.tasks or list(TASKS)
+    groups = [tasks] if args.quick else [[task] for task in tasks]
+    runs = [run for group in groups for run in launch(group, args)]
     command = "python -m benchmarks.accuracy.study" + (" --quick" if args.quick else "")
-    report(runs, args.results, command, time.perf_counter() - start)
+    report(runs, args.results, command, time.perf_counter() - start, "All tasks" if args.quick else "Each task")
     print(f"wrote {args.results / 'accuracy.md'}")
 
 
