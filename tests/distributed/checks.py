@@ -11,13 +11,14 @@ import hashlib
 import itertools
 import json
 import math
-import time
 import traceback
 from fractions import Fraction
 from pathlib import Path
 
 import horovod.torch as hvd
 import torch
+
+from grace_legacy.backends.horovod import synchronize
 
 
 def parse_args(extra=None) -> argparse.Namespace:
@@ -81,19 +82,8 @@ def gather_from_ranks(tensor: torch.Tensor, process_set=None) -> list[torch.Tens
     bits = rows.dtype == torch.bfloat16
     handle = hvd.allgather_async(rows.view(torch.int16) if bits else rows, name=f"reference.{next(_reference_calls)}",
                                  process_set=process_set)
-    stacked = hvd.synchronize(asleep_until_done(handle))
+    stacked = synchronize(handle)  # asleep: hvd.synchronize spins, taking the core of a rank still computing
     return [(row.view(torch.bfloat16) if bits else row).view(tensor.shape) for row in stacked]
-
-
-def asleep_until_done(handle: int) -> int:
-    """``handle``, once Horovod has finished it. ``hvd.synchronize`` waits by spinning (yielding
-    the core between polls); with more ranks than cores the spinning ranks take turns away from the
-    rank they wait for, so the references wait asleep, as the library's backend does."""
-    sleep = 1e-4
-    while not hvd.poll(handle):
-        time.sleep(sleep)
-        sleep = min(2 * sleep, 5e-3)
-    return handle
 
 
 def kept(ratio: float, numel: int) -> int:
