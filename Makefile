@@ -20,10 +20,10 @@ run: setup
 # Two pytest processes at once, each about half of the suite's time: tests/distributed (jobs under
 # horovodrun and torchrun, one at a time) in one; tests/unit, then tests/benchmarks (the benchmarks'
 # own tests and quick runs), then the zoo's and the simulator's launches and LATER_LAUNCHES (which
-# even the halves out) in the other. The first's report is printed after the second's. Before them, numba's disk cache
-# is filled (one process per dtype), so that the many processes they start load the compiled loops
-# instead of each compiling them. Prints its own wall time at the end: CI allows 90 minutes with
-# the set-up, and the suite's budget is 30.
+# even the halves out) in the other. The first's report is printed after the second's. Before them,
+# numba's disk cache is filled (one process per dtype), so that the many processes they start load
+# the compiled loops instead of each compiling them. Prints its own wall time at the end: CI allows
+# 90 minutes with the set-up, and the suite's budget is 30.
 test test-quick unit: export OMP_WAIT_POLICY = PASSIVE
 # Horovod's background thread negotiates every HOROVOD_CYCLE_TIME ms even when idle (about a third
 # of a core per rank at its 1 ms default): with four ranks on two cores that takes the cores from the

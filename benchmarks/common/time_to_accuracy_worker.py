@@ -170,10 +170,11 @@ def build_trainer(arm: Arm | None, ranks: Ranks, seed: int, widths: tuple[int, .
     if arm.framework == HOROVOD:
         import horovod.torch as hvd
 
+        from benchmarks.common.training import broadcast_parameters
+
         compression = arm.compression(setting)
         named = [(f"{prefix}.{name}", p) for name, p in model.named_parameters()]
         optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=named, compression=compression)
-        from benchmarks.common.training import broadcast_parameters
         broadcast_parameters(model.state_dict())
         # The bundle that runs it (a bare compressor's too); None for Horovod's own compression.
         return Trainer(arm, model, model, optimizer, getattr(optimizer, "grace", None))

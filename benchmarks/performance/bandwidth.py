@@ -108,6 +108,7 @@ def build_way(name: str, model: str, quick: bool, hvd: Any) -> Way:
     import torch
 
     from benchmarks.common.step_models import build
+    from benchmarks.common.training import broadcast_parameters
     from grace_legacy import Grace, Legacy, Residual, TopK
 
     step_model = build(model, quick, seed=0, data_seed=hvd.rank())
@@ -128,7 +129,6 @@ def build_way(name: str, model: str, quick: bool, hvd: Any) -> Way:
                                          tolerance=0.05 if quick else 0.01)
         compression = Grace(schedule, memory=Residual())
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=named, compression=compression)
-    from benchmarks.common.training import broadcast_parameters
     broadcast_parameters(step_model.model.state_dict())
     return Way(name, step_model, optimizer, compression, sum(p.numel() * p.element_size() for _, p in named))
 

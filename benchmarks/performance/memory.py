@@ -247,6 +247,7 @@ def in_process(checkpoints: Iterable[int]) -> dict[str, list[dict[str, int]]]:
 def worker(args: argparse.Namespace) -> None:
     import horovod.torch as hvd
 
+    from benchmarks.common.training import broadcast_parameters
     from grace_legacy import Grace, Legacy, Residual, TopK
 
     hvd.init()
@@ -257,7 +258,6 @@ def worker(args: argparse.Namespace) -> None:
                                steps_per_epoch=max(1, args.checkpoints[-1] // 20)), memory=Residual())
     optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
                                          named_parameters=model.named_parameters(), compression=compression)
-    from benchmarks.common.training import broadcast_parameters
     broadcast_parameters(model.state_dict())
     generator = torch.Generator().manual_seed(hvd.rank())
     inputs, labels = torch.randn(256, 64, generator=generator), torch.randint(0, 10, (256,), generator=generator)

@@ -36,6 +36,7 @@ def worker(args: argparse.Namespace) -> None:
 
     import grace_legacy  # noqa: F401  (lets hvd.DistributedOptimizer take grace_legacy compression)
     from benchmarks.common.step_models import build
+    from benchmarks.common.training import broadcast_parameters
     from grace_legacy import Grace, Residual, TopK
     from grace_legacy.backends.horovod import synchronize
 
@@ -51,7 +52,6 @@ def worker(args: argparse.Namespace) -> None:
                                                  compression=Grace(TopK(DENSITY), memory=Residual()))
             if way == "Top-k spinning":
                 optimizer._grace_backend.wait = lambda launched: launched.finish(hvd.synchronize)
-            from benchmarks.common.training import broadcast_parameters
             broadcast_parameters(step_model.model.state_dict())
         ways[way] = (step_model, optimizer)
     flag = torch.zeros(1)

@@ -1,9 +1,8 @@
 """A finished job exits 0 (issue #37): short jobs as a new user writes them
 (``clean_exit_worker.py``: 20 steps, 2 ranks, Gloo, LEGACY over Top-k), each launched by a real
 ``torchrun`` (the DDP hook) or ``horovodrun --gloo`` (the Horovod optimizer), two jobs at a time
-while a core is kept loaded (by a busy process started here, unless other work already loads
-the machine), must every one exit 0 with nothing like
-"terminate called" in their output.
+while a core is kept loaded (by a busy process started here, unless other work already loads the
+machine), must every one exit 0 with nothing like "terminate called" in their output.
 
 Why under load and why many jobs: the abort this guards against (a Gloo worker thread releasing a
 collective that still held a Python object while the interpreter finalized:
