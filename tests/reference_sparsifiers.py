@@ -32,6 +32,12 @@ def _by_magnitude(values: list[float]) -> list[int]:
     return np.lexsort((np.arange(array.size), np.where(nan, 0.0, -np.abs(array)), ~nan)).tolist()
 
 
+def _in_work(values: list[float], work: type) -> list:
+    """Each value rounded once to the work dtype, as numpy scalars of it: ``[work(v) for v in
+    values]``, converted by numpy in one call."""
+    return list(np.array(values, dtype=work))
+
+
 def _index_dtype(numel: int) -> torch.dtype:
     return torch.int32 if numel < 2**31 else torch.int64
 
@@ -127,7 +133,7 @@ class AdaCompReference(_Entries):
 
     def compress(self, tensor, name):
         work = _work(tensor.dtype)
-        grads = [work(v) for v in _floats(tensor)]
+        grads = _in_work(_floats(tensor), work)
         residue = self.residues.get(name, [work(0.0)] * len(grads))
         g = [r + x for r, x in zip(residue, grads, strict=True)]
         chosen, kept = [], list(g)
@@ -135,7 +141,7 @@ class AdaCompReference(_Entries):
             for first in range(0, len(g), self.bin_size):
                 span = range(first, min(len(g), first + self.bin_size))
                 magnitudes = [abs(g[i]) for i in span]
-                if any(np.isnan(m) for m in magnitudes):
+                if any(m != m for m in magnitudes):  # NaN is the one value unequal to itself
                     continue
                 top = max(magnitudes)
                 chosen += [i for i in span if abs(g[i] + grads[i]) >= top]
@@ -166,8 +172,8 @@ class VarianceReference(_Entries):
 
     def compress(self, tensor, name):
         work = _work(tensor.dtype)
-        grads = [work(v) for v in _floats(tensor)]
-        moments = [work(v) for v in _floats(self.moment(name, tensor))]
+        grads = _in_work(_floats(tensor), work)
+        moments = _in_work(_floats(self.moment(name, tensor)), work)
         r = self.sums.get(name, [work(0.0)] * len(grads))
         v = self.variances.get(name, [work(0.0)] * len(grads))
         alpha, ksi = work(self.alpha), work(self.ksi)
