@@ -22,8 +22,9 @@ run: setup
 # own tests and quick runs), then the zoo's and the simulator's launches and LATER_LAUNCHES (which
 # even the halves out) in the other. The first's report is printed after the second's. Before them,
 # numba's disk cache is filled (one process per dtype), so that the many processes they start load
-# the compiled loops instead of each compiling them. Prints its own wall time at the end: CI allows
-# 90 minutes with the set-up, and the suite's budget is 30.
+# the compiled loops instead of each compiling them. Prints its own wall time at the end (CI allows
+# 90 minutes with the set-up, and the suite's budget is 30), and each half the tests that cost the
+# most CPU, their jobs included (tests/cpu_time.py): on two cores the CPU is what the time is made of.
 test test-quick unit: export OMP_WAIT_POLICY = PASSIVE
 # Horovod's background thread negotiates every HOROVOD_CYCLE_TIME ms even when idle (about a third
 # of a core per rank at its 1 ms default): with four ranks on two cores that takes the cores from the
@@ -32,7 +33,8 @@ test test-quick unit: export HOROVOD_CYCLE_TIME = 5
 
 #: Launches that run in the second process, after tests/unit and tests/benchmarks, to even the halves out.
 LATER_LAUNCHES = tests/distributed/test_legacy.py::test_legacy_schedules_match_the_rules[gloo-8] \
-	tests/distributed/test_legacy.py::test_legacy_schedules_match_the_rules[mpi-4]
+	tests/distributed/test_legacy.py::test_legacy_schedules_match_the_rules[mpi-4] \
+	tests/distributed/test_resume.py::test_a_resumed_run_ends_bit_identical[4-mpi]
 
 test: setup
 	@start=$$(date +%s); $(PY) -m ruff check . || exit 1; \
@@ -41,8 +43,8 @@ test: setup
 	tmp=$$(mktemp -d); \
 	later="tests/distributed/test_zoo.py tests/distributed/test_simulate.py $(LATER_LAUNCHES)"; \
 	$(PY) -m pytest tests/distributed $$(printf -- '--deselect=%s ' $$later) --basetemp $$tmp/launches \
-		--durations=25 > $$tmp/launches.log 2>&1 & launches=$$!; \
-	$(PY) -m pytest tests/unit tests/benchmarks $$later --basetemp $$tmp/unit --durations=25; unit=$$?; \
+		--durations=25 --cpu-top=25 > $$tmp/launches.log 2>&1 & launches=$$!; \
+	$(PY) -m pytest tests/unit tests/benchmarks $$later --basetemp $$tmp/unit --durations=25 --cpu-top=25; unit=$$?; \
 	wait $$launches; jobs=$$?; cat $$tmp/launches.log; rm -rf $$tmp; \
 	echo "make test: $$(( ($$(date +%s) - start) / 60 )) min $$(( ($$(date +%s) - start) % 60 )) s"; \
 	[ $$unit -eq 0 ] && [ $$jobs -eq 0 ]

@@ -10,3 +10,6 @@ import os
 # for its parallel region. Set before torch is imported (here, or by `make test` for every process
 # it starts); the results are the same bits either way.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+# `--cpu-top N`: the tests that cost the most CPU, their jobs included (`make test` lists them).
+pytest_plugins = ["tests.cpu_time"]
