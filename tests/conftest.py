@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 
 # Waiting OpenMP threads sleep instead of spinning. The suite runs more threads than the machine
@@ -13,3 +14,11 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 # `--cpu-top N`: the tests that cost the most CPU, their jobs included (`make test` lists them).
 pytest_plugins = ["tests.cpu_time"]
+
+
+def pytest_collection_finish(session) -> None:
+    """Set aside every object the imports made (torch's are about a million) from the garbage
+    collector: they live as long as the process, yet each full collection walked them all again.
+    The tests' own objects are collected as before. Workers do the same (``parse_args`` in
+    ``tests/distributed/checks.py``)."""
+    gc.freeze()

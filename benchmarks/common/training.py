@@ -9,6 +9,7 @@ from a generator seeded with the seed and the rank), so arms differ only in how 
 
 from __future__ import annotations
 
+import gc
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -102,6 +103,9 @@ def run_arms(task: Task, arms: Sequence[Arm], seeds: int, build: Callable[[], nn
              epochs: int, on_run: Callable[[list[dict[str, Any]]], None] | None = None) -> list[dict[str, Any]]:
     """Every arm for every seed, seed by seed (rank 0 shows progress and hands ``on_run`` the
     records so far after each run, e.g. to save them); the records."""
+    # What the imports made (torch's objects, about a million) lives as long as the worker: set it
+    # aside from the garbage collector, which would walk it again in every full collection.
+    gc.freeze()
     runs = []
     progress = tqdm(total=seeds * len(arms), desc=task.name, disable=hvd.rank() != 0, mininterval=5)
     for seed in range(seeds):

@@ -7,6 +7,7 @@ The reference functions here are written independently of grace_legacy (sorting 
 from __future__ import annotations
 
 import argparse
+import gc
 import hashlib
 import itertools
 import json
@@ -22,6 +23,9 @@ from grace_legacy.backends.horovod import synchronize
 
 
 def parse_args(extra=None) -> argparse.Namespace:
+    """The worker's arguments. Called first thing, after the imports: so it also freezes what the
+    imports made (see ``tests/conftest.py``), which the rank's collections need not walk again."""
+    gc.freeze()
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
     for args, kwargs in extra or []:
