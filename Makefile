@@ -49,12 +49,13 @@ test: setup
 	echo "make test: $$(( ($$(date +%s) - start) / 60 )) min $$(( ($$(date +%s) - start) % 60 )) s"; \
 	[ $$unit -eq 0 ] && [ $$jobs -eq 0 ]
 
-# The quick loop for one's own edits (a few minutes): lint, the unit tests but the exhaustive
+# The quick loop for one's own edits (under 3 minutes): lint, the unit tests but the exhaustive
 # sweeps marked `slow`, and one real launch under each launcher (horovodrun and torchrun), the
-# tests marked `smoke`.
+# tests marked `smoke`. The unit tests run in two pytest-xdist workers: they are Python, and one
+# Python process keeps one core busy.
 test-quick: setup
 	$(PY) -m ruff check .
-	$(PY) -m pytest tests/unit tests/benchmarks -m "not distributed and not slow"
+	$(PY) -m pytest -n 2 tests/unit tests/benchmarks -m "not distributed and not slow"
 	$(PY) -m pytest tests/distributed -m smoke
 
 unit: setup
