@@ -130,6 +130,12 @@ def _routes(runs: list[dict], counts: list[int]) -> list[str]:
             pair = paired(here, f"{name} two-phase", f"{name} gathered")
             cells.append(f"{pair} {pair.verdict()}" if pair.seeds else "-")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    missing = [w for w in counts if not any(r["workers"] == w and r["route"] == "scattergather" for r in runs)]
+    if missing:
+        lines += ["", f"*-*: no two-phase runs at {', '.join(map(str, missing))} workers. On this route every "
+                  "simulated worker compresses a segment for each of the W owners, so a step's work grows as "
+                  "W^2 (at 128 workers about half an hour a run on 2 cores): `many_workers` runs those only "
+                  "when `--arms` names them."]
     return [*lines, ""]
 
 
