@@ -17,7 +17,7 @@ pytest_plugins = ["tests.cpu_time"]
 
 
 def pytest_collection_finish(session) -> None:
-    """Set aside every object the imports made (torch's are about a million) from the garbage
+    """Set aside every object the imports made (torch's: a few hundred thousand) from the garbage
     collector: they live as long as the process, yet each full collection walked them all again.
     The tests' own objects are collected as before. Workers do the same (``parse_args`` in
     ``tests/distributed/checks.py``)."""

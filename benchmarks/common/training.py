@@ -103,7 +103,7 @@ def run_arms(task: Task, arms: Sequence[Arm], seeds: int, build: Callable[[], nn
              epochs: int, on_run: Callable[[list[dict[str, Any]]], None] | None = None) -> list[dict[str, Any]]:
     """Every arm for every seed, seed by seed (rank 0 shows progress and hands ``on_run`` the
     records so far after each run, e.g. to save them); the records."""
-    # What the imports made (torch's objects, about a million) lives as long as the worker: set it
+    # What the imports made (torch's objects, a few hundred thousand) lives as long as the worker: set it
     # aside from the garbage collector, which would walk it again in every full collection.
     gc.freeze()
     runs = []

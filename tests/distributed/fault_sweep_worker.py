@@ -288,7 +288,7 @@ def main() -> None:
         dist.init_process_group("gloo")
         rec, sweep = Recorder(args.out, dist.get_rank()), sweep_ddp
     # Each fault point rebuilds the model and collects the old one; with torch imported a full
-    # collection walks some million objects that live for the whole run: set those aside once.
+    # collection walks some hundred thousand objects that live for the whole run: set those aside once.
     torch.optim.SGD([torch.zeros(1, requires_grad=True)])  # what the first optimizer imports (torch._dynamo)
     gc.freeze()
     points = {}
