@@ -118,7 +118,7 @@ def main() -> None:
     args.workers = args.workers or list(QUICK_WORKERS if args.quick else WORKERS)
     args.seeds = args.seeds or (QUICK_SEEDS if args.quick else SEEDS)
     data = _load(args.results / f"{NAME}.json") if args.report else run(args)
-    write_report(data, args.results, NAME)
+    write_report(data, args.results, NAME, two_phase_from=min(SLOW_AT.values()))
 
 
 if __name__ == "__main__":

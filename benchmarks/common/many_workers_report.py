@@ -118,7 +118,7 @@ def _conclusion(runs: list[dict], low: int, high: int, room: Paired) -> str:
     return verdict
 
 
-def _routes(runs: list[dict], counts: list[int]) -> list[str]:
+def _routes(runs: list[dict], counts: list[int], two_phase_from: int) -> list[str]:
     lines = ["## Gathered against two-phase", "", "Two-phase minus gathered, paired by seed (points, 95%): the "
              "owners' second compression against the union of every worker's payload.", "",
              "| compressor | " + " | ".join(f"{w} workers" for w in counts) + " |",
@@ -130,7 +130,8 @@ def _routes(runs: list[dict], counts: list[int]) -> list[str]:
             pair = paired(here, f"{name} two-phase", f"{name} gathered")
             cells.append(f"{pair} {pair.verdict()}" if pair.seeds else "-")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    missing = [w for w in counts if not any(r["workers"] == w and r["route"] == "scattergather" for r in runs)]
+    missing = [w for w in counts
+               if w >= two_phase_from and not any(r["workers"] == w and r["route"] == "scattergather" for r in runs)]
     if missing:
         lines += ["", f"*-*: no two-phase runs at {', '.join(map(str, missing))} workers. On this route every "
                   "simulated worker compresses a segment for each of the W owners, so a step's work grows as "
@@ -216,7 +217,9 @@ def _plot(runs: list[dict], counts: list[int], path: Path) -> None:
     figure.savefig(path, dpi=120)
 
 
-def write_report(data: dict[str, Any], results: Path, name: str) -> None:
+def write_report(data: dict[str, Any], results: Path, name: str, two_phase_from: int) -> None:
+    """The report of ``data``; ``two_phase_from``: the fewest workers at which the two-phase arms run
+    only when named (their absence from there on is said, not left as unfinished)."""
     runs = data["runs"]
     counts = sorted({r["workers"] for r in runs})
     setting = data.get("setting", {})
@@ -239,7 +242,7 @@ def write_report(data: dict[str, Any], results: Path, name: str) -> None:
     lines += ["## Every arm at every number of workers", ""]
     for workers in counts:
         lines += _table(runs, workers, setting.get("global_batch", 0))
-    lines += _routes(runs, counts) + _projection_lines(runs)
+    lines += _routes(runs, counts, two_phase_from) + _projection_lines(runs)
     big = [r for r in runs if r["workers"] == counts[-1] and r["arm"] == UNIFORM]
     if big:
         memory = big[0]["memory"]
