@@ -130,6 +130,13 @@ class ShardedExchange:
         tensors = [parcel.payload[0] for parcel in self.parcels]
         self._like = [(t.shape, t.dtype, t.device) for t in tensors]
         self.segments = segments_of([t.numel() for t in tensors], self.size)
+        # Each parcel's and each owner's segments, as indices into self.segments (one pass: a
+        # bucket has about P segments, and a scan per owner would cost P^2 at every rank).
+        self._of_parcel: list[list[int]] = [[] for _ in self.parcels]
+        self._of_owner: list[list[int]] = [[] for _ in range(self.size)]
+        for i, segment in enumerate(self.segments):
+            self._of_parcel[segment.parcel].append(i)
+            self._of_owner[segment.owner].append(i)
         # Phase 1: every segment compressed as a tensor of its own.
         self.payloads: list[Payload] = []
         self.contexts: list[Any] = []
@@ -140,7 +147,7 @@ class ShardedExchange:
             self.payloads.append(payload)
             self.contexts.append(ctx)
         for index, parcel in enumerate(self.parcels):
-            mine = [i for i, s in enumerate(self.segments) if s.parcel == index]
+            mine = self._of_parcel[index]
             pieces = _Pieces(tensors[index].shape, tensors[index].dtype,
                              [(self.segments[i].start, self.segments[i].stop) for i in mine],
                              [len(self.payloads[i]) for i in mine], [self.contexts[i] for i in mine])
@@ -162,13 +169,10 @@ class ShardedExchange:
         for parcel in self.parcels:
             parcel.pending.finish_with(self._finisher(parcel.name))
 
-    def _owned(self, owner: int) -> list[int]:
-        return [i for i, s in enumerate(self.segments) if s.owner == owner]
-
     def _launch(self) -> None:
         blocks, splits = [], []
         for owner in range(self.size):
-            owned = self._owned(owner)
+            owned = self._of_owner[owner]
             block = wire.pack_many([(self.payloads[i], self.headers[i]) for i in owned]) if owned \
                 else torch.empty(0, dtype=torch.uint8)
             blocks.append(block)
@@ -195,7 +199,7 @@ class ShardedExchange:
         return finish
 
     def _finish_all(self) -> dict[str, torch.Tensor]:
-        mine = self._owned(self.rank)
+        mine = self._of_owner[self.rank]
         received = self.backend.wait(self._scatter)
         # Every rank sent this one its own payloads of these segments, laid out as this rank's.
         per_segment = wire.unpack_gathered_many(received, [(self.payloads[i], self.headers[i]) for i in mine],
