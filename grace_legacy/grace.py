@@ -186,12 +186,15 @@ class Grace(Lifetime):
         """A caller's fused bucket ``flat`` (1-D; ``tensors``, named ``names``, lie back to back in
         it) sent as one tensor (:meth:`Fusion.start_whole`), where that computes what :meth:`start`
         of each would, bit for bit: an elementwise compressor, no memory, no schedule, every tensor
-        on the allreduce route. On a fast link the per-tensor work is what a step waits for. The
-        result is ``flat`` itself, decoded in place; ``None``: start the tensors one by one."""
+        on the allreduce route. On a fast link the per-tensor work is what a step waits for. No
+        inf/NaN pass either: every rank's result shows any rank's inf or NaN (the guard's
+        ``flags_from_results``), and with no state to undo (no memory, no schedule, a compressor
+        without an undo log) a skipped step has nothing to roll back. The result is ``flat``
+        itself, decoded in place; ``None``: start the tensors one by one."""
         self.join_world(backend)
         compressor, world_size = self.compressor, backend.size()
         if not (compressor.traits.elementwise and self._schedule is None and type(self.memory) is NoMemory
-                and self.guard.flags_from_results):
+                and compressor.undo_log is None and self.guard.flags_from_results):
             return None
 
         def alone(tensor: torch.Tensor, name: str) -> bool:
@@ -199,7 +202,7 @@ class Grace(Lifetime):
                     and self.route_of(compressor, tensor.shape, tensor.dtype, world_size) == "allreduce")
 
         pending = self.fusion.start_whole(label, flat, tensors, names, compressor, backend, average,
-                                          self.guard.watch, self.traffic, alone)
+                                          self.traffic, alone)
         if pending is not None:
             for tensor, name in zip(tensors, names, strict=True):
                 if self._advice is not None:

@@ -36,7 +36,7 @@ import torch
 from grace_legacy.core.backend import Backend, Pending
 from grace_legacy.core.communicator import Flight, Parcel
 from grace_legacy.core.compressor import Compressor
-from grace_legacy.runtime.buffers import BufferPool, views_of
+from grace_legacy.runtime.buffers import BufferPool
 from grace_legacy.runtime.cost import ring_allreduce_bytes
 from grace_legacy.runtime.stall import RanksStalled
 from grace_legacy.runtime.traffic import TrafficStats
@@ -211,14 +211,15 @@ class Fusion:
             flights = [flight for flight in flights if flight.advance()]
 
     def start_whole(self, label: str, flat: torch.Tensor, tensors: Sequence[torch.Tensor], names: Sequence[str],
-                    compressor: Compressor, backend: Backend, average: bool, watch: Callable[[str, torch.Tensor], None],
-                    traffic: TrafficStats, alone: Callable[[torch.Tensor, str], bool]) -> Pending | None:
+                    compressor: Compressor, backend: Backend, average: bool, traffic: TrafficStats,
+                    alone: Callable[[torch.Tensor, str], bool]) -> Pending | None:
         """Send a caller's 1-D bucket ``flat`` (``tensors``, named ``names``, back to back in it) as
         one tensor of an elementwise ``compressor`` (one cast, one allreduce), decoded into ``flat``
         itself; ``None`` where ``flat`` is not laid out so, or where not every tensor would be sent
         ``alone`` as this compressor's allreduce (decided once per names, dtype and world: what every
-        rank shares). On arrival, a non-finite sum has each tensor ``watch``-ed alone, and
-        ``traffic`` records each tensor as sent alone would."""
+        rank shares). On arrival ``traffic`` records each tensor as sent alone would. Nothing is
+        looked at for infs and NaNs: the caller sends only what delivers them in every rank's
+        result and leaves no state a skipped step would undo (``Grace.start_whole``)."""
         if not (flat.dim() == 1 and flat.is_contiguous() and sum(t.numel() for t in tensors) == flat.numel()
                 and all(t.dtype == flat.dtype for t in tensors)):
             return None
@@ -245,10 +246,6 @@ class Fusion:
             out = compressor.decompress_flat(reduced, (ctx,), flat)
             if out is None or out.data_ptr() != flat.data_ptr():
                 raise RuntimeError(f"{compressor!r} is elementwise but did not decode a flat into its place")
-            # A finite sum has only finite terms; otherwise each tensor is looked at alone.
-            if not bool(torch.isfinite(flat.sum(dtype=torch.float32 if flat.element_size() < 4 else None))):
-                for name, tensor in zip(names, views_of(flat, tensors), strict=True):
-                    watch(name, tensor)
             traffic.record_each(rows, "allreduce")
             return flat
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import sys
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable
 
 import torch
 
@@ -52,15 +52,6 @@ LARGE = 4 * 1024 * 1024
 DEPTH = 2
 #: glibc's largest mmap threshold on 64-bit: a buffer above it is always a new mapping.
 MMAP_CEILING = 32 * 1024 * 1024
-
-
-def views_of(flat: torch.Tensor, like: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """``flat`` (1-D) cut into views shaped as ``like``'s tensors, back to back from its start."""
-    views, offset = [], 0
-    for tensor in like:
-        views.append(flat[offset:offset + tensor.numel()].view(tensor.shape))
-        offset += tensor.numel()
-    return views
 
 
 def _references(buffer: torch.Tensor) -> tuple[int, int] | None:

@@ -1,12 +1,14 @@
 """A caller's bucket sent as one tensor (``Grace.start_whole``, the DDP hook's path for FP16, BF16
-and no compression): the same bits, counts and skipped steps as the tensors started one by one,
-and only where that holds."""
+and no compression): the same bits and counts as the tensors started one by one, an inf or NaN of
+any rank in every rank's result (what makes GradScaler skip the step everywhere), and only where
+that holds."""
 
 import pytest
 import torch
 
 from grace_legacy import BF16, FP16, Allgather, Grace, Legacy, Residual, TopK
 from grace_legacy.compressors import NoCompression
+from grace_legacy.core.state import UndoLog
 from tests.helpers import run_ranks
 
 SHAPES = {"conv.weight": (8, 3, 3, 3), "conv.bias": (8,), "fc.weight": (10, 40), "fc.bias": (10,)}
@@ -70,9 +72,21 @@ def test_a_bucket_sent_whole_equals_its_tensors_sent_one_by_one(make, world, poi
             assert torch.equal(results[name], want_results[name]) or (
                 torch.equal(results[name].isnan(), want_results[name].isnan())
                 and torch.equal(results[name].nan_to_num(), want_results[name].nan_to_num())), name
-        assert flagged == want_flagged
-        assert flagged == (set() if poison is None else {poison[1]})
+        assert want_flagged == (set() if poison is None else {poison[1]})
+        # Whole, nothing is looked at: the results show it, and there is no state to undo.
+        assert flagged == set()
+        assert all(bool(results[name].isfinite().all()) == (poison is None or name != poison[1])
+                   for name in results)
         assert stats == want_stats  # bytes handed over, wire bytes, tensors by route
+
+
+class _FP16WithState(FP16):
+    """FP16 with per-tensor state a skipped step must roll back: the whole path, which looks at no
+    tensor for infs, cannot take it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.undo_log = UndoLog()
 
 
 @pytest.mark.parametrize("bundle", [
@@ -80,7 +94,8 @@ def test_a_bucket_sent_whole_equals_its_tensors_sent_one_by_one(make, world, poi
     lambda: Grace(FP16(), memory=Residual()),                   # a memory keeps per-tensor state
     lambda: Grace(FP16(), communicator=Allgather()),            # another route
     lambda: Grace(Legacy(TopK(), by="layer", values=[0.5, 0.1], splits=[100])),  # a schedule
-], ids=["topk", "residual", "allgather", "legacy"])
+    lambda: Grace(_FP16WithState()),                            # a skipped step would undo state
+], ids=["topk", "residual", "allgather", "legacy", "undo-log"])
 def test_what_cannot_go_whole_is_started_one_by_one(bundle):
     def body(backend):
         flat, views = bucket_of(gradients(backend.rank()))
