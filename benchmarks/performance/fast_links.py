@@ -17,16 +17,19 @@ of a fast interconnect):
 
 * *allreduce*: DDP's own allreduce (no hook), the floor;
 * *torch fp16* (``fp16_compress_hook``) against *grace FP16* (``grace_legacy.ddp.register(ddp, FP16())``);
-* PyTorch's ``powerSGD_hook`` two ways: *at its defaults* (``PowerSGDState(process_group)`` and
-  nothing else: rank 1, ``min_compression_rate=2``, and plain allreduces for the first
-  ``start_powerSGD_iter=1000`` steps, which is what a user of the defaults gets over the steps
-  timed here), and *matched* (``matrix_approximation_rank=2``, error feedback and warm start on,
+* PyTorch's ``powerSGD_hook`` three ways: *at its defaults* (``PowerSGDState(process_group)`` and
+  nothing else: rank 1, ``min_compression_rate=2``, error feedback and warm start) past its first
+  ``start_powerSGD_iter=1000`` steps, as in a run beyond step 1,000 (its step counter is set
+  there; one bucket, see below); the same *in its warm-up*, the plain allreduces those first
+  1,000 steps are (what a user of the defaults gets in a run as short as this one, so the ratio
+  is ours against a dense allreduce, shown without a target); and *matched*
+  (``matrix_approximation_rank=2``, error feedback and warm start on,
   ``min_compression_rate=1`` so that it factors what ours factors, factoring from the second
   step); against *grace PowerSGD* (``register(ddp, PowerSGD(2))``, each round one allreduce for
   every bucket), and *grace PowerSGD per bucket* (``fuse_rounds=False``: each bucket's first round
   launched as it arrives) for comparison. PyTorch's hook hangs or aborts on Gloo with more than one
-  bucket once it factors (its later rounds start from future callbacks), so the matched way gets
-  one bucket; the others run with DDP's default buckets.
+  bucket once it factors (its later rounds start from future callbacks), so its two factoring ways
+  get one bucket; the others run with DDP's default buckets.
 
 Each iteration runs every way once, in an order that reverses from one iteration to the next, each
 step after a barrier and timed from forward to the end of ``optimizer.step()``; the slowest rank's
@@ -76,12 +79,16 @@ MODELS = ("conv", "fc", "transformer")
 
 ALLREDUCE, TORCH_FP16, GRACE_FP16 = "allreduce", "torch fp16", "grace FP16"
 TORCH_POWERSGD_DEFAULTS, TORCH_POWERSGD = "torch PowerSGD at defaults", "torch PowerSGD matched"
+TORCH_POWERSGD_WARMUP = "torch PowerSGD at defaults, warm-up"
 GRACE_POWERSGD, GRACE_POWERSGD_PER_BUCKET = "grace PowerSGD", "grace PowerSGD per bucket"
-WAYS = (ALLREDUCE, TORCH_FP16, GRACE_FP16, TORCH_POWERSGD_DEFAULTS, TORCH_POWERSGD, GRACE_POWERSGD,
-        GRACE_POWERSGD_PER_BUCKET)
+WAYS = (ALLREDUCE, TORCH_FP16, GRACE_FP16, TORCH_POWERSGD_DEFAULTS, TORCH_POWERSGD_WARMUP, TORCH_POWERSGD,
+        GRACE_POWERSGD, GRACE_POWERSGD_PER_BUCKET)
+#: PyTorch's PowerSGD ways that factor, which on Gloo need every gradient in one bucket.
+ONE_BUCKET_WAYS = (TORCH_POWERSGD_DEFAULTS, TORCH_POWERSGD)
 #: (ours, theirs) and the target ratio theirs / ours (issues #35 and #46; None: shown for comparison)
 PAIRS = {"FP16": (GRACE_FP16, TORCH_FP16, 0.98),
          "PowerSGD vs the hook at its defaults": (GRACE_POWERSGD, TORCH_POWERSGD_DEFAULTS, 1.0),
+         "PowerSGD vs the hook's warm-up (an allreduce)": (GRACE_POWERSGD, TORCH_POWERSGD_WARMUP, None),
          "PowerSGD vs the hook matched": (GRACE_POWERSGD, TORCH_POWERSGD, 1.0),
          "PowerSGD per bucket vs matched": (GRACE_POWERSGD_PER_BUCKET, TORCH_POWERSGD, None)}
 
@@ -147,14 +154,16 @@ def build_way(name: str, shape: str, quick: bool, group: Any, data_seed: int) ->
 
     model, inputs, targets = build_model(shape, quick, data_seed)
     ddp = DistributedDataParallel(model, process_group=group,
-                                  bucket_cap_mb=ONE_BUCKET_MB if name == TORCH_POWERSGD else None)
+                                  bucket_cap_mb=ONE_BUCKET_MB if name in ONE_BUCKET_WAYS else None)
     state: Any = None
     if name == TORCH_FP16:
         ddp.register_comm_hook(group, fp16_compress_hook)
     elif name == GRACE_FP16:
         state = grace_legacy.ddp.register(ddp, FP16())
-    elif name == TORCH_POWERSGD_DEFAULTS:
+    elif name in (TORCH_POWERSGD_DEFAULTS, TORCH_POWERSGD_WARMUP):
         state = PowerSGDState(process_group=group)
+        if name == TORCH_POWERSGD_DEFAULTS:
+            state.iter = state.start_powerSGD_iter  # past its plain allreduces, as after step 1,000
         ddp.register_comm_hook(state, powerSGD_hook)
     elif name == TORCH_POWERSGD:
         state = PowerSGDState(process_group=group, matrix_approximation_rank=POWERSGD_RANK,
@@ -451,9 +460,11 @@ Machine: {result['machine']}; `uptime` before: `{result['uptime'][0]}`; after: `
 {result['workers']} torchrun workers, Gloo over loopback, one thread each; one DDP instance per way,
 each way once per iteration in an order reversing every iteration, each step after a barrier, the
 slowest rank's time. PyTorch's PowerSGD *at its defaults* is `PowerSGDState(process_group)` alone
-(rank 1; its first 1,000 steps, all of those timed, are plain allreduces); *matched* is rank 2, error
-feedback and warm start, `min_compression_rate=1`, factoring from the second step, with one bucket
-(it breaks on Gloo with more). Ours run with DDP's default buckets; grace PowerSGD sends each round
+(rank 1, `min_compression_rate=2`, error feedback, warm start) past its first 1,000 steps (its step
+counter set there), *warm-up* the same in those steps, which are plain allreduces (no target: that
+is ours against a dense allreduce); *matched* is rank 2, error feedback and warm start,
+`min_compression_rate=1`, factoring from the second step. Both factoring ways have one bucket
+(PyTorch's hook breaks on Gloo with more). Ours run with DDP's default buckets; grace PowerSGD sends each round
 once for all buckets (`fuse_rounds`, the default), per bucket (`fuse_rounds=False`) each bucket's
 first round as it arrives. A ratio is theirs / ours in the same iteration (above 1: ours faster):
 median over the repeats (range over the repeats).
@@ -469,12 +480,13 @@ median over the repeats (range over the repeats).
         spread = [[m - run["ratios"][n]["range"][0] for n, m in zip(names, medians, strict=True)],
                   [run["ratios"][n]["range"][1] - m for n, m in zip(names, medians, strict=True)]]
         axis.bar(range(len(names)), medians, yerr=spread, capsize=5,
-                 color=["tab:blue", "tab:orange", "tab:green", "tab:gray"][:len(names)])
+                 color=["tab:blue", "tab:orange", "tab:olive", "tab:green", "tab:gray"][:len(names)])
         for index, name in enumerate(names):
             if run["ratios"][name]["target"] is not None:
                 axis.hlines(run["ratios"][name]["target"], index - 0.4, index + 0.4, colors="black",
                             linestyles="dashed")
         labels = {"PowerSGD vs the hook at its defaults": "PowerSGD vs\nits defaults",
+                  "PowerSGD vs the hook's warm-up (an allreduce)": "PowerSGD vs\nits warm-up",
                   "PowerSGD vs the hook matched": "PowerSGD vs\nmatched", "PowerSGD per bucket vs matched":
                   "per bucket vs\nmatched"}
         axis.set_xticks(range(len(names)), [labels.get(n, n) for n in names], fontsize=7)
