@@ -36,8 +36,8 @@ from benchmarks.common.report import RESULTS, machine
 WORKERS = (4, 16, 64, 128, 256)
 SEEDS, QUICK_SEEDS = 5, 2
 #: Where an arm runs only when named by --arms: every worker of the two-phase route compresses a
-#: segment for every owner, W of them a step, so a step's work grows as W^2 (at 128 workers on
-#: mnist1d's MLP about 10 CPU-seconds a step, half an hour a run).
+#: segment for every owner, W of them a step, so a step's work grows as W^2 (the runs' wall times
+#: are in the JSON; at 128 workers these are the study's slowest).
 SLOW_AT = {"QSGD s=2 two-phase": 128, "EF-signSGD two-phase": 128}
 QUICK_WORKERS = (4, 8)
 QUICK_ARMS = ("dense", "uniform Top-0.1% + EF", "LEGACY layer + EF", "QSGD s=2 two-phase")

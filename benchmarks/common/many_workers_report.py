@@ -133,10 +133,14 @@ def _routes(runs: list[dict], counts: list[int], two_phase_from: int) -> list[st
     missing = [w for w in counts
                if w >= two_phase_from and not any(r["workers"] == w and r["route"] == "scattergather" for r in runs)]
     if missing:
+        timed = [r for r in runs if r["route"] == "scattergather" and "wall_s" in r]
+        widest = max((r["workers"] for r in timed), default=None)
+        took = "" if widest is None else (
+            f" (here a two-phase run at {widest} workers took a median "
+            f"{statistics.median(r['wall_s'] for r in timed if r['workers'] == widest) / 60:.0f} minutes)")
         lines += ["", f"*-*: no two-phase runs at {', '.join(map(str, missing))} workers. On this route every "
                   "simulated worker compresses a segment for each of the W owners, so a step's work grows as "
-                  "W^2 (at 128 workers about half an hour a run on 2 cores): `many_workers` runs those only "
-                  "when `--arms` names them."]
+                  f"W^2{took}: `many_workers` runs those only when `--arms` names them."]
     return [*lines, ""]
 
 
