@@ -143,8 +143,8 @@ class GraceState:
             if buffer.is_sparse:
                 raise ValueError("grace_legacy.ddp: DDP handed over a sparse gradient: grace_legacy compresses "
                                  "dense gradients")
-            gradients = bucket.gradients()
-            for parameter in bucket.parameters():
+            parameters = bucket.parameters()
+            for parameter in parameters:
                 name = self._names.get(id(parameter))
                 if name is None:
                     raise RuntimeError("grace_legacy.ddp: DDP handed over a parameter that was not in the model "
@@ -152,9 +152,12 @@ class GraceState:
                 names.append(name)
             # Fused as DDP fused them: each bucket launches as it arrives, overlapping the rest of
             # the backward pass as DDP's own allreduce does; as one tensor where that is the same.
-            whole = self.grace.start_whole(f"ddp{index}", buffer, gradients, names, self.backend, average=True)
+            # The parameters give the gradients' shapes and dtypes (DDP casts none: mixed_precision
+            # is refused), which is all a whole bucket needs: bucket.gradients() makes a view of
+            # the bucket for every gradient, work only the tensor-by-tensor path uses.
+            whole = self.grace.start_whole(f"ddp{index}", buffer, parameters, names, self.backend, average=True)
             if whole is None:
-                for name, gradient in zip(names, gradients, strict=True):
+                for name, gradient in zip(names, bucket.gradients(), strict=True):
                     step.pending[name] = self.grace.start(gradient, name, self.backend, average=True, hold=True)
                 step.held.append(index)
             fusion = self.grace.fusion

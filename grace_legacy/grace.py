@@ -183,10 +183,11 @@ class Grace(Lifetime):
 
     def start_whole(self, label: str, flat: torch.Tensor, tensors: Sequence[torch.Tensor], names: Sequence[str],
                     backend: Backend, average: bool) -> Pending | None:
-        """A caller's fused bucket ``flat`` (1-D; ``tensors``, named ``names``, lie back to back in
-        it) sent as one tensor (:meth:`Fusion.start_whole`), where that computes what :meth:`start`
-        of each would, bit for bit: an elementwise compressor, no memory, no schedule, every tensor
-        on the allreduce route. On a fast link the per-tensor work is what a step waits for. No
+        """A caller's fused bucket ``flat`` (1-D; tensors named ``names`` lie back to back in it,
+        ``tensors`` giving their shapes and dtypes: they, or tensors like them) sent as one tensor
+        (:meth:`Fusion.start_whole`), where that computes what :meth:`start` of each would, bit for
+        bit: an elementwise compressor, no memory, no schedule, every tensor on the allreduce
+        route. On a fast link the per-tensor work is what a step waits for. No
         inf/NaN pass either: every rank's result shows any rank's inf or NaN (the guard's
         ``flags_from_results``), and with no state to undo (no memory, no schedule, a compressor
         without an undo log) a skipped step has nothing to roll back. The result is ``flat``

@@ -111,3 +111,20 @@ def test_a_flat_that_does_not_hold_exactly_its_tensors_is_started_one_by_one():
         return Grace(FP16()).start_whole("b0", longer, views, list(SHAPES), backend, average=True)
 
     assert run_ranks(2, body) == [None, None]
+
+
+def test_tensors_that_only_give_the_shapes_and_dtypes_do_as_the_bucket_s_views():
+    """The DDP hook hands over the parameters, not views of the bucket: only shapes and dtypes count."""
+    def body(backend):
+        out = []
+        for stand_ins in (False, True):
+            flat, views = bucket_of(gradients(backend.rank()))
+            tensors = [torch.empty_like(v) for v in views] if stand_ins else views
+            bundle = Grace(FP16())
+            pending = bundle.start_whole("b0", flat, tensors, list(SHAPES), backend, average=True)
+            assert pending is not None
+            out.append((pending().clone(), bundle.stats))
+        return out
+
+    for (views_result, views_stats), (stand_in_result, stand_in_stats) in run_ranks(2, body):
+        assert torch.equal(views_result, stand_in_result) and views_stats == stand_in_stats
