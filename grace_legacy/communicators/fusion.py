@@ -213,13 +213,14 @@ class Fusion:
     def start_whole(self, label: str, flat: torch.Tensor, tensors: Sequence[torch.Tensor], names: Sequence[str],
                     compressor: Compressor, backend: Backend, average: bool, traffic: TrafficStats,
                     alone: Callable[[torch.Tensor, str], bool]) -> Pending | None:
-        """Send a caller's 1-D bucket ``flat`` (``tensors``, named ``names``, back to back in it) as
-        one tensor of an elementwise ``compressor`` (one cast, one allreduce), decoded into ``flat``
-        itself; ``None`` where ``flat`` is not laid out so, or where not every tensor would be sent
-        ``alone`` as this compressor's allreduce (decided once per names, dtype and world: what every
-        rank shares). On arrival ``traffic`` records each tensor as sent alone would. Nothing is
-        looked at for infs and NaNs: the caller sends only what delivers them in every rank's
-        result and leaves no state a skipped step would undo (``Grace.start_whole``)."""
+        """Send a caller's 1-D bucket ``flat`` (tensors named ``names`` back to back in it, whose
+        shapes and dtypes ``tensors`` give) as one tensor of an elementwise ``compressor`` (one
+        cast, one allreduce), decoded into ``flat`` itself; ``None`` where ``flat`` is not laid out
+        so, or where not every tensor would be sent ``alone`` as this compressor's allreduce
+        (decided once per names, dtype and world: what every rank shares). On arrival ``traffic``
+        records each tensor as sent alone would. Nothing is looked at for infs and NaNs: the caller
+        sends only what delivers them in every rank's result and leaves no state a skipped step
+        would undo (``Grace.start_whole``)."""
         if not (flat.dim() == 1 and flat.is_contiguous() and sum(t.numel() for t in tensors) == flat.numel()
                 and all(t.dtype == flat.dtype for t in tensors)):
             return None
