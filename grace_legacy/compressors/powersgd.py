@@ -127,6 +127,20 @@ class PowerSGD(MultiRound, Randomized, Tunable):
         out = self._outputs.empty((n, m, q.dtype), n * m, q.dtype, q.device).view(n, m)
         return products.times_transposed(ctx.p_hat, q, out=out).reshape(ctx.shape).to(ctx.dtype)
 
+    def subtract_decoded(self, minuend: torch.Tensor, payload: Payload, ctx: PowerContext,
+                         out: torch.Tensor) -> torch.Tensor | None:
+        """``minuend - decompress(payload, ctx)`` in ``out`` (contiguous, ``minuend``'s shape and dtype),
+        bit for bit, in one pass over the matrix (``products.minus_times_transposed``): the residual
+        :class:`~grace_legacy.memories.PowerSGDMemory` keeps. ``None`` where the decoded
+        tensor would be cast (fp16/bf16 gradients are factored in fp32): decode and subtract then."""
+        if ctx.p_hat is None:
+            raise ValueError("PowerSGD: subtract_decoded needs the second round's payload (Q), after next_round")
+        if minuend.dtype != ctx.p_hat.dtype or minuend.shape != ctx.shape:
+            return None
+        n, m = ctx.p_hat.shape[0], payload[0].shape[0]
+        products.minus_times_transposed(minuend.reshape(n, m), ctx.p_hat, payload[0], out=out.view(n, m))
+        return out
+
     def payload_spec(self, numel: int, dtype: torch.dtype) -> list[tuple[int, torch.dtype]]:
         raise NotImplementedError("PowerSGD's payload depends on the matrix shape, not only on its element count; "
                                   "use payload_spec_for(shape, dtype)")

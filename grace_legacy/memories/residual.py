@@ -79,11 +79,15 @@ class Residual(Memory):
             compensated.view(-1).index_fill_(0, compressor.support(payload, ctx).to(compensated.device), 0)
             self.residuals[name] = compensated
             return
+        self.residuals[name] = self._left_out(compensated, name, compressor, payload, ctx)
+
+    def _left_out(self, compensated: torch.Tensor, name: str, compressor: Compressor, payload: Payload,
+                  ctx: Any) -> torch.Tensor:
+        """``compensated - D(payload)``: what compression left out of ``name`` this step."""
         decoded = compressor.decompress(payload, ctx)
         if decoded.dtype != compensated.dtype or decoded.shape != compensated.shape or compensated.requires_grad:
-            self.residuals[name] = compensated - decoded
-            return
-        self.residuals[name] = torch.sub(compensated, decoded, out=self._kept("residual", name, compensated))
+            return compensated - decoded
+        return torch.sub(compensated, decoded, out=self._kept("residual", name, compensated))
 
     def end_step(self, backend=None) -> None:
         super().end_step(backend)

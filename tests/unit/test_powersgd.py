@@ -140,3 +140,65 @@ def test_a_large_output_is_reused_only_once_the_caller_let_go():
     third, want_third = round_trip(2 * x)
     assert torch.equal(third, want_third)
     assert third.data_ptr() in kept, "the kept buffers, which nobody held any more, were not used again"
+
+
+def _in_documented_order(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """``p @ q.t()`` adding each element's products one by one in k's order (products.py's order)."""
+    out = p[:, :1] * q[:, 0]
+    for k in range(1, p.shape[1]):
+        out = out + p[:, k:k + 1] * q[:, k]
+    return out
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_decoding_and_the_residual_keep_the_documented_order(threads, dtype, monkeypatch):
+    """The decoding loop adds two products a pass over each row, and the residual subtracts the
+    decoded row in the same loop: the bits of adding the products one by one in k's order, then
+    subtracting, for every rank r (pairs and a lone last one) and on two threads' blocks."""
+    from grace_legacy.compressors.kernels import compiled, products
+
+    monkeypatch.setattr(compiled, "PER_THREAD", compiled.BLOCK)  # two threads for a few blocks
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for n, m in [(1, 1), (3, 7), (513, 131), (5, 3 * compiled.BLOCK // 5 + 3)]:
+            for r in range(1, 7):
+                g = torch.Generator().manual_seed(97 * n + r)
+                p, q, matrix = (torch.randn(shape, generator=g, dtype=dtype) for shape in ((n, r), (m, r), (n, m)))
+                want = _in_documented_order(p, q)
+                assert torch.equal(products.times_transposed(p, q), want), (n, m, r)
+                assert torch.equal(products.minus_times_transposed(matrix, p, q), matrix - want), (n, m, r)
+    finally:
+        torch.set_num_threads(before)
+    with pytest.raises(ValueError, match="minus_times_transposed: matrix must be 2 x 3"):
+        products.minus_times_transposed(torch.zeros(3, 2, dtype=dtype), torch.zeros(2, 1, dtype=dtype),
+                                        torch.zeros(3, 1, dtype=dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
+def test_the_residual_is_the_decoded_payload_subtracted(dtype):
+    """PowerSGDMemory keeps M - P^ Q_w^T from one pass (PowerSGD.subtract_decoded): bit for bit
+    Residual's rule, decode then subtract (which fp16 gradients, decoded with a cast, still take)."""
+    from grace_legacy import Residual
+
+    grad = torch.randn(40, 3, 5, generator=torch.Generator().manual_seed(3)).to(dtype)
+    kept, decoded = {}, []
+    for memory in (PowerSGDMemory(), Residual()):
+        compressor = PowerSGD(3)
+        decode = compressor.decompress
+        compressor.decompress = (lambda payload, ctx, memory=memory, decode=decode:
+                                 decoded.append(memory) or decode(payload, ctx))
+        for step in range(2):  # the second step compensates with the first's residual
+            compensated = memory.compensate(grad * (step + 1), "w")
+            payload, ctx = compressor.compress(compensated, "w")
+            payload, ctx = compressor.next_round(payload, ctx)
+            memory.update(compensated, "w", compressor, payload, ctx)
+            compressor.end_exchange(payload, ctx)
+            memory.end_step()
+            compressor.end_step()
+        kept[type(memory).__name__] = memory.residuals["w"]
+    assert kept["PowerSGDMemory"].dtype == dtype and kept["PowerSGDMemory"].shape == grad.shape
+    assert torch.equal(kept["PowerSGDMemory"], kept["Residual"])
+    one_pass = dtype != torch.float16
+    assert sum(isinstance(m, PowerSGDMemory) for m in decoded) == (0 if one_pass else 2)

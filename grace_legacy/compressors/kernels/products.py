@@ -15,6 +15,8 @@ count:
 * ``P^T M`` (which is ``Q'^T``): ``out[k, j] = sum_i P[i, k] M[i, j]``, over ``i`` in order, a
   product then a sum for each term; threads take blocks of columns;
 * ``P Q^T``: ``out[i, j] = sum_k P[i, k] Q[j, k]``, over ``k`` in order; threads take rows.
+  Error feedback's ``M - P Q^T`` subtracts that sum from ``M[i, j]`` in the same loop, the bits
+  of the product followed by the subtraction.
 
 Float32 and float64, in the matrix's own dtype, as a BLAS computes them. Other devices, and
 other dtypes, keep torch's products (one device, one library: the same results every run there),
@@ -86,6 +88,29 @@ def times_transposed(p: torch.Tensor, q: torch.Tensor, out: torch.Tensor | None 
     return out
 
 
+def minus_times_transposed(matrix: torch.Tensor, p: torch.Tensor, q: torch.Tensor,
+                           out: torch.Tensor | None = None) -> torch.Tensor:
+    """``matrix - p @ q.t()`` (n x m less n x r times r x m), bit for bit :func:`times_transposed`
+    then the subtraction, without the product's n x m tensor; into ``out`` (a contiguous n x m
+    tensor of ``matrix``'s dtype) when given. PowerSGD's residual: one pass instead of two."""
+    n, m = p.shape[0], q.shape[0]
+    if matrix.shape != (n, m) or matrix.dtype != p.dtype:
+        raise ValueError(f"minus_times_transposed: matrix must be {n} x {m} {p.dtype}, got "
+                         f"{tuple(matrix.shape)} {matrix.dtype}")
+    if out is not None and (out.shape != (n, m) or out.dtype != p.dtype or not out.is_contiguous()
+                            or out.device != p.device):
+        raise ValueError(f"minus_times_transposed: out must be a contiguous {n} x {m} {p.dtype} tensor on "
+                         f"{p.device}, got {tuple(out.shape)} {out.dtype} on {out.device}")
+    if not (_compiled_for(q) and _compiled_for(matrix)):
+        return torch.sub(matrix, p @ q.t()) if out is None else torch.sub(matrix, p @ q.t(), out=out)
+    pa, qt, ma = _array(p), np.ascontiguousarray(_array(q).T), _array(matrix)
+    if out is None:
+        out = torch.empty((n, m), dtype=p.dtype)
+    rows = _rows_per_block(m)
+    compiled.run(_minus_outer, lambda *a: _minus_outer_parallel(*a, rows), out.numel(), ma, pa, qt, out.numpy())
+    return out
+
+
 @compiled.loop
 def _dot(a, b, zero):  # pragma: no cover - compiled
     s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = zero
@@ -153,17 +178,33 @@ def _transposed_parallel(p, m, out):  # pragma: no cover - compiled
         _transposed_columns(p, m, out, b * COLUMNS, min(width, (b + 1) * COLUMNS))
 
 
+@compiled.inline
+def _outer_row(p, qt, i, row):  # pragma: no cover - compiled
+    # Two terms of the sum a pass, so that the row is read and written half as often: each
+    # element still adds its products one by one in k's order.
+    r = p.shape[1]
+    weight = p[i, 0]
+    if r == 1:
+        for j in range(row.size):
+            row[j] = weight * qt[0, j]
+        return
+    second = p[i, 1]
+    for j in range(row.size):
+        row[j] = weight * qt[0, j] + second * qt[1, j]
+    for k in range(2, r - 1, 2):
+        weight, second = p[i, k], p[i, k + 1]
+        for j in range(row.size):
+            row[j] = (row[j] + weight * qt[k, j]) + second * qt[k + 1, j]
+    if r % 2 == 1:
+        weight = p[i, r - 1]
+        for j in range(row.size):
+            row[j] += weight * qt[r - 1, j]
+
+
 @compiled.loop
 def _outer_rows(p, qt, out, first, last):  # pragma: no cover - compiled
     for i in range(first, last):
-        row = out[i]
-        weight = p[i, 0]
-        for j in range(row.size):
-            row[j] = weight * qt[0, j]
-        for k in range(1, p.shape[1]):
-            weight = p[i, k]
-            for j in range(row.size):
-                row[j] += weight * qt[k, j]
+        _outer_row(p, qt, i, out[i])
 
 
 @compiled.loop
@@ -176,3 +217,24 @@ def _outer_parallel(p, qt, out, rows):  # pragma: no cover - compiled
     n = p.shape[0]
     for b in numba.prange((n + rows - 1) // rows):
         _outer_rows(p, qt, out, b * rows, min(n, (b + 1) * rows))
+
+
+@compiled.loop
+def _minus_outer_rows(m, p, qt, out, first, last):  # pragma: no cover - compiled
+    for i in range(first, last):
+        row, minuend = out[i], m[i]
+        _outer_row(p, qt, i, row)  # the row stays in cache for the subtraction
+        for j in range(row.size):
+            row[j] = minuend[j] - row[j]
+
+
+@compiled.loop
+def _minus_outer(m, p, qt, out):  # pragma: no cover - compiled
+    _minus_outer_rows(m, p, qt, out, 0, p.shape[0])
+
+
+@compiled.parallel_loop
+def _minus_outer_parallel(m, p, qt, out, rows):  # pragma: no cover - compiled
+    n = p.shape[0]
+    for b in numba.prange((n + rows - 1) // rows):
+        _minus_outer_rows(m, p, qt, out, b * rows, min(n, (b + 1) * rows))
