@@ -142,8 +142,31 @@ def test_a_large_output_is_reused_only_once_the_caller_let_go():
     assert third.data_ptr() in kept, "the kept buffers, which nobody held any more, were not used again"
 
 
-def _in_documented_order(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """``p @ q.t()`` adding each element's products one by one in k's order (products.py's order)."""
+def _times_in_documented_order(matrix: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """``matrix @ q`` in products.py's order: LANES interleaved sums, then folded in halves."""
+    from grace_legacy.compressors.kernels.products import LANES
+
+    sums = torch.zeros(matrix.shape[0], q.shape[1], LANES, dtype=matrix.dtype)
+    for start in range(0, matrix.shape[1], LANES):
+        width = min(LANES, matrix.shape[1] - start)
+        sums[:, :, :width] += matrix[:, None, start:start + width] * q.t()[None, :, start:start + width]
+    half = LANES // 2
+    while half:
+        sums[:, :, :half] += sums[:, :, half:2 * half]
+        half //= 2
+    return sums[:, :, 0]
+
+
+def _transposed_times_in_documented_order(p: torch.Tensor, matrix: torch.Tensor) -> torch.Tensor:
+    """``p.t() @ matrix``, adding each row's products in order."""
+    out = torch.zeros(p.shape[1], matrix.shape[1], dtype=matrix.dtype)
+    for i in range(matrix.shape[0]):
+        out += p[i, :, None] * matrix[i]
+    return out
+
+
+def _times_transposed_in_documented_order(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """``p @ q.t()``, adding each element's products one by one in k's order."""
     out = p[:, :1] * q[:, 0]
     for k in range(1, p.shape[1]):
         out = out + p[:, k:k + 1] * q[:, k]
@@ -152,21 +175,26 @@ def _in_documented_order(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_decoding_and_the_residual_keep_the_documented_order(threads, dtype, monkeypatch):
-    """The decoding loop adds two products a pass over each row, and the residual subtracts the
-    decoded row in the same loop: the bits of adding the products one by one in k's order, then
-    subtracting, for every rank r (pairs and a lone last one) and on two threads' blocks."""
+def test_the_products_keep_their_documented_orders(threads, dtype, monkeypatch):
+    """Each compiled product gives the bits of the order products.py documents, for every rank r
+    (decoding adds two products a pass: pairs and a lone last one), rows shorter and longer than
+    the lanes of M Q with a ragged last stretch, and on two threads' blocks; the residual
+    subtracts the decoded row in the same loop."""
     from grace_legacy.compressors.kernels import compiled, products
 
     monkeypatch.setattr(compiled, "PER_THREAD", compiled.BLOCK)  # two threads for a few blocks
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        for n, m in [(1, 1), (3, 7), (513, 131), (5, 3 * compiled.BLOCK // 5 + 3)]:
+        for n, m in [(1, 1), (3, 7), (5, 64), (513, 131), (5, 3 * compiled.BLOCK // 5 + 3)]:
             for r in range(1, 7):
                 g = torch.Generator().manual_seed(97 * n + r)
                 p, q, matrix = (torch.randn(shape, generator=g, dtype=dtype) for shape in ((n, r), (m, r), (n, m)))
-                want = _in_documented_order(p, q)
+                assert torch.equal(products.matrix_times(matrix, q), _times_in_documented_order(matrix, q))
+                if n < 100:  # the reference adds row by row
+                    assert torch.equal(products.transposed_times(p, matrix),
+                                       _transposed_times_in_documented_order(p, matrix))
+                want = _times_transposed_in_documented_order(p, q)
                 assert torch.equal(products.times_transposed(p, q), want), (n, m, r)
                 assert torch.equal(products.minus_times_transposed(matrix, p, q), matrix - want), (n, m, r)
     finally:

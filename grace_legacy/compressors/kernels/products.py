@@ -9,9 +9,10 @@ share the outputs, never a sum, among threads, so each product is the same whate
 count:
 
 * ``M Q``: each element ``P[i, k]`` is the dot product of row ``i`` of ``M`` and column ``k`` of
-  ``Q`` (given as the rows of ``Q^T``), summed in eight interleaved partial sums (positions
-  modulo 8, the last ``m % 8`` into the first) added as ``((s0 + s1) + (s2 + s3)) + ((s4 + s5) +
-  (s6 + s7))``; threads take rows;
+  ``Q`` (given as the rows of ``Q^T``), summed in :data:`LANES` interleaved partial sums (position
+  ``j`` into sum ``j % LANES``, in order), which are then folded in halves: sum ``l`` plus sum
+  ``l + LANES / 2``, and so on down to one; threads take rows. Sums that are whole vectors are
+  what lets the compiler vectorize the loop without reordering a single addition;
 * ``P^T M`` (which is ``Q'^T``): ``out[k, j] = sum_i P[i, k] M[i, j]``, over ``i`` in order, a
   product then a sum for each term; threads take blocks of columns;
 * ``P Q^T``: ``out[i, j] = sum_k P[i, k] Q[j, k]``, over ``k`` in order; threads take rows.
@@ -34,6 +35,8 @@ from grace_legacy.compressors.kernels import compiled
 COMPILED_DTYPES = (torch.float32, torch.float64)
 #: Columns of ``M`` per block of ``P^T M``: r rows of this many accumulators stay in cache.
 COLUMNS = 512
+#: Interleaved partial sums of each element of ``M Q``: several SIMD registers' worth.
+LANES = 64
 
 
 def _compiled_for(matrix: torch.Tensor) -> bool:
@@ -112,30 +115,26 @@ def minus_times_transposed(matrix: torch.Tensor, p: torch.Tensor, q: torch.Tenso
 
 
 @compiled.loop
-def _dot(a, b, zero):  # pragma: no cover - compiled
-    s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = zero
-    n = a.size
-    whole = n - n % 8
-    for j in range(0, whole, 8):
-        s0 += a[j] * b[j]
-        s1 += a[j + 1] * b[j + 1]
-        s2 += a[j + 2] * b[j + 2]
-        s3 += a[j + 3] * b[j + 3]
-        s4 += a[j + 4] * b[j + 4]
-        s5 += a[j + 5] * b[j + 5]
-        s6 += a[j + 6] * b[j + 6]
-        s7 += a[j + 7] * b[j + 7]
-    for j in range(whole, n):
-        s0 += a[j] * b[j]
-    return ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
-
-
-@compiled.loop
 def _times_rows(m, qt, out, first, last):  # pragma: no cover - compiled
-    zero = m.dtype.type(0)
+    width = m.shape[1]
+    whole = width - width % LANES
+    sums = np.empty(LANES, m.dtype)
     for i in range(first, last):
+        row = m[i]
         for k in range(qt.shape[0]):
-            out[i, k] = _dot(m[i], qt[k], zero)
+            column = qt[k]
+            sums[:] = 0
+            for start in range(0, whole, LANES):
+                for lane in range(LANES):
+                    sums[lane] += row[start + lane] * column[start + lane]
+            for lane in range(width - whole):
+                sums[lane] += row[whole + lane] * column[whole + lane]
+            half = LANES // 2
+            while half > 0:
+                for lane in range(half):
+                    sums[lane] += sums[lane + half]
+                half //= 2
+            out[i, k] = sums[0]
 
 
 @compiled.loop
