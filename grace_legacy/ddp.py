@@ -158,7 +158,9 @@ class GraceState:
             whole = self.grace.start_whole(f"ddp{index}", buffer, parameters, names, self.backend, average=True)
             if whole is None:
                 for name, gradient in zip(names, bucket.gradients(), strict=True):
-                    step.pending[name] = self.grace.start(gradient, name, self.backend, average=True, hold=True)
+                    # DDP reads the bucket only through the future: a result may be decoded into it.
+                    step.pending[name] = self.grace.start(gradient, name, self.backend, average=True, hold=True,
+                                                          in_place=True)
                 step.held.append(index)
             fusion = self.grace.fusion
             if step.held and (bucket.is_last() or not (self.fuse_rounds and fusion.holds_later_rounds())):
@@ -216,8 +218,9 @@ class GraceState:
                 else:
                     offset = 0
                     for piece in pieces:
-                        result = piece.reshape(-1)
-                        buffer[offset:offset + result.numel()].copy_(result)
+                        result, place = piece.reshape(-1), buffer[offset:offset + piece.numel()]
+                        if result.data_ptr() != place.data_ptr() or result.dtype != place.dtype:
+                            place.copy_(result)  # else decoded there already
                         offset += result.numel()
             future.set_result(buffer)
         self._step = None

@@ -133,10 +133,12 @@ class Grace(Lifetime):
         return route
 
     def start(self, tensor: torch.Tensor, name: str, backend: Backend, average: bool,
-              overwrite: bool = False, hold: bool = False) -> Pending:
+              overwrite: bool = False, hold: bool = False, in_place: bool = False) -> Pending:
         """Compress ``tensor`` and launch its collectives; call the result to get the gradient.
         ``overwrite``: the caller will not read ``tensor`` again, so the memory may build the
-        compensated gradient in its storage. ``hold``: keep it for ``fusion.launch_held``."""
+        compensated gradient in its storage. ``hold``: keep it for ``fusion.launch_held``.
+        ``in_place``: the caller reads ``tensor`` again only through the result, which may then be
+        decoded into it (a multi-round payload, :meth:`MultiRound.decompress_into`)."""
         self.join_world(backend)
         if self.fusion.holds_for_step(name):  # held for the step's flats, which come back through here
             return self.fusion.hold_for_step(tensor, name, functools.partial(
@@ -156,7 +158,8 @@ class Grace(Lifetime):
             # A communicator that compresses does it shard by shard itself.
             payload, ctx = ([compensated], None) if communicator.compresses else concrete.compress(compensated, name)
         parcel = Parcel(name, payload, ctx, concrete, communicator,
-                        functools.partial(self._feed_back, compensated, name, concrete), self.owner_memory)
+                        functools.partial(self._feed_back, compensated, name, concrete), self.owner_memory,
+                        into=tensor if in_place else None)
         inner = self.guard.started[name] = self.fusion.send(parcel, backend, average, hold)
         return Pending(functools.partial(self._finish, inner, name, tensor, route, world_size))
 

@@ -225,9 +225,12 @@ class BucketExchange:
             if parcel.name in results:
                 continue
             reduced = self._reduced[id(parcel)]
+            decoded = None
             if parcel.compressor.traits.rounds > 1:
                 parcel.compressor.end_exchange(reduced, parcel.ctx)
-            results[parcel.name] = parcel.compressor.decompress(reduced, parcel.ctx)
+                if parcel.into is not None:
+                    decoded = parcel.compressor.decompress_into(reduced, parcel.ctx, parcel.into)
+            results[parcel.name] = parcel.compressor.decompress(reduced, parcel.ctx) if decoded is None else decoded
         return results
 
     def _count_gathered(self, parcels: list[Parcel], layout: wire.Columns | list[tuple[Payload, bool]],

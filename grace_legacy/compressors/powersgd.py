@@ -127,6 +127,15 @@ class PowerSGD(MultiRound, Randomized, Tunable):
         out = self._outputs.empty((n, m, q.dtype), n * m, q.dtype, q.device).view(n, m)
         return products.times_transposed(ctx.p_hat, q, out=out).reshape(ctx.shape).to(ctx.dtype)
 
+    def decompress_into(self, payload: Payload, ctx: PowerContext, out: torch.Tensor) -> torch.Tensor | None:
+        if ctx.p_hat is None:
+            raise ValueError("PowerSGD: decompress needs the second round's payload (Q), after next_round")
+        if out.dtype != ctx.p_hat.dtype or out.shape != ctx.shape or not out.is_contiguous():
+            return None  # fp16/bf16 gradients are decoded in fp32 and cast
+        n, m = ctx.p_hat.shape[0], payload[0].shape[0]
+        products.times_transposed(ctx.p_hat, payload[0], out=out.view(n, m))
+        return out
+
     def subtract_decoded(self, minuend: torch.Tensor, payload: Payload, ctx: PowerContext,
                          out: torch.Tensor) -> torch.Tensor | None:
         """``minuend - decompress(payload, ctx)`` in ``out`` (contiguous, ``minuend``'s shape and dtype),

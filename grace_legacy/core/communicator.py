@@ -43,6 +43,8 @@ class Parcel:
     feedback: Feedback | None = None
     #: the error feedback a two-phase owner applies to the sums of this tensor's segments, or ``None``
     owner_memory: Memory | None = None
+    #: storage the caller lets the result be decoded into (:meth:`MultiRound.decompress_into`), or ``None``
+    into: torch.Tensor | None = None
     pending: Pending = field(init=False)
 
     def __post_init__(self) -> None:

@@ -202,6 +202,13 @@ class MultiRound(Compressor):
     def end_exchange(self, reduced: Payload, ctx: Any) -> None:  # noqa: B027 (optional hook)
         """The last round's reduced payload, before it is decoded (PowerSGD keeps Q)."""
 
+    def decompress_into(self, payload: Payload, ctx: Any, out: torch.Tensor) -> torch.Tensor | None:
+        """:meth:`decompress` written into ``out``, the gradient's own storage its caller hands over
+        (the DDP hook's bucket), and returned; ``None`` where it cannot, and :meth:`decompress` runs.
+        A multi-round payload is decoded after every round has arrived, when nothing reads the
+        gradient any more, so its result can take the gradient's place instead of being copied there."""
+        return None
+
 
 class Randomized(Compressor):
     """Opt-in: a compressor that draws random numbers, only from :meth:`generator` or

@@ -230,3 +230,56 @@ def test_the_residual_is_the_decoded_payload_subtracted(dtype):
     assert torch.equal(kept["PowerSGDMemory"], kept["Residual"])
     one_pass = dtype != torch.float16
     assert sum(isinstance(m, PowerSGDMemory) for m in decoded) == (0 if one_pass else 2)
+
+
+def test_decompress_into_writes_the_decoded_bits_where_it_is_told():
+    compressor = PowerSGD(2)
+    grad = torch.randn(30, 4, 5, generator=torch.Generator().manual_seed(4))
+    payload, ctx = compressor.compress(grad, "w")
+    payload, ctx = compressor.next_round(payload, ctx)
+    want = compressor.decompress(payload, ctx).clone()
+    out = torch.empty_like(grad)
+    assert compressor.decompress_into(payload, ctx, out) is out and torch.equal(out, want)
+    # Where the result would be cast, or the storage is not one run, it declines: decompress runs.
+    assert compressor.decompress_into(payload, ctx, torch.empty_like(grad, dtype=torch.float64)) is None
+    assert compressor.decompress_into(payload, ctx, torch.empty(5, 4, 30).permute(2, 1, 0)) is None
+
+
+@pytest.mark.parametrize("world", [1, 3])
+def test_a_bucket_decoded_in_place_equals_one_decoded_apart(world):
+    """The DDP hook starts each gradient ``in_place``: PowerSGD's result is decoded into the
+    gradient's own place in the bucket (no copy afterwards), the tensors sent dense come back as
+    before, and every value equals the result decoded apart, step after step (error feedback and
+    the warm start read nothing the decoding overwrote)."""
+    from tests.helpers import run_ranks
+
+    shapes = {"a.weight": (12, 3, 3), "a.bias": (12,), "b.weight": (7, 40)}
+
+    def body(backend, in_place):
+        bundle = Grace(PowerSGD(2))
+        steps = []
+        for step in range(3):
+            grads = [torch.randn(shape, generator=torch.Generator().manual_seed(100 * step + 10 * backend.rank() + i))
+                     for i, shape in enumerate(shapes.values())]
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            views, offset = [], 0
+            for g in grads:
+                views.append(flat[offset:offset + g.numel()].view(g.shape))
+                offset += g.numel()
+            started = {n: bundle.start(v, n, backend, average=True, hold=True, in_place=in_place)
+                       for n, v in zip(shapes, views, strict=True)}
+            bundle.fusion.launch_held("b0", backend, average=True)
+            results = {n: p() for n, p in started.items()}
+            if in_place:
+                for n, v in zip(shapes, views, strict=True):
+                    assert (results[n].data_ptr() == v.data_ptr()) == n.endswith("weight"), n
+            steps.append({n: r.clone() for n, r in results.items()})
+            bundle.end_step(backend)
+        return steps
+
+    apart = run_ranks(world, lambda backend: body(backend, False))
+    decoded_in_place = run_ranks(world, lambda backend: body(backend, True))
+    for mine, theirs in zip(decoded_in_place, apart, strict=True):
+        for step_mine, step_theirs in zip(mine, theirs, strict=True):
+            for name in shapes:
+                assert torch.equal(step_mine[name], step_theirs[name]), name
