@@ -137,6 +137,16 @@ class ThreadBackend:
         return self.world.wait(handle, self._rank)
 
 
+def bucket_of(grads):
+    """The gradients back to back in one flat, and views of them in it (as DDP's bucket holds them)."""
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    views, offset = [], 0
+    for g in grads:
+        views.append(flat[offset:offset + g.numel()].view(g.shape))
+        offset += g.numel()
+    return flat, views
+
+
 def run_ranks(size: int, body: Callable[[ThreadBackend], Any]) -> list[Any]:
     """Run ``body(backend)`` on ``size`` threads, one per rank; return each rank's result."""
     world = World(size)

@@ -119,20 +119,23 @@ class PowerSGD(MultiRound, Randomized, Tunable):
         self.undo_log.remember(self._warm_q, ctx.name)
         self._warm_q[ctx.name] = reduced[0].clone()
 
-    def decompress(self, payload: Payload, ctx: PowerContext) -> torch.Tensor:
+    @staticmethod
+    def _decoded_shape(payload: Payload, ctx: PowerContext, caller: str) -> tuple[int, int]:
+        """The n x m matrix that ``P^ Q^T`` makes, once the second round has given ``Q``."""
         if ctx.p_hat is None:
-            raise ValueError("PowerSGD: decompress needs the second round's payload (Q), after next_round")
+            raise ValueError(f"PowerSGD: {caller} needs the second round's payload (Q), after next_round")
+        return ctx.p_hat.shape[0], payload[0].shape[0]
+
+    def decompress(self, payload: Payload, ctx: PowerContext) -> torch.Tensor:
+        n, m = self._decoded_shape(payload, ctx, "decompress")
         q = payload[0]
-        n, m = ctx.p_hat.shape[0], q.shape[0]
         out = self._outputs.empty((n, m, q.dtype), n * m, q.dtype, q.device).view(n, m)
         return products.times_transposed(ctx.p_hat, q, out=out).reshape(ctx.shape).to(ctx.dtype)
 
     def decompress_into(self, payload: Payload, ctx: PowerContext, out: torch.Tensor) -> torch.Tensor | None:
-        if ctx.p_hat is None:
-            raise ValueError("PowerSGD: decompress needs the second round's payload (Q), after next_round")
+        n, m = self._decoded_shape(payload, ctx, "decompress")
         if out.dtype != ctx.p_hat.dtype or out.shape != ctx.shape or not out.is_contiguous():
             return None  # fp16/bf16 gradients are decoded in fp32 and cast
-        n, m = ctx.p_hat.shape[0], payload[0].shape[0]
         products.times_transposed(ctx.p_hat, payload[0], out=out.view(n, m))
         return out
 
@@ -142,11 +145,9 @@ class PowerSGD(MultiRound, Randomized, Tunable):
         bit for bit, in one pass over the matrix (``products.minus_times_transposed``): the residual
         :class:`~grace_legacy.memories.PowerSGDMemory` keeps. ``None`` where the decoded
         tensor would be cast (fp16/bf16 gradients are factored in fp32): decode and subtract then."""
-        if ctx.p_hat is None:
-            raise ValueError("PowerSGD: subtract_decoded needs the second round's payload (Q), after next_round")
+        n, m = self._decoded_shape(payload, ctx, "subtract_decoded")
         if minuend.dtype != ctx.p_hat.dtype or minuend.shape != ctx.shape:
             return None
-        n, m = ctx.p_hat.shape[0], payload[0].shape[0]
         products.minus_times_transposed(minuend.reshape(n, m), ctx.p_hat, payload[0], out=out.view(n, m))
         return out
 

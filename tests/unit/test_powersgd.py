@@ -251,7 +251,7 @@ def test_a_bucket_decoded_in_place_equals_one_decoded_apart(world):
     gradient's own place in the bucket (no copy afterwards), the tensors sent dense come back as
     before, and every value equals the result decoded apart, step after step (error feedback and
     the warm start read nothing the decoding overwrote)."""
-    from tests.helpers import run_ranks
+    from tests.helpers import bucket_of, run_ranks
 
     shapes = {"a.weight": (12, 3, 3), "a.bias": (12,), "b.weight": (7, 40)}
 
@@ -261,11 +261,7 @@ def test_a_bucket_decoded_in_place_equals_one_decoded_apart(world):
         for step in range(3):
             grads = [torch.randn(shape, generator=torch.Generator().manual_seed(100 * step + 10 * backend.rank() + i))
                      for i, shape in enumerate(shapes.values())]
-            flat = torch.cat([g.reshape(-1) for g in grads])
-            views, offset = [], 0
-            for g in grads:
-                views.append(flat[offset:offset + g.numel()].view(g.shape))
-                offset += g.numel()
+            _, views = bucket_of(grads)  # the views keep the bucket's storage
             started = {n: bundle.start(v, n, backend, average=True, hold=True, in_place=in_place)
                        for n, v in zip(shapes, views, strict=True)}
             bundle.fusion.launch_held("b0", backend, average=True)

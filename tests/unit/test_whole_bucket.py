@@ -9,7 +9,7 @@ import torch
 from grace_legacy import BF16, FP16, Allgather, Grace, Legacy, Residual, TopK
 from grace_legacy.compressors import NoCompression
 from grace_legacy.core.state import UndoLog
-from tests.helpers import run_ranks
+from tests.helpers import bucket_of, run_ranks
 
 SHAPES = {"conv.weight": (8, 3, 3, 3), "conv.bias": (8,), "fc.weight": (10, 40), "fc.bias": (10,)}
 
@@ -20,16 +20,6 @@ def gradients(rank: int, dtype: torch.dtype = torch.float32, poison: tuple[int, 
     if poison is not None and poison[0] == rank:
         grads[list(SHAPES).index(poison[1])].view(-1)[3] = float(poison[1] == "fc.bias" and "nan" or "inf")
     return grads
-
-
-def bucket_of(grads):
-    """The gradients back to back in one flat, and views of them in it (as DDP's bucket holds them)."""
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    views, offset = [], 0
-    for g in grads:
-        views.append(flat[offset:offset + g.numel()].view(g.shape))
-        offset += g.numel()
-    return flat, views
 
 
 def one_step(backend, bundle: Grace, whole: bool, dtype=torch.float32, poison=None):
