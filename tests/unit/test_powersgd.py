@@ -186,7 +186,7 @@ def test_the_products_keep_their_documented_orders(threads, dtype, monkeypatch):
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        for n, m in [(1, 1), (3, 7), (5, 64), (513, 131), (5, 3 * compiled.BLOCK // 5 + 3)]:
+        for n, m in [(1, 1), (3, 7), (5, 64), (10, 131), (513, 131), (5, 3 * compiled.BLOCK // 5 + 3)]:
             for r in range(1, 7):
                 g = torch.Generator().manual_seed(97 * n + r)
                 p, q, matrix = (torch.randn(shape, generator=g, dtype=dtype) for shape in ((n, r), (m, r), (n, m)))
