@@ -138,12 +138,13 @@ class Grace(Lifetime):
         ``overwrite``: the caller will not read ``tensor`` again, so the memory may build the
         compensated gradient in its storage. ``hold``: keep it for ``fusion.launch_held``.
         ``in_place``: the caller reads ``tensor`` again only through the result, which may then be
-        decoded into it (a multi-round payload, :meth:`MultiRound.decompress_into`)."""
+        decoded into it (a multi-round payload, :meth:`MultiRound.decompress_into`), and the memory
+        may build the compensated gradient there for the step (:meth:`Memory.compensate_borrowed`)."""
         self.join_world(backend)
         if self.fusion.holds_for_step(name):  # held for the step's flats, which come back through here
             return self.fusion.hold_for_step(tensor, name, functools.partial(
                 self.start, backend=backend, average=average, overwrite=True))
-        compensated = self.guard.compensate(tensor, name, overwrite)
+        compensated = self.guard.compensate(tensor, name, overwrite, borrowed=in_place)
         world_size = backend.size()
         concrete = self.compressor.compressor_for(compensated, name) if tensor.numel() else None
         route = "dense" if concrete is None else self.route_of(concrete, tensor.shape, tensor.dtype, world_size)

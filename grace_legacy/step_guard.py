@@ -37,14 +37,17 @@ class StepGuard:
         #: the tensors started this step (what undo_step rolls back)
         self.started: dict[str, Pending] = {}
 
-    def compensate(self, tensor: torch.Tensor, name: str, overwrite: bool) -> torch.Tensor:
-        """The memory's compensated gradient (built in ``tensor``'s storage where ``overwrite``),
-        with the extremes it needs looked at."""
+    def compensate(self, tensor: torch.Tensor, name: str, overwrite: bool, borrowed: bool = False) -> torch.Tensor:
+        """The memory's compensated gradient (built in ``tensor``'s storage where ``overwrite``, and
+        perhaps for the step where ``borrowed``: :meth:`Memory.compensate_borrowed`), with the
+        extremes it needs looked at."""
         self._extremes[name] = []
         watch = not self.flags_from_results  # else the result will show it
         if watch and not self.memory.keeps_nonfinite:
             self.watch(name, tensor)  # first: compensate may write over it
-        compensated = (self.memory.compensate_into if overwrite else self.memory.compensate)(tensor, name)
+        compensate = self.memory.compensate_into if overwrite else \
+            self.memory.compensate_borrowed if borrowed else self.memory.compensate
+        compensated = compensate(tensor, name)
         if watch and (compensated is not tensor or self.memory.keeps_nonfinite):
             self.watch(name, compensated)
         return compensated

@@ -136,11 +136,26 @@ class BucketExchange:
             flat = self.backend.wait(handle)
             if results is not None and self._decompress_flat(segments, flat, results):
                 continue
-            offset = 0
-            for parcel, i in segments:
-                template = self._reduced[id(parcel)][i]
-                self._reduced[id(parcel)][i] = flat[offset: offset + template.numel()].view(template.shape)
-                offset += template.numel()
+            templates = [self._reduced[id(parcel)][i] for parcel, i in segments]
+            # One split for every part (a view each), reshaped only where a part is not flat.
+            pieces = flat[:sum(t.numel() for t in templates)].split([t.numel() for t in templates])
+            for (parcel, i), template, piece in zip(segments, templates, pieces, strict=True):
+                self._reduced[id(parcel)][i] = piece if template.dim() == 1 else piece.view(template.shape)
+            if self.rounds > 1 and self._round == 0:
+                self._settle_dense(segments, flat)
+
+    @staticmethod
+    def _settle_dense(segments: list[tuple[Parcel, int]], flat: torch.Tensor) -> None:
+        """A multi-round flight's first flat also carries the tensors sent as they are (a
+        lossless single-round payload, whose result is its part of the flat): when the whole flat's
+        sum is finite, so is each of theirs, and nobody needs to look at them again
+        (Pending.finite)."""
+        dense = [parcel for parcel, _ in segments
+                 if parcel.compressor.traits.rounds == 1 and parcel.compressor.traits.lossless]
+        if dense and flat.is_floating_point() and bool(torch.isfinite(
+                flat.sum(dtype=torch.float32 if flat.element_size() < 4 else None))):
+            for parcel in dense:
+                parcel.pending.finite = True
 
     def _decompress_flat(self, segments: list[tuple[Parcel, int]], flat: torch.Tensor,
                          results: dict[str, torch.Tensor]) -> bool:
@@ -227,6 +242,8 @@ class BucketExchange:
             reduced = self._reduced[id(parcel)]
             decoded = None
             if parcel.compressor.traits.rounds > 1:
+                # Known from the last round's sum, before end_exchange may keep it.
+                parcel.pending.finite = parcel.compressor.surely_finite(reduced, parcel.ctx)
                 parcel.compressor.end_exchange(reduced, parcel.ctx)
                 if parcel.into is not None:
                     decoded = parcel.compressor.decompress_into(reduced, parcel.ctx, parcel.into)

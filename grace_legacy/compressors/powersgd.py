@@ -13,6 +13,7 @@ from grace_legacy.core.parameter import ScheduledParameter
 from grace_legacy.core.state import UndoLog
 from grace_legacy.core.traits import Traits
 from grace_legacy.memories.powersgd import PowerSGDMemory
+from grace_legacy.runtime import paths
 from grace_legacy.runtime.buffers import MMAP_CEILING, BufferPool
 from grace_legacy.runtime.validation import check_gradient
 
@@ -150,6 +151,18 @@ class PowerSGD(MultiRound, Randomized, Tunable):
             return None
         products.minus_times_transposed(minuend.reshape(n, m), ctx.p_hat, payload[0], out=out.view(n, m))
         return out
+
+    def surely_finite(self, payload: Payload, ctx: PowerContext) -> bool:
+        """Each element of ``P^ Q^T`` is a sum of ``r`` products, so at most ``r max|P^| max|Q|``;
+        that bound twice over (for rounding) below the decoded dtype's largest value means no inf,
+        and finite factors no NaN. Two reductions of the small factors on the CPU's own path
+        (elsewhere each would wait for the device: the result is looked at there)."""
+        self._decoded_shape(payload, ctx, "surely_finite")
+        q = payload[0]
+        if not paths.cpu_path(q):
+            return False
+        bound = float(ctx.p_hat.abs().amax()) * float(q.abs().amax()) * q.shape[1]
+        return bound * 2 < torch.finfo(ctx.dtype).max  # False for a NaN or an inf
 
     def payload_spec(self, numel: int, dtype: torch.dtype) -> list[tuple[int, torch.dtype]]:
         raise NotImplementedError("PowerSGD's payload depends on the matrix shape, not only on its element count; "

@@ -209,6 +209,12 @@ class MultiRound(Compressor):
         gradient any more, so its result can take the gradient's place instead of being copied there."""
         return None
 
+    def surely_finite(self, payload: Payload, ctx: Any) -> bool:
+        """Whether decoding the last round's sum ``payload`` surely gives only finite values, known
+        from a bound on the payload itself, so that nobody need look at the (much larger) result for
+        an inf or NaN; ``False`` (the default): look."""
+        return False
+
 
 class Randomized(Compressor):
     """Opt-in: a compressor that draws random numbers, only from :meth:`generator` or

@@ -39,6 +39,13 @@ class Memory(Stateful, ABC):
         overwrites ``p.grad``): the result may be built in its storage. Default: :meth:`compensate`."""
         return self.compensate(tensor, name)
 
+    def compensate_borrowed(self, tensor: torch.Tensor, name: str) -> torch.Tensor:
+        """:meth:`compensate` for a ``tensor`` whose storage is lent for this step only: the caller
+        reads it again only through the result, which is written there (the DDP hook's bucket). A
+        memory that keeps nothing of the compensated tensor past the step may build it there
+        instead of in a buffer of its own. Default: :meth:`compensate`."""
+        return self.compensate(tensor, name)
+
     @abstractmethod
     def update(self, compensated: torch.Tensor, name: str, compressor: Encoder,
                payload: list[torch.Tensor], ctx: Any) -> None:

@@ -15,6 +15,12 @@ class PowerSGDMemory(Residual):
     rule of :class:`Residual` applied to PowerSGD's last *local* payload ``Q_w``. Tensors sent dense
     keep no residual; the warm start lives in the compressor."""
 
+    def compensate_borrowed(self, tensor: torch.Tensor, name: str) -> torch.Tensor:
+        # g + e in the lent storage: the residual is computed from it into a buffer of this
+        # memory's own (PowerSGD sends no entries, so the compensated tensor never becomes one).
+        residual = self._residual_for(tensor, name)
+        return tensor if residual is None else tensor.detach().add_(residual)
+
     def _left_out(self, compensated: torch.Tensor, name: str, compressor: Compressor, payload: Payload,
                   ctx: Any) -> torch.Tensor:
         # M - P^ Q_w^T in one pass where PowerSGD can (its subtract_decoded): the bits of

@@ -146,3 +146,50 @@ def test_later_rounds_advanced_in_lockstep_issue_in_one_order_and_give_the_same_
         # P of both flights, then Q of both: (16 + 8) * 2 and (10 + 6) * 2 fp32 values, then (12 + 20) * 2 and
         # (10 + 30) * 2.
         assert calls == [("allreduce", 4 * 48), ("allreduce", 4 * 32), ("allreduce", 4 * 64), ("allreduce", 4 * 80)]
+
+
+@pytest.mark.parametrize("poison", [None, "dense nan", "matrix inf", "fp16 overflow"])
+def test_a_multi_round_flight_vouches_for_finite_results_without_looking_at_them(poison):
+    """PowerSGD's results are marked finite from a bound on their factors (``surely_finite``), and
+    the tensors sent as they are beside them from their first flat's finite sum: nobody looks at
+    either again. An inf or NaN on one rank, or an fp16 result that overflows in its cast, leaves
+    the parcels it reaches unmarked (so the step guard looks at them), and a marked result is
+    finite."""
+    from grace_legacy import NoCompression, PowerSGD
+
+    dtype = torch.float16 if poison == "fp16 overflow" else torch.float32
+    shapes = {"w1": (12, 9), "b1": (12,), "w2": (6, 20), "b2": (6,)}
+    world = 2
+
+    def gradients(rank):
+        grads = {n: torch.randn(s, generator=torch.Generator().manual_seed(10 * rank + i)).to(dtype)
+                 for i, (n, s) in enumerate(shapes.items())}
+        if rank == 1 and poison == "dense nan":
+            grads["b1"][3] = float("nan")
+        if rank == 1 and poison == "matrix inf":
+            grads["w2"][2, 5] = float("inf")
+        if poison == "fp16 overflow":
+            grads["w1"].fill_(60000.0)  # a rank-1 matrix whose average decodes near fp16's largest value
+        return grads
+
+    def body(backend):
+        compressor = PowerSGD(2)
+        members = []
+        for name, grad in gradients(backend.rank()).items():
+            chosen = compressor.compressor_for(grad, name) or NoCompression()
+            members.append(Parcel(name, *chosen.compress(grad, name), chosen, Allreduce()))
+        BucketExchange("bucket", members, backend, average=True)
+        return {m.name: m.pending() for m in members}, {m.name: m.pending.finite for m in members}
+
+    for results, finite in run_ranks(world, body):
+        for name, result in results.items():
+            if finite[name]:
+                assert bool(torch.isfinite(result).all()), name
+        if poison is None:
+            assert all(finite.values()), finite
+        elif poison == "dense nan":  # its flat's sum is NaN: neither dense tensor is vouched for
+            assert not finite["b1"] and not finite["b2"] and finite["w1"] and finite["w2"]
+        elif poison == "matrix inf":  # the inf reaches w2's factors and the first flat's sum
+            assert not finite["w2"] and not finite["b1"] and not finite["b2"] and finite["w1"]
+        else:
+            assert not finite["w1"] and finite["w2"] and finite["b1"] and finite["b2"]

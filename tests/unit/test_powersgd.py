@@ -247,10 +247,11 @@ def test_decompress_into_writes_the_decoded_bits_where_it_is_told():
 
 @pytest.mark.parametrize("world", [1, 3])
 def test_a_bucket_decoded_in_place_equals_one_decoded_apart(world):
-    """The DDP hook starts each gradient ``in_place``: PowerSGD's result is decoded into the
-    gradient's own place in the bucket (no copy afterwards), the tensors sent dense come back as
-    before, and every value equals the result decoded apart, step after step (error feedback and
-    the warm start read nothing the decoding overwrote)."""
+    """The DDP hook starts each gradient ``in_place``: PowerSGD's compensated gradient is built in
+    the gradient's own place in the bucket and its result decoded there (no buffer, no copy
+    afterwards), the tensors sent dense come back as before, and every value and residual equals
+    those of a bundle that uses buffers of its own, step after step (error feedback and the warm
+    start read nothing the decoding overwrote)."""
     from tests.helpers import bucket_of, run_ranks
 
     shapes = {"a.weight": (12, 3, 3), "a.bias": (12,), "b.weight": (7, 40)}
@@ -262,14 +263,19 @@ def test_a_bucket_decoded_in_place_equals_one_decoded_apart(world):
             grads = [torch.randn(shape, generator=torch.Generator().manual_seed(100 * step + 10 * backend.rank() + i))
                      for i, shape in enumerate(shapes.values())]
             _, views = bucket_of(grads)  # the views keep the bucket's storage
+            residuals = {n: bundle.memory.residuals[n].clone() for n in bundle.memory.residuals}
             started = {n: bundle.start(v, n, backend, average=True, hold=True, in_place=in_place)
                        for n, v in zip(shapes, views, strict=True)}
+            for n, v, g in zip(shapes, views, grads, strict=True):  # g + e in the bucket, or g as it was
+                assert torch.equal(v, g + residuals[n] if in_place and n in residuals else g), n
+            assert step == 0 or set(residuals) == {"a.weight", "b.weight"}
             bundle.fusion.launch_held("b0", backend, average=True)
             results = {n: p() for n, p in started.items()}
             if in_place:
                 for n, v in zip(shapes, views, strict=True):
                     assert (results[n].data_ptr() == v.data_ptr()) == n.endswith("weight"), n
-            steps.append({n: r.clone() for n, r in results.items()})
+            steps.append({**{n: r.clone() for n, r in results.items()},
+                          **{f"residual of {n}": e.clone() for n, e in bundle.memory.residuals.items()}})
             bundle.end_step(backend)
         return steps
 
@@ -277,5 +283,6 @@ def test_a_bucket_decoded_in_place_equals_one_decoded_apart(world):
     decoded_in_place = run_ranks(world, lambda backend: body(backend, True))
     for mine, theirs in zip(decoded_in_place, apart, strict=True):
         for step_mine, step_theirs in zip(mine, theirs, strict=True):
-            for name in shapes:
+            assert step_mine.keys() == step_theirs.keys()
+            for name in step_mine:
                 assert torch.equal(step_mine[name], step_theirs[name]), name

@@ -102,6 +102,30 @@ def test_residual_does_not_write_into_a_tensor_it_did_not_make():
     assert torch.equal(memory.residuals["w"][:90], torch.arange(90.0))
 
 
+def test_a_lent_gradient_is_compensated_in_place_only_by_a_memory_that_keeps_none_of_it():
+    """``compensate_borrowed`` (the DDP hook's bucket, lent for the step): Residual, whose Top-k
+    residual is made of the compensated tensor itself, builds it in its own buffer and leaves the
+    gradient as it was; PowerSGD's memory, whose residual is computed into a buffer of its own,
+    builds g + e in the gradient's storage. Either way the residual is never the lent storage."""
+    from grace_legacy import PowerSGD, PowerSGDMemory
+
+    for memory, compressor, borrows in ((Residual(), TopK(0.1), False), (PowerSGDMemory(), PowerSGD(2), True)):
+        memory.residuals["w"] = residual = torch.linspace(-1, 1, 60).reshape(6, 10)
+        lent = torch.randn(6, 10, generator=torch.Generator().manual_seed(5))
+        before = lent.clone()
+        compensated = memory.compensate_borrowed(lent, "w")
+        assert torch.equal(compensated, before + residual)
+        assert (compensated.data_ptr() == lent.data_ptr()) == borrows, type(memory).__name__
+        assert torch.equal(lent, before + residual if borrows else before)
+        payload, ctx = compressor.compress(compensated, "w")
+        if compressor.traits.rounds > 1:
+            payload, ctx = compressor.next_round(payload, ctx)
+        memory.update(compensated, "w", compressor, payload, ctx)
+        assert memory.residuals["w"].untyped_storage().data_ptr() != lent.untyped_storage().data_ptr()
+        assert memory.residuals["w"] is not residual  # a new residual, the old one untouched
+        assert torch.equal(residual, torch.linspace(-1, 1, 60).reshape(6, 10))
+
+
 def test_rollback_after_the_in_place_update_restores_the_old_residual():
     memory, compressor = Residual(), TopK(0.1)
     memory.residuals["w"] = old = torch.linspace(-1, 1, 50)
