@@ -218,7 +218,7 @@ def run_one_launch(launch: Launch, runs: list[tuple[str, int]], timing: bool, se
 def run_part(args: argparse.Namespace, path: Path) -> dict[str, Any]:
     """Launch what is left, in order, until the part's time is up; the part's record."""
     from benchmarks.common.netns import unavailable_reason
-    from benchmarks.common.report import machine
+    from benchmarks.common.report import code_version, machine
 
     reason = unavailable_reason()
     if reason:
@@ -226,6 +226,7 @@ def run_part(args: argparse.Namespace, path: Path) -> dict[str, Any]:
     started = time.time()
     deadline = started + 60 * args.max_minutes
     part = {"started": datetime.datetime.now().isoformat(timespec="seconds"), "machine": machine(),
+            "code": code_version(),
             "command": " ".join(["python -m", MODULE, *sys.argv[1:]]), "load_before": os.getloadavg()[0],
             "launches": []}
     setup = setup_of(args)

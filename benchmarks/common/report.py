@@ -125,6 +125,17 @@ def machine() -> str:
             f"{datetime.date.today().isoformat()}")
 
 
+def code_version() -> str:
+    """The commit the measured code is at (``git describe --always --dirty``: ``-dirty`` when the
+    working tree differs from it), or ``"unknown"`` outside a git checkout: which code a run timed,
+    for reports made over several sessions."""
+    try:
+        return subprocess.run(["git", "describe", "--always", "--dirty"], cwd=REPO, capture_output=True,
+                              text=True, check=True).stdout.strip() or "unknown"
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
 def load_average() -> float:
     """The 1-minute load average: how busy the machine is (other jobs make timings noisy)."""
     try:

@@ -82,11 +82,13 @@ TABLE_HEAD = ("| arm | source | reached | time to target s (median) | range s | 
 
 
 def _parts(results: dict[str, Any]) -> list[str]:
-    lines = ["| part started | command | minutes | load before | load after | launches |", "|---" * 6 + "|"]
+    lines = ["| part started | code | command | minutes | load before | load after | launches |", "|---" * 7 + "|"]
     for part in results["parts"]:
         launched = "; ".join(f"{p['launch']}{' (timed)' if p['timed'] else ''}: {p['runs']} runs"
                              for p in part["launches"]) or "-"
-        lines.append(f"| {part['started']} | `{part['command']}` | {part['duration_s'] / 60:.1f} | "
+        # Parts made before the code was recorded: not known.
+        lines.append(f"| {part['started']} | {part.get('code', '-')} | `{part['command']}` | "
+                     f"{part['duration_s'] / 60:.1f} | "
                      f"{part['load_before']:.1f} | {part['load_after']:.1f} | {launched} |")
     return lines
 
