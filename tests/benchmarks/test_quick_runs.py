@@ -280,6 +280,7 @@ def test_time_to_accuracy_quick(tmp_path):
     results = json.loads((tmp_path / "time_to_accuracy.json").read_text())
     assert sorted(run["arm"] for run in results["runs"]) == sorted(QUICK_ARMS)
     assert [set(t["ways"]) for t in results["timings"]] == [{"compute only", *QUICK_ARMS}]
+    assert results["parts"][0]["code"] not in ("", "unknown")  # the commit the runs' code was at
     for run in results["runs"]:
         assert run["workers"] == 2 and run["steps"] == run["budget_steps"] and run["link_bytes_per_step"] > 0
         assert [point[0] for point in run["curve"]][0] == 0 and len(run["curve"]) >= 3
