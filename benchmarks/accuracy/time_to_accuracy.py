@@ -21,7 +21,10 @@ would end past ``--max-minutes`` after the command started. So the full measurem
 of at most that long (default 40 minutes; a run is capped at ``--run-cap-minutes``), each writing
 the report from everything measured so far; the last line printed says how much is left. A results
 file holds one set-up: other ``--epochs``, ``--eval-epochs`` or ``--quick`` need another
-``--results`` folder.
+``--results`` folder. Each part, run and step timing records the commit its code was at;
+``--redo-other-code`` sets aside (under ``superseded`` in the JSON) the runs and step timings of
+the plan (as ``--workers``, ``--rates`` and ``--arms`` select it) made with other code than the
+committed tree's now, and measures them again, part by part as before.
 
 Where runs are real (``--real``: worker count @ rate), the time to target is the clock of real runs;
 at the other launches (``--workers`` x ``--rates``) only the steps are timed, and the time to target
@@ -123,6 +126,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                                                                         "with --quick)")
     parser.add_argument("--timing-warmup", type=int, default=1, help="untimed bursts per arm first (default 1)")
     parser.add_argument("--report-only", action="store_true", help="write the report from the JSON, launch nothing")
+    parser.add_argument("--redo-other-code", action="store_true",
+                        help="measure again the selected runs and step timings made with other code than the "
+                             "committed tree's now (the earlier records are kept under 'superseded')")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--spec", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -194,13 +200,33 @@ def check_setup(path: Path, results: dict[str, Any], setup: dict[str, Any]) -> N
                          f"or remove the file to start again")
 
 
+def supersede_other_code(args: argparse.Namespace, path: Path, code: str) -> int:
+    """Move the runs and step timings of ``args``'s launches made with other code than ``code``
+    (or with none recorded) to the results' ``superseded`` list, each marked with the code that
+    replaces it; they are then pending again. Returns how many were moved. Records made with
+    ``code`` stay, so the same command run again goes on where it stopped."""
+    results = load_results(path)
+    selected = {run_key(launch.framework, launch.workers, launch.rate, arm, seed)
+                for launch in launches(args) for arm in launch.arms for seed in launch.seeds}
+    selected |= {timing_key(launch.framework, launch.workers, launch.rate) for launch in launches(args)}
+    moved = [(kind, record) for kind in ("runs", "timings") for record in results[kind]
+             if record["key"] in selected and record.get("code") != code]
+    if moved:
+        for kind, record in moved:
+            results[kind].remove(record)
+        results.setdefault("superseded", []).extend({**record, "kind": kind, "superseded_by": code}
+                                                    for kind, record in moved)
+        path.write_text(json.dumps(results, indent=1))
+    return len(moved)
+
+
 def run_one_launch(launch: Launch, runs: list[tuple[str, int]], timing: bool, setup: dict[str, Any], path: Path,
-                   deadline: float) -> None:
+                   deadline: float, code: str) -> None:
     """Start ``launch``'s workers on a fresh cluster at its rate and wait for them."""
     from benchmarks.common.netns import Cluster, HorovodJob, TorchJob
 
     spec = {"framework": launch.framework, "rate": launch.rate, "arms": list(launch.arms), "timing": timing,
-            "runs": runs, "deadline": deadline, "results": str(path.resolve()), "setup": setup}
+            "runs": runs, "deadline": deadline, "results": str(path.resolve()), "setup": setup, "code": code}
     # A 4 MB allreduce at 100 Mbit/s among 16 takes seconds: beyond neither Gloo's patience nor Horovod's.
     env = {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "HOROVOD_GLOO_TIMEOUT_SECONDS": "900",
            "HOROVOD_STALL_CHECK_DISABLE": "1"}
@@ -230,6 +256,11 @@ def run_part(args: argparse.Namespace, path: Path) -> dict[str, Any]:
             "command": " ".join(["python -m", MODULE, *sys.argv[1:]]), "load_before": os.getloadavg()[0],
             "launches": []}
     setup = setup_of(args)
+    if args.redo_other_code:
+        if part["code"] == "unknown" or part["code"].endswith("-dirty"):
+            raise SystemExit(f"{MODULE}: --redo-other-code needs a committed tree (the code is {part['code']!r}): "
+                             f"commit first, so that the new records name the code they measured")
+        part["superseded"] = supersede_other_code(args, path, part["code"])
     for launch in launches(args):
         results = load_results(path)
         timing, runs = pending(launch, results)
@@ -240,7 +271,7 @@ def run_part(args: argparse.Namespace, path: Path) -> dict[str, Any]:
             break
         before = len(results["runs"])
         print(f"{launch.label}: {'timing, ' if timing else ''}{len(runs)} runs to make", flush=True)
-        run_one_launch(launch, runs, timing, setup, path, deadline)
+        run_one_launch(launch, runs, timing, setup, path, deadline, part["code"])
         part["launches"].append({"launch": launch.label, "timed": timing,
                                  "runs": len(load_results(path)["runs"]) - before})
         if pending(launch, load_results(path))[1]:

@@ -86,6 +86,8 @@ def _parts(results: dict[str, Any]) -> list[str]:
     for part in results["parts"]:
         launched = "; ".join(f"{p['launch']}{' (timed)' if p['timed'] else ''}: {p['runs']} runs"
                              for p in part["launches"]) or "-"
+        if part.get("superseded"):
+            launched = f"set aside {part['superseded']} records made with other code; {launched}"
         # Parts made before the code was recorded: not known.
         lines.append(f"| {part['started']} | {part.get('code', '-')} | `{part['command']}` | "
                      f"{part['duration_s'] / 60:.1f} | "

@@ -53,7 +53,8 @@ def timing_key(framework: str, workers: int, rate: float) -> str:
 # -- the results file --------------------------------------------------------------------------------
 
 def load_results(path: Path) -> dict[str, Any]:
-    """The results so far: ``{"setup": ..., "runs": [...], "timings": [...], "parts": [...]}``."""
+    """The results so far: ``{"setup": ..., "runs": [...], "timings": [...], "parts": [...]}``, and
+    ``"superseded"``: records measured again with newer code (kept, never reported)."""
     return json.loads(path.read_text()) if path.exists() else {"setup": None, "runs": [], "timings": [],
                                                                "parts": []}
 
@@ -329,7 +330,7 @@ def run_launch(spec: dict[str, Any]) -> None:
                             setup["timing_burst"])
         if ranks.rank == 0:
             append_result(results, "timings", {"key": key, "framework": framework, "workers": ranks.size,
-                                               "rate": rate, **timing,
+                                               "rate": rate, "code": spec.get("code"), **timing,
                                                "load_average": [load_before, os.getloadavg()[0]]})
     budget = max(1, round(setup["epochs"] * data.steps_per_epoch))
     eval_every = max(1, round(setup["eval_epochs"] * data.steps_per_epoch))
@@ -339,7 +340,7 @@ def run_launch(spec: dict[str, Any]) -> None:
             break
         record = train_run(ARMS[arm_name], seed, ranks, data, widths, budget, eval_every, setup["run_cap_s"])
         if ranks.rank == 0:
-            record.update(key=run_key(framework, ranks.size, rate, arm_name, seed), rate=rate)
+            record.update(key=run_key(framework, ranks.size, rate, arm_name, seed), rate=rate, code=spec.get("code"))
             append_result(results, "runs", record)
             print(f"[{framework} {ranks.size}w {rate:g}] {arm_name} seed {seed}: {record['steps']} steps, "
                   f"{record['train_s']:.1f} s, accuracy {record['curve'][-1][2]:.4f}", flush=True)

@@ -179,6 +179,29 @@ def test_launches_go_seed_by_seed_and_a_rerun_skips_what_is_done(tmp_path):
     assert driver.pending(plan[2], load_results(path)) == (False, [(arm, 1) for arm in plan[2].arms])
 
 
+def test_a_redo_sets_aside_only_the_selected_records_of_other_code_and_the_same_command_goes_on(tmp_path):
+    """``--redo-other-code``: the selected launches' runs and step timing made with other code (or
+    none recorded) move to ``superseded`` and are pending again; another framework's, another
+    rate's, and those already made with the code of now stay where they are."""
+    args = driver.parse(["--seeds", "1", "--workers", "8", "--rates", "1e8", "--real", "8@1e8",
+                         "--arms", "dense fp32", "torch fp16_compress_hook", "--redo-other-code"])
+    path = tmp_path / "time_to_accuracy.json"
+    append_result(path, "timings", timing("horovod", 8, RATE, {"dense fp32": 1.0}))  # no code recorded
+    append_result(path, "runs", {**run("dense fp32", 0, [(0, 0, 0.1), (10, 1.0, 0.5)]), "code": "old"})
+    append_result(path, "runs", {**run("torch fp16_compress_hook", 0, [(0, 0, 0.1), (10, 1.0, 0.5)]),
+                                 "code": "new"})
+    append_result(path, "runs", run("dense fp32", 0, [(0, 0, 0.1), (10, 1.0, 0.5)], rate=1e9))  # not selected
+    assert driver.supersede_other_code(args, path, "new") == 2
+    results = load_results(path)
+    assert [r["arm"] for r in results["runs"]] == ["torch fp16_compress_hook", "dense fp32"]
+    assert results["runs"][1]["rate"] == 1e9 and results["timings"] == []
+    assert sorted((r["kind"], r["superseded_by"]) for r in results["superseded"]) == [("runs", "new"),
+                                                                                      ("timings", "new")]
+    plan = driver.launches(args)
+    assert driver.pending(plan[0], results) == (True, [("dense fp32", 0)])
+    assert driver.supersede_other_code(args, path, "new") == 0  # run again: nothing more is set aside
+
+
 def test_a_results_file_of_another_set_up_is_refused(tmp_path):
     path = tmp_path / "time_to_accuracy.json"
     driver.start_results(path, driver.parse(["--quick"]))
