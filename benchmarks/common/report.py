@@ -126,14 +126,21 @@ def machine() -> str:
 
 
 def code_version() -> str:
-    """The commit the measured code is at (``git describe --always --dirty``: ``-dirty`` when the
-    working tree differs from it), or ``"unknown"`` outside a git checkout: which code a run timed,
-    for reports made over several sessions."""
+    """The commit the measured code is at (``-dirty`` appended when a tracked file outside
+    ``benchmarks/results``, which the benchmarks themselves write, differs from it), or
+    ``"unknown"`` outside a git checkout: which code a run timed, for reports made over several
+    sessions."""
+    def git(*arguments: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", *arguments], cwd=REPO, capture_output=True, text=True)
+
     try:
-        return subprocess.run(["git", "describe", "--always", "--dirty"], cwd=REPO, capture_output=True,
-                              text=True, check=True).stdout.strip() or "unknown"
-    except (OSError, subprocess.CalledProcessError):
+        head = git("rev-parse", "--short", "HEAD")
+        if head.returncode:
+            return "unknown"
+        changed = git("diff", "--quiet", "HEAD", "--", ".", ":(exclude)benchmarks/results").returncode
+    except OSError:
         return "unknown"
+    return head.stdout.strip() + ("-dirty" if changed else "")
 
 
 def load_average() -> float:
