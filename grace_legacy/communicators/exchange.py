@@ -24,6 +24,13 @@ def nbytes(parts: Payload) -> int:
     return sum(part.numel() * part.element_size() for part in parts)
 
 
+def finite_sum(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` is floating point with a finite sum: then every entry is finite (an
+    overflowing sum only sends its entries to be looked at one by one)."""
+    return tensor.is_floating_point() and bool(torch.isfinite(
+        tensor.sum(dtype=torch.float32 if tensor.element_size() < 4 else None)))
+
+
 def gathered(parcel: Parcel) -> bool:
     """Whether ``parcel`` travels in the flight's allgather (else in its allreduces)."""
     return parcel.communicator.carries_non_additive
@@ -137,8 +144,9 @@ class BucketExchange:
             if results is not None and self._decompress_flat(segments, flat, results):
                 continue
             templates = [self._reduced[id(parcel)][i] for parcel, i in segments]
+            sizes = [t.numel() for t in templates]
             # One split for every part (a view each), reshaped only where a part is not flat.
-            pieces = flat[:sum(t.numel() for t in templates)].split([t.numel() for t in templates])
+            pieces = flat[:sum(sizes)].split(sizes)
             for (parcel, i), template, piece in zip(segments, templates, pieces, strict=True):
                 self._reduced[id(parcel)][i] = piece if template.dim() == 1 else piece.view(template.shape)
             if self.rounds > 1 and self._round == 0:
@@ -152,8 +160,7 @@ class BucketExchange:
         (Pending.finite)."""
         dense = [parcel for parcel, _ in segments
                  if parcel.compressor.traits.rounds == 1 and parcel.compressor.traits.lossless]
-        if dense and flat.is_floating_point() and bool(torch.isfinite(
-                flat.sum(dtype=torch.float32 if flat.element_size() < 4 else None))):
+        if dense and finite_sum(flat):
             for parcel in dense:
                 parcel.pending.finite = True
 
@@ -177,10 +184,8 @@ class BucketExchange:
             shape = parcel.payload[0].shape
             results[parcel.name] = out[offset: offset + shape.numel()].view(shape)
             offset += shape.numel()
-        # A finite sum has only finite terms (an overflowing one just sends every tensor to be looked
-        # at alone); then nobody needs to look at the parcels' results again (Pending.finite).
-        if out.is_floating_point() and bool(torch.isfinite(
-                out.sum(dtype=torch.float32 if out.element_size() < 4 else None))):
+        # Then nobody needs to look at the parcels' results again (Pending.finite).
+        if finite_sum(out):
             for parcel, _ in segments:
                 parcel.pending.finite = True
         return True
