@@ -192,27 +192,41 @@ def _at(table: list[Cell], workers: int, rate: float) -> dict[str, Cell]:
     return {c.arm: c for c in table if c.workers == workers and c.rate == rate}
 
 
-def _fastest(row: dict[str, Cell], role: str) -> Cell | None:
-    reaching = [c for name, c in row.items() if ARMS[name].role == role and c.median_s is not None]
+def _fastest(row: dict[str, Cell], role: str, defaults_only: bool = False) -> Cell | None:
+    reaching = [c for name, c in row.items() if ARMS[name].role == role and c.median_s is not None
+                and not (defaults_only and ARMS[name].matched)]
     return min(reaching, key=lambda c: c.median_s) if reaching else None
 
 
 def speedups(table: list[Cell]) -> dict[tuple[int, float, str], dict[str, Any]]:
     """Per cell: its median time against the dense reference's (the sooner of Horovod's and DDP's
-    dense fp32 allreduce at that worker count and rate) and the best baseline's (the soonest of
-    Horovod's fp16 and PyTorch's fp16 and PowerSGD hooks there)."""
+    dense fp32 allreduce at that worker count and rate), the best baseline's (the soonest of
+    Horovod's fp16 and PyTorch's fp16 and PowerSGD hooks there, matched settings included) and the
+    best baseline's at its defaults (the matched settings left out)."""
     out = {}
     for workers, rate in sorted({(c.workers, c.rate) for c in table}):
         row = _at(table, workers, rate)
         dense, best = _fastest(row, DENSE_ROLE), _fastest(row, BASELINE)
+        default = _fastest(row, BASELINE, defaults_only=True)
         for name, cell in row.items():
             mine = cell.median_s
             out[(workers, rate, name)] = {
                 "vs_dense": None if mine is None or dense is None else dense.median_s / mine,
                 "dense_reference": None if dense is None else dense.arm,
                 "vs_best_baseline": None if mine is None or best is None else best.median_s / mine,
-                "best_baseline": None if best is None else best.arm}
+                "best_baseline": None if best is None else best.arm,
+                "vs_best_default_baseline": None if mine is None or default is None else default.median_s / mine,
+                "best_default_baseline": None if default is None else default.arm}
     return out
+
+
+def link_share(cell: Cell) -> float | None:
+    """The share of ``cell``'s step its busiest link spends carrying the step's bytes at the link's
+    rate (the real runs' step where there are some, else the timed one)."""
+    step = cell.run_step_s if cell.run_step_s is not None else cell.timed_step_s
+    if step is None or cell.link_bytes is None:
+        return None
+    return min(1.0, cell.link_bytes * 8 / cell.rate / step)
 
 
 def paired_difference(table: list[Cell], arm: str, reference: str, workers: int, rate: float) -> dict[str, Any]:
@@ -248,11 +262,20 @@ def claims(table: list[Cell], ups: dict[tuple[int, float, str], dict[str, Any]])
     best = min(ours, key=lambda c: c.median_s) if ours else None
     figures = ups.get((CLAIM_WORKERS, CLAIM_RATE, best.arm), {}) if best else {}
     vs_dense, vs_baseline = figures.get("vs_dense"), figures.get("vs_best_baseline")
+    vs_default = figures.get("vs_best_default_baseline")
+    baseline = row.get(figures.get("best_baseline"))
+    share = None if baseline is None else link_share(baseline)
     return {"best_ours": None if best is None else best.arm, "source": None if best is None else best.source,
             "dense_reference": figures.get("dense_reference"), "vs_dense": vs_dense,
             "vs_dense_met": None if vs_dense is None else vs_dense >= VS_DENSE,
             "best_baseline": figures.get("best_baseline"), "vs_best_baseline": vs_baseline,
             "vs_best_baseline_met": None if vs_baseline is None else vs_baseline >= VS_BASELINE,
+            "best_default_baseline": figures.get("best_default_baseline"), "vs_best_default_baseline": vs_default,
+            "vs_best_default_baseline_met": None if vs_default is None else vs_default >= VS_BASELINE,
+            # At the best baseline's own steps to target, an arm that put nothing on the link would
+            # save at most its link's share of each step: 1 / (1 - share) sooner.
+            "best_baseline_link_share": share,
+            "bytes_alone_bound": None if share is None or share >= 1 else 1 / (1 - share),
             "legacy_vs_uniform": paired_difference(table, LEGACY, UNIFORM, CLAIM_WORKERS, CLAIM_RATE)}
 
 

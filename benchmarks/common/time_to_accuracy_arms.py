@@ -87,6 +87,8 @@ class Arm:
     one_bucket: bool = False
     #: PyTorch's PowerSGD hook: the steps it runs as a plain allreduce before it compresses
     dense_steps: int = 0
+    #: a baseline run at a setting matched to one of ours rather than at its defaults
+    matched: bool = False
 
 
 # -- the compressions ----------------------------------------------------------------------------------
@@ -227,7 +229,7 @@ ARM_LIST = [
         f"start_powerSGD_iter={TORCH_POWERSGD_EARLIEST}), one DDP bucket",
         torch_hook=_torch_powersgd(matrix_approximation_rank=POWERSGD_RANK,
                                    start_powerSGD_iter=TORCH_POWERSGD_EARLIEST),
-        main=True, one_bucket=True, dense_steps=TORCH_POWERSGD_EARLIEST),
+        main=True, one_bucket=True, dense_steps=TORCH_POWERSGD_EARLIEST, matched=True),
     Arm("BF16", DDP, OURS, "grace_legacy.ddp.register(ddp, Grace(BF16()))", _grace(_named("BF16"))),
     Arm(f"PowerSGD rank {POWERSGD_RANK}", DDP, OURS,
         f"grace_legacy.ddp.register(ddp, Grace(PowerSGD({POWERSGD_RANK})))",

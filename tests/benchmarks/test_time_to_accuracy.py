@@ -27,7 +27,7 @@ from benchmarks.common.time_to_accuracy_arms import (
     shapes_of,
     wide_mlp,
 )
-from benchmarks.common.time_to_accuracy_report import write_report
+from benchmarks.common.time_to_accuracy_report import _claim_lines, write_report
 from benchmarks.common.time_to_accuracy_worker import append_result, load_results, run_key
 
 RATE = 1e8
@@ -116,6 +116,27 @@ def test_cells_speedups_and_the_issues_verdicts_follow_the_runs():
     pair = verdict["legacy_vs_uniform"]  # seeds 0 and 1: 2 - 3 and 2 - 4; seed 2 reached by Top-k only
     assert pair["seeds"] == 2 and pair["mean_s"] == pytest.approx(-1.5)
     assert pair["only_reached"] == {"arm": [], "reference": [2]} and not pair["no_later"]
+
+
+def test_a_baseline_at_a_matched_setting_is_held_apart_and_the_bound_bytes_set_comes_from_its_link():
+    results = _results()
+    for seed in range(3):  # PyTorch's PowerSGD at our rank: at the target after 1 s (20 steps of 0.05 s)
+        curve = [(0, 0, 0.1), (20, 1.0, 0.62), (40, 2.0, 0.62)]
+        results["runs"].append({**run("torch powerSGD_hook rank 4", seed, curve), "link_bytes_per_step": 1e5})
+    table = cells(results, targets(results["runs"], 1.0))
+    ups = speedups(table)
+    legacy = ups[(8, RATE, "LEGACY layer + EF two-phase")]
+    assert legacy["best_baseline"] == "torch powerSGD_hook rank 4" and legacy["vs_best_baseline"] == pytest.approx(0.5)
+    assert legacy["best_default_baseline"] == "torch fp16_compress_hook"
+    assert legacy["vs_best_default_baseline"] == pytest.approx(5)
+    verdict = claims(table, ups)
+    assert verdict["vs_best_baseline_met"] is False and verdict["vs_best_default_baseline_met"] is True
+    # 1e5 bytes a step at 100 Mbit/s is 8 ms of its 50 ms step: 16%, so at most 1 / 0.84 sooner
+    assert verdict["best_baseline_link_share"] == pytest.approx(0.16)
+    assert verdict["bytes_alone_bound"] == pytest.approx(1 / 0.84)
+    text = "\n".join(_claim_lines(verdict, None, {}))
+    assert "at their defaults only" in text and "5.00x sooner than torch fp16_compress_hook (**meets**" in text
+    assert "16% of its step" in text and "at most 1.19x sooner" in text
 
 
 def test_projections_are_real_steps_to_target_times_the_timed_step_and_are_checked_against_real_runs():
