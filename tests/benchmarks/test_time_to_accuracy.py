@@ -27,7 +27,7 @@ from benchmarks.common.time_to_accuracy_arms import (
     shapes_of,
     wide_mlp,
 )
-from benchmarks.common.time_to_accuracy_report import _claim_lines, write_report
+from benchmarks.common.time_to_accuracy_report import _claim_lines, _planner_lines, write_report
 from benchmarks.common.time_to_accuracy_worker import append_result, load_results, run_key
 
 RATE = 1e8
@@ -161,6 +161,9 @@ def test_the_communication_share_and_the_planner_check_come_from_the_step_timing
     assert check["rows"]["dense fp32"]["estimate_s"] > check["rows"]["Top-k + EF two-phase"]["estimate_s"]
     assert check["pick"] in ("Top-k + EF two-phase", "LEGACY layer + EF two-phase")
     assert check["fastest"] == "LEGACY layer + EF two-phase" and check["met"] == (check["pick_vs_fastest"] <= 1.1)
+    dense = check["rows"]["dense fp32"]
+    row = next(line for line in _planner_lines([check]) if line.startswith("| dense fp32 |"))
+    assert row.endswith(f"| {dense['estimate_s']:.3f} | 1.000 | {1.0 - dense['estimate_s']:+.3f} |")
 
 
 def test_the_report_says_when_a_target_was_never_reached_and_invents_no_time(tmp_path):
