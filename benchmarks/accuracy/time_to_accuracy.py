@@ -24,7 +24,8 @@ file holds one set-up: other ``--epochs``, ``--eval-epochs`` or ``--quick`` need
 ``--results`` folder. Each part, run and step timing records the commit its code was at;
 ``--redo-other-code`` sets aside (under ``superseded`` in the JSON) the runs and step timings of
 the plan (as ``--workers``, ``--rates`` and ``--arms`` select it) made with other code than the
-committed tree's now, and measures them again, part by part as before.
+committed tree's now, and measures them again, part by part as before (a step timing only where
+every arm it timed is selected, so that no other arm loses its timed step).
 
 Where runs are real (``--real``: worker count @ rate), the time to target is the clock of real runs;
 at the other launches (``--workers`` x ``--rates``) only the steps are timed, and the time to target
@@ -51,6 +52,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks.common.limited_link import COMPUTE
 from benchmarks.common.time_to_accuracy_arms import (
     ARM_LIST,
     GLOBAL_BATCH,
@@ -128,7 +130,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--report-only", action="store_true", help="write the report from the JSON, launch nothing")
     parser.add_argument("--redo-other-code", action="store_true",
                         help="measure again the selected runs and step timings made with other code than the "
-                             "committed tree's now (the earlier records are kept under 'superseded')")
+                             "committed tree's now (the earlier records are kept under 'superseded'; a step "
+                             "timing only where every arm it timed is selected)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--spec", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -203,12 +206,17 @@ def check_setup(path: Path, results: dict[str, Any], setup: dict[str, Any]) -> N
 def supersede_other_code(args: argparse.Namespace, path: Path, code: str) -> int:
     """Move the runs and step timings of ``args``'s launches made with other code than ``code``
     (or with none recorded) to the results' ``superseded`` list, each marked with the code that
-    replaces it; they are then pending again. Returns how many were moved. Records made with
-    ``code`` stay, so the same command run again goes on where it stopped."""
+    replaces it; they are then pending again. A step timing goes only where every arm it timed is
+    selected: timed again with fewer arms, the others would lose their timed step. Returns how many
+    were moved. Records made with ``code`` stay, so the same command run again goes on where it
+    stopped."""
     results = load_results(path)
+    plan = launches(args)
     selected = {run_key(launch.framework, launch.workers, launch.rate, arm, seed)
-                for launch in launches(args) for arm in launch.arms for seed in launch.seeds}
-    selected |= {timing_key(launch.framework, launch.workers, launch.rate) for launch in launches(args)}
+                for launch in plan for arm in launch.arms for seed in launch.seeds}
+    arms = {timing_key(launch.framework, launch.workers, launch.rate): set(launch.arms) for launch in plan}
+    selected |= {timing["key"] for timing in results["timings"] if timing["key"] in arms
+                 and set(timing["ways"]) - {COMPUTE} <= arms[timing["key"]]}
     moved = [(kind, record) for kind in ("runs", "timings") for record in results[kind]
              if record["key"] in selected and record.get("code") != code]
     if moved:

@@ -226,6 +226,23 @@ def test_a_redo_sets_aside_only_the_selected_records_of_other_code_and_the_same_
     assert driver.supersede_other_code(args, path, "new") == 0  # run again: nothing more is set aside
 
 
+def test_a_redo_of_some_of_a_launchs_arms_keeps_the_step_timing_of_the_others(tmp_path):
+    args = driver.parse(["--seeds", "1", "--workers", "8", "--rates", "1e8", "--real", "8@1e8",
+                         "--arms", "dense fp32", "--redo-other-code"])
+    path = tmp_path / "time_to_accuracy.json"
+    both = timing("horovod", 8, RATE, {"compute only": 0.1, "dense fp32": 1.0, "FP16": 0.5})
+    append_result(path, "timings", both)
+    append_result(path, "runs", run("dense fp32", 0, [(0, 0, 0.1), (10, 1.0, 0.5)]))
+    assert driver.supersede_other_code(args, path, "new") == 1
+    results = load_results(path)
+    assert results["runs"] == [] and results["timings"] == [both]
+    assert driver.pending(driver.launches(args)[0], results) == (False, [("dense fp32", 0)])
+    every = driver.parse(["--seeds", "1", "--workers", "8", "--rates", "1e8", "--real", "8@1e8",
+                          "--arms", "dense fp32", "FP16", "--redo-other-code"])
+    assert driver.supersede_other_code(every, path, "new") == 1  # every arm it timed: timed again
+    assert load_results(path)["timings"] == []
+
+
 def test_a_results_file_of_another_set_up_is_refused(tmp_path):
     path = tmp_path / "time_to_accuracy.json"
     driver.start_results(path, driver.parse(["--quick"]))
