@@ -345,12 +345,19 @@ def stops_paying(table: list[Cell], ups: dict[tuple[int, float, str], dict[str, 
                  ) -> dict[int, dict[str, list[str]]]:
     """At ``rate``, per worker count: our arms that reach the target no sooner than dense fp32, and
     those no sooner than the best baseline (or never)."""
-    out: dict[int, dict[str, list[str]]] = {}
+    out: dict[int, dict[str, Any]] = {}
     for workers in sorted({c.workers for c in table if c.rate == rate}):
-        mine = [c for c in _at(table, workers, rate).values() if ARMS[c.arm].role == OURS]
+        row = _at(table, workers, rate)
+        mine = [c for c in row.values() if ARMS[c.arm].role == OURS]
         figures = {c.arm: ups[(workers, rate, c.arm)] for c in mine}
+        best = _fastest(row, BASELINE)
         out[workers] = {
             "not_faster_than_dense": [a for a, f in figures.items() if f["vs_dense"] is None or f["vs_dense"] <= 1],
             "not_faster_than_best_baseline": [a for a, f in figures.items()
-                                              if f["vs_best_baseline"] is None or f["vs_best_baseline"] <= 1]}
+                                              if f["vs_best_baseline"] is None or f["vs_best_baseline"] <= 1],
+            "best_baseline": None if best is None else best.arm,
+            # PyTorch's PowerSGD hook at its defaults never compresses in a run shorter than its
+            # warm-up: it is then DDP's dense allreduce, under another name.
+            "best_baseline_dense_throughout": best is not None and bool(best.budget_steps)
+            and max(best.budget_steps.values()) <= ARMS[best.arm].dense_steps}
     return out

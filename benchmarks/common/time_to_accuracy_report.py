@@ -106,7 +106,7 @@ def _loaded(results: dict[str, Any]) -> str:
     return ""
 
 
-def _claim_lines(claim: dict[str, Any], share: dict[str, float] | None, paying: dict[int, dict[str, list[str]]]
+def _claim_lines(claim: dict[str, Any], share: dict[str, float] | None, paying: dict[int, dict[str, Any]]
                  ) -> list[str]:
     where = f"{CLAIM_WORKERS} workers, {label(CLAIM_RATE)}"
     lines = []
@@ -148,8 +148,11 @@ def _claim_lines(claim: dict[str, Any], share: dict[str, float] | None, paying: 
     for workers, lists in paying.items():
         dense_no = ", ".join(lists["not_faster_than_dense"]) or "none"
         base_no = ", ".join(lists["not_faster_than_best_baseline"]) or "none"
+        dense_all_along = (f" ({lists['best_baseline']}, which ran a plain allreduce every step of its runs: "
+                           "DDP's dense fp32 allreduce under another name)"
+                           if lists.get("best_baseline_dense_throughout") else "")
         lines.append(f"- At {workers} workers and 1 Gbit/s, our arms no sooner than dense fp32 (or never): {dense_no}; "
-                     f"no sooner than the best baseline: {base_no}.")
+                     f"no sooner than the best baseline{dense_all_along}: {base_no}.")
     return lines
 
 

@@ -16,6 +16,7 @@ from benchmarks.common.time_to_accuracy_analysis import (
     planner_check,
     reached,
     speedups,
+    stops_paying,
     targets,
     validation,
 )
@@ -137,6 +138,27 @@ def test_a_baseline_at_a_matched_setting_is_held_apart_and_the_bound_bytes_set_c
     text = "\n".join(_claim_lines(verdict, None, {}))
     assert "at their defaults only" in text and "5.00x sooner than torch fp16_compress_hook (**meets**" in text
     assert "16% of its step" in text and "at most 1.19x sooner" in text
+
+
+def test_where_compression_stops_paying_names_a_baseline_that_never_left_its_dense_warm_up():
+    fast = 1e9
+    runs = []
+    for seed in range(3):
+        runs.append(dense(seed, 0.62, rate=fast))
+        runs.append(run("Top-k + EF two-phase", seed, [(0, 0, 0.1), (20, 4.0, 0.62), (40, 8.0, 0.62)], rate=fast))
+        runs.append(run("torch powerSGD_hook defaults", seed, [(0, 0, 0.1), (20, 2.0, 0.62), (40, 4.0, 0.62)],
+                        rate=fast))  # 40 steps, all inside its 1000-step plain-allreduce warm-up
+    table = cells({"runs": runs, "timings": []}, targets(runs, 1.0))
+    paying = stops_paying(table, speedups(table), rate=fast)
+    assert paying[8]["not_faster_than_dense"] == [] and paying[8]["not_faster_than_best_baseline"] == [
+        "Top-k + EF two-phase"]
+    assert paying[8]["best_baseline"] == "torch powerSGD_hook defaults" and paying[8]["best_baseline_dense_throughout"]
+    text = "\n".join(_claim_lines({"best_ours": None, "legacy_vs_uniform": {}}, None, paying))
+    assert "no sooner than the best baseline (torch powerSGD_hook defaults, which ran a plain allreduce" in text
+    ran_on = {**runs[2], "steps": 1200, "budget_steps": 1200, "seed": 9,
+              "key": run_key("ddp", 8, fast, "torch powerSGD_hook defaults", 9)}  # one run past its warm-up
+    table = cells({"runs": [*runs, ran_on], "timings": []}, targets(runs, 1.0))
+    assert not stops_paying(table, speedups(table), rate=fast)[8]["best_baseline_dense_throughout"]
 
 
 def test_projections_are_real_steps_to_target_times_the_timed_step_and_are_checked_against_real_runs():
