@@ -96,14 +96,22 @@ def _parts(results: dict[str, Any]) -> list[str]:
 
 
 def _loaded(results: dict[str, Any]) -> str:
-    """A warning where the machine had more load than cores at any point of the measurement."""
+    """What the load average says. During runs it counts the workers' own threads (more workers than
+    cores here), so only the load when a part began, before its workers started, tells of other work."""
     cores = os.cpu_count() or 1
-    loads = [x for part in results["parts"] for x in (part["load_before"], part["load_after"])]
-    loads += [x for record in results["runs"] + results["timings"] for x in record.get("load_average", [])]
-    if loads and max(loads) > cores:
-        return (f"**The machine was loaded** (load average up to {max(loads):.1f} on {cores} cores): the workers "
-                f"shared the cores with other work, so the times below are not those of a quiet machine.")
-    return ""
+    records = results["runs"] + results["timings"]
+    during = [x for record in records for x in record.get("load_average", [])]
+    before = [part["load_before"] for part in results["parts"]]
+    workers = sorted({record["workers"] for record in records})
+    out = []
+    if during and workers and max(workers) > cores:
+        out.append(f"The {' and '.join(map(str, workers))} workers share this machine's {cores} cores (load average "
+                   f"up to {max(during):.1f} during runs, the workers' own threads counted).")
+    if before and max(before) > cores:
+        out.append(f"**Other work ran**: the load average was up to {max(before):.1f} when a part began, before its "
+                   "workers started (a 1-minute average, which also holds the tail of a part just ended; the parts "
+                   "table has each): those parts' times are not those of a quiet machine.")
+    return " ".join(out)
 
 
 def _claim_lines(claim: dict[str, Any], share: dict[str, float] | None, paying: dict[int, dict[str, Any]]

@@ -207,6 +207,21 @@ def test_the_report_says_when_a_target_was_never_reached_and_invents_no_time(tmp
     assert json.loads(path.read_text())["summary"]["targets"]["8"]["target"] == pytest.approx(0.61)
 
 
+def test_the_load_of_the_workers_themselves_is_not_taken_for_other_work(monkeypatch):
+    from benchmarks.common import time_to_accuracy_report as report
+
+    monkeypatch.setattr(report.os, "cpu_count", lambda: 2)
+    results = _results()
+    for record in results["runs"]:
+        record["load_average"] = [9.0, 9.5]  # 8 workers on 2 cores
+    results["parts"] = [{"load_before": 0.4}, {"load_before": 1.9}]
+    text = report._loaded(results)
+    assert text == "The 8 workers share this machine's 2 cores (load average up to 9.5 during runs, the workers' " \
+                   "own threads counted)."
+    results["parts"].append({"load_before": 3.5})
+    assert "**Other work ran**: the load average was up to 3.5 when a part began" in report._loaded(results)
+
+
 def test_launches_go_seed_by_seed_and_a_rerun_skips_what_is_done(tmp_path):
     args = driver.parse(["--seeds", "2", "--workers", "8", "16", "--rates", "1e8", "--real", "8@1e8"])
     plan = driver.launches(args)
