@@ -25,7 +25,8 @@ file holds one set-up: other ``--epochs``, ``--eval-epochs`` or ``--quick`` need
 ``--redo-other-code`` sets aside (under ``superseded`` in the JSON) the runs and step timings of
 the plan (as ``--workers``, ``--rates`` and ``--arms`` select it) made with other code than the
 committed tree's now, and measures them again, part by part as before (a step timing only where
-every arm it timed is selected, so that no other arm loses its timed step).
+every arm it timed is selected, so that no other arm loses its timed step); ``--retime-other-code``
+does so for the step timings alone, the runs left as they are.
 
 Where runs are real (``--real``: worker count @ rate), the time to target is the clock of real runs;
 at the other launches (``--workers`` x ``--rates``) only the steps are timed, and the time to target
@@ -128,6 +129,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                                                                         "with --quick)")
     parser.add_argument("--timing-warmup", type=int, default=1, help="untimed bursts per arm first (default 1)")
     parser.add_argument("--report-only", action="store_true", help="write the report from the JSON, launch nothing")
+    parser.add_argument("--retime-other-code", action="store_true",
+                        help="time again the selected launches' steps where they were timed with other code than "
+                             "the committed tree's now, the runs left as they are (the earlier timing is kept "
+                             "under 'superseded'; only where every arm it timed is selected)")
     parser.add_argument("--redo-other-code", action="store_true",
                         help="measure again the selected runs and step timings made with other code than the "
                              "committed tree's now (the earlier records are kept under 'superseded'; a step "
@@ -203,10 +208,12 @@ def check_setup(path: Path, results: dict[str, Any], setup: dict[str, Any]) -> N
                          f"or remove the file to start again")
 
 
-def supersede_other_code(args: argparse.Namespace, path: Path, code: str) -> int:
+def supersede_other_code(args: argparse.Namespace, path: Path, code: str,
+                         kinds: tuple[str, ...] = ("runs", "timings")) -> int:
     """Move the runs and step timings of ``args``'s launches made with other code than ``code``
     (or with none recorded) to the results' ``superseded`` list, each marked with the code that
-    replaces it; they are then pending again. A step timing goes only where every arm it timed is
+    replaces it; they are then pending again (``kinds``: which of them). A step timing goes only
+    where every arm it timed is
     selected: timed again with fewer arms, the others would lose their timed step. Returns how many
     were moved. Records made with ``code`` stay, so the same command run again goes on where it
     stopped."""
@@ -217,7 +224,7 @@ def supersede_other_code(args: argparse.Namespace, path: Path, code: str) -> int
     arms = {timing_key(launch.framework, launch.workers, launch.rate): set(launch.arms) for launch in plan}
     selected |= {timing["key"] for timing in results["timings"] if timing["key"] in arms
                  and set(timing["ways"]) - {COMPUTE} <= arms[timing["key"]]}
-    moved = [(kind, record) for kind in ("runs", "timings") for record in results[kind]
+    moved = [(kind, record) for kind in kinds for record in results[kind]
              if record["key"] in selected and record.get("code") != code]
     if moved:
         for kind, record in moved:
@@ -264,11 +271,13 @@ def run_part(args: argparse.Namespace, path: Path) -> dict[str, Any]:
             "command": " ".join(["python -m", MODULE, *sys.argv[1:]]), "load_before": os.getloadavg()[0],
             "launches": []}
     setup = setup_of(args)
-    if args.redo_other_code:
+    if args.redo_other_code or args.retime_other_code:
         if part["code"] == "unknown" or part["code"].endswith("-dirty"):
-            raise SystemExit(f"{MODULE}: --redo-other-code needs a committed tree (the code is {part['code']!r}): "
+            flag = "--redo-other-code" if args.redo_other_code else "--retime-other-code"
+            raise SystemExit(f"{MODULE}: {flag} needs a committed tree (the code is {part['code']!r}): "
                              f"commit first, so that the new records name the code they measured")
-        part["superseded"] = supersede_other_code(args, path, part["code"])
+        kinds = ("runs", "timings") if args.redo_other_code else ("timings",)
+        part["superseded"] = supersede_other_code(args, path, part["code"], kinds)
     for launch in launches(args):
         results = load_results(path)
         timing, runs = pending(launch, results)

@@ -275,9 +275,12 @@ def test_a_redo_of_some_of_a_launchs_arms_keeps_the_step_timing_of_the_others(tm
     assert results["runs"] == [] and results["timings"] == [both]
     assert driver.pending(driver.launches(args)[0], results) == (False, [("dense fp32", 0)])
     every = driver.parse(["--seeds", "1", "--workers", "8", "--rates", "1e8", "--real", "8@1e8",
-                          "--arms", "dense fp32", "FP16", "--redo-other-code"])
-    assert driver.supersede_other_code(every, path, "new") == 1  # every arm it timed: timed again
-    assert load_results(path)["timings"] == []
+                          "--arms", "dense fp32", "FP16", "--retime-other-code"])
+    append_result(path, "runs", run("FP16", 0, [(0, 0, 0.1), (10, 1.0, 0.5)]))
+    assert driver.supersede_other_code(every, path, "new", ("timings",)) == 1  # every arm it timed: timed again
+    results = load_results(path)
+    assert results["timings"] == [] and [r["arm"] for r in results["runs"]] == ["FP16"]  # the runs stay
+    assert driver.pending(driver.launches(every)[0], results) == (True, [("dense fp32", 0)])
 
 
 def test_a_results_file_of_another_set_up_is_refused(tmp_path):
