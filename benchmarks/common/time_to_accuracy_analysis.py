@@ -296,7 +296,8 @@ def planner_check(timing: dict[str, Any], widths: list[int]) -> dict[str, Any]:
     """The planner's step estimate per timed arm: the measured compute-only step plus
     :func:`grace_legacy.planner.link_time` at the link's rate, with the latency of one collective
     step from the measured 8-byte allreduce (its time over a ring allreduce's ``2 (P - 1)`` steps);
-    its pick (the least estimate) against the fastest measured step, and the rank correlation."""
+    its pick (the least estimate: the slowest of the tied arms of ours, or of the tied arms where
+    none is ours) against the fastest measured step, and the rank correlation."""
     from scipy.stats import spearmanr
 
     from grace_legacy.planner import collective_steps, link_time, plan
@@ -316,10 +317,13 @@ def planner_check(timing: dict[str, Any], widths: list[int]) -> dict[str, Any]:
         rows[name] = {"estimate_s": estimate, "measured_s": statistics.median(timing["ways"][name]["step_s"]),
                       "compressor": repr(compressor), "route": route or "default"}
     least = min(r["estimate_s"] for r in rows.values())
-    # Arms the planner cannot tell apart (the same bytes and collectives) are all its pick: the
-    # slowest of them is held to the fastest measured arm.
+    # Arms the planner cannot tell apart (the same bytes and collectives) are all its pick, the
+    # slowest of them held to the fastest measured arm; but what it configures is a bundle of ours,
+    # so where one of ours ties with a baseline (the same plan in another library's code), the
+    # pick is among ours: a user who follows the planner runs our code, not the baseline's.
     tied = [n for n, r in rows.items() if r["estimate_s"] <= least * (1 + 1e-9)]
-    pick = max(tied, key=lambda n: rows[n]["measured_s"])
+    configurable = [n for n in tied if ARMS[n].role == OURS] or tied
+    pick = max(configurable, key=lambda n: rows[n]["measured_s"])
     fastest = min(rows, key=lambda n: rows[n]["measured_s"])
     rho = spearmanr([r["estimate_s"] for r in rows.values()], [r["measured_s"] for r in rows.values()])[0] \
         if len(rows) > 2 else math.nan
