@@ -26,7 +26,8 @@ file holds one set-up: other ``--epochs``, ``--eval-epochs`` or ``--quick`` need
 the plan (as ``--workers``, ``--rates`` and ``--arms`` select it) made with other code than the
 committed tree's now, and measures them again, part by part as before (a step timing only where
 every arm it timed is selected, so that no other arm loses its timed step); ``--retime-other-code``
-does so for the step timings alone, the runs left as they are.
+does so for the step timings alone, the runs left as they are. "Other code" is a commit whose
+measuring code (:data:`MEASURING`: the library, the workers, this driver) differs from now's.
 
 Where runs are real (``--real``: worker count @ rate), the time to target is the clock of real runs;
 at the other launches (``--workers`` x ``--rates``) only the steps are timed, and the time to target
@@ -46,6 +47,7 @@ import datetime
 import json
 import os
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -68,6 +70,11 @@ from benchmarks.common.time_to_accuracy_worker import load_results, run_key, run
 
 MODULE = "benchmarks.accuracy.time_to_accuracy"
 REPO = Path(__file__).resolve().parents[2]
+#: What a run's or a step timing's figures depend on (git pathspecs): the library, the workers,
+#: their arms and links, this driver; not the statistics or the report drawn from them.
+MEASURING = ("grace_legacy", "benchmarks/common", "benchmarks/accuracy/time_to_accuracy.py",
+             ":(exclude)benchmarks/common/time_to_accuracy_analysis.py",
+             ":(exclude)benchmarks/common/time_to_accuracy_report.py")
 RESULTS = REPO / "benchmarks" / "results"
 NAME = "time_to_accuracy"
 #: What a launch needs besides its runs (starting the workers, the step timing): none is begun
@@ -208,6 +215,19 @@ def check_setup(path: Path, results: dict[str, Any], setup: dict[str, Any]) -> N
                          f"or remove the file to start again")
 
 
+def same_code(recorded: str | None, code: str, repo: Path = REPO) -> bool:
+    """Whether a record made at commit ``recorded`` measured what commit ``code`` would: the same
+    commit, or commits whose :data:`MEASURING` files do not differ (a commit of the report's code or
+    of the results changes nothing measured). Unknown, uncommitted or missing commits: no."""
+    if not recorded or recorded == "unknown" or recorded.endswith("-dirty"):
+        return False
+    if recorded == code:
+        return True
+    diff = subprocess.run(["git", "diff", "--quiet", recorded, code, "--", *MEASURING], cwd=repo,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return diff.returncode == 0
+
+
 def supersede_other_code(args: argparse.Namespace, path: Path, code: str,
                          kinds: tuple[str, ...] = ("runs", "timings")) -> int:
     """Move the runs and step timings of ``args``'s launches made with other code than ``code``
@@ -225,7 +245,7 @@ def supersede_other_code(args: argparse.Namespace, path: Path, code: str,
     selected |= {timing["key"] for timing in results["timings"] if timing["key"] in arms
                  and set(timing["ways"]) - {COMPUTE} <= arms[timing["key"]]}
     moved = [(kind, record) for kind in kinds for record in results[kind]
-             if record["key"] in selected and record.get("code") != code]
+             if record["key"] in selected and not same_code(record.get("code"), code)]
     if moved:
         for kind, record in moved:
             results[kind].remove(record)

@@ -283,6 +283,31 @@ def test_a_redo_of_some_of_a_launchs_arms_keeps_the_step_timing_of_the_others(tm
     assert driver.pending(driver.launches(every)[0], results) == (True, [("dense fp32", 0)])
 
 
+def test_other_code_is_a_commit_whose_measuring_code_differs(tmp_path):
+    import subprocess
+
+    def commit(path, text):
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(text)
+        subprocess.run(["git", "add", "-A"], cwd=tmp_path, check=True)
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", path], cwd=tmp_path,
+                       check=True)
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=tmp_path, check=True, capture_output=True,
+                              text=True).stdout.strip()
+
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    first = commit("grace_legacy/a.py", "x = 1\n")
+    report = commit("benchmarks/common/time_to_accuracy_report.py", "# the report\n")
+    results = commit("benchmarks/results/time_to_accuracy.json", "{}\n")
+    worker = commit("benchmarks/common/time_to_accuracy_worker.py", "# the workers\n")
+    library = commit("grace_legacy/a.py", "x = 2\n")
+    assert driver.same_code(first, results, tmp_path) and driver.same_code(report, first, tmp_path)
+    assert not driver.same_code(first, worker, tmp_path) and not driver.same_code(worker, library, tmp_path)
+    assert driver.same_code(library, library, tmp_path)
+    assert not driver.same_code(None, library, tmp_path) and not driver.same_code(f"{library}-dirty", library, tmp_path)
+    assert not driver.same_code("0000000", library, tmp_path)  # a commit this clone does not have
+
+
 def test_a_results_file_of_another_set_up_is_refused(tmp_path):
     path = tmp_path / "time_to_accuracy.json"
     driver.start_results(path, driver.parse(["--quick"]))
