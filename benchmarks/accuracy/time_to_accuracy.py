@@ -233,10 +233,9 @@ def supersede_other_code(args: argparse.Namespace, path: Path, code: str,
     """Move the runs and step timings of ``args``'s launches made with other code than ``code``
     (or with none recorded) to the results' ``superseded`` list, each marked with the code that
     replaces it; they are then pending again (``kinds``: which of them). A step timing goes only
-    where every arm it timed is
-    selected: timed again with fewer arms, the others would lose their timed step. Returns how many
-    were moved. Records made with ``code`` stay, so the same command run again goes on where it
-    stopped."""
+    where every arm it timed is selected: timed again with fewer arms, the others would lose their
+    timed step. Returns how many were moved. Records made with ``code`` (:func:`same_code`) stay,
+    so the same command run again goes on where it stopped."""
     results = load_results(path)
     plan = launches(args)
     selected = {run_key(launch.framework, launch.workers, launch.rate, arm, seed)

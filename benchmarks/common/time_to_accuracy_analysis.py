@@ -346,9 +346,10 @@ def validation(table: list[Cell]) -> list[dict[str, Any]]:
 
 
 def stops_paying(table: list[Cell], ups: dict[tuple[int, float, str], dict[str, Any]], rate: float = 1e9
-                 ) -> dict[int, dict[str, list[str]]]:
+                 ) -> dict[int, dict[str, Any]]:
     """At ``rate``, per worker count: our arms that reach the target no sooner than dense fp32, and
-    those no sooner than the best baseline (or never)."""
+    those no sooner than the best baseline (or never); which baseline that is, and whether it ran
+    dense throughout."""
     out: dict[int, dict[str, Any]] = {}
     for workers in sorted({c.workers for c in table if c.rate == rate}):
         row = _at(table, workers, rate)
