@@ -345,6 +345,17 @@ def validation(table: list[Cell]) -> list[dict[str, Any]]:
     return out
 
 
+def first_timings(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each launch's first step timing: the earliest set aside for it (``superseded``, in the order
+    they were set aside) where it was timed again, else the one it has. The first was made beside
+    the launch's first runs, so a projection from it is checked against runs of its own time."""
+    first: dict[str, dict[str, Any]] = {}
+    for record in results.get("superseded", []):
+        if record.get("kind") == "timings":
+            first.setdefault(record["key"], record)
+    return [first.get(timing["key"], timing) for timing in results["timings"]]
+
+
 def stops_paying(table: list[Cell], ups: dict[tuple[int, float, str], dict[str, Any]], rate: float = 1e9
                  ) -> dict[int, dict[str, Any]]:
     """At ``rate``, per worker count: our arms that reach the target no sooner than dense fp32, and

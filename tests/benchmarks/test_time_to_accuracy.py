@@ -12,6 +12,7 @@ from benchmarks.common.time_to_accuracy_analysis import (
     cells,
     claims,
     compute_share,
+    first_timings,
     median_or_none,
     planner_check,
     reached,
@@ -28,7 +29,7 @@ from benchmarks.common.time_to_accuracy_arms import (
     shapes_of,
     wide_mlp,
 )
-from benchmarks.common.time_to_accuracy_report import _claim_lines, _planner_lines, write_report
+from benchmarks.common.time_to_accuracy_report import _claim_lines, _planner_lines, _validation_lines, write_report
 from benchmarks.common.time_to_accuracy_worker import append_result, load_results, run_key
 
 RATE = 1e8
@@ -172,6 +173,27 @@ def test_projections_are_real_steps_to_target_times_the_timed_step_and_are_check
     assert checks["dense fp32"]["projected_s"] == pytest.approx(20 * 1.0) and checks["dense fp32"]["within"]
     assert checks["Top-k + EF two-phase"]["ratio"] == pytest.approx(30 * 0.11 / 4.0)  # 0.825: outside 15%
     assert not checks["Top-k + EF two-phase"]["within"]
+
+
+def test_projections_are_also_checked_from_each_launchs_first_step_timing_where_it_was_timed_again():
+    results = _results()
+    old = results["timings"][0]
+    again = timing("horovod", 8, RATE, {"compute only": 0.1, "dense fp32": 1.0, "Top-k + EF two-phase": 0.05,
+                                        "LEGACY layer + EF two-phase": 0.1})  # Top-k's step made cheaper since
+    results["timings"][0] = again
+    results["superseded"] = [{**old, "kind": "timings", "superseded_by": "b"},
+                             {**timing("horovod", 8, RATE, {"dense fp32": 9.0}), "kind": "timings"},  # a later one
+                             {**results["runs"][0], "kind": "runs"}]
+    assert first_timings(results) == [{**old, "kind": "timings", "superseded_by": "b"}, results["timings"][1]]
+    goal = targets(results["runs"], 1.0)
+    now = {c["arm"]: c for c in validation(cells(results, goal)) if c["rate"] == RATE}
+    first = {c["arm"]: c for c in validation(cells({**results, "timings": first_timings(results)}, goal))
+             if c["rate"] == RATE}
+    assert now["Top-k + EF two-phase"]["projected_s"] == pytest.approx(30 * 0.05)
+    assert first["Top-k + EF two-phase"]["projected_s"] == pytest.approx(30 * 0.11)
+    text = "\n".join(_validation_lines(list(now.values()), list(first.values())))
+    assert f"{sum(c['within'] for c in first.values())} of {len(first)} projections are within 15%" in text
+    assert first_timings(_results()) == _results()["timings"]  # nothing timed again: the timings it has
 
 
 def test_the_communication_share_and_the_planner_check_come_from_the_step_timing():
