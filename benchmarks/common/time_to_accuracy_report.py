@@ -182,8 +182,8 @@ def _validation_lines(checks: list[dict[str, Any]], first: list[dict[str, Any]] 
         lines.append(f"Some launches were timed again after their runs (the parts table says with which code); "
                      f"from each launch's first step timing, made beside its first runs and kept under "
                      f"`superseded`, {kept} of {len(first)} projections are within {PROJECTION_TOLERANCE:.0%}. "
-                     "A projection below 1 where the timing is newer than the runs is mostly the step made "
-                     "cheaper since, or the runs' share of a busier machine.")
+                     "Where the timing is newer than the runs, a ratio below 1 can come from a step made "
+                     "cheaper since or from runs made on a busier machine; this check does not tell which.")
     return lines
 
 
