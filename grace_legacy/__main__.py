@@ -12,7 +12,8 @@ It prints the wire volume (link bytes against a dense ring allreduce's, ``stats[
 4 to 1024 workers, each route alone, the default bundle's choice (the route of the compressor's own
 aggregation) and ``communicator="auto"``'s (the fewest link bytes) side by side; with ``--bandwidth`` (and
 ``--latency``) an alpha-beta estimate of the communication time per step of each route at
-``--workers`` (see ``grace_legacy.planner``); then, at ``--workers`` (default 4), one row per phase
+``--workers`` (see ``grace_legacy.planner``), and with ``--compute`` (a measured compute time) of
+each route's step; then, at ``--workers`` (default 4), one row per phase
 and size group with the routes the bundle takes and its link bytes per step, and the last line
 ``expected volume X%``: the wire volume over the run. ``--plot FILE.png`` draws the wire volume
 against the number of workers.
@@ -138,7 +139,7 @@ def _group_compressions(text: str) -> str:
 _PREFIXES = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
 _BANDWIDTH = re.compile(r"(?P<number>[0-9.]+(?:[eE][-+]?[0-9]+)?)\s*(?P<prefix>[kKmMgGtT]?)"
                         r"(?P<unit>bit|b|B|bps|Bps|)(?:/s)?")
-_LATENCY = re.compile(r"(?P<number>[0-9.]+(?:[eE][-+]?[0-9]+)?)\s*(?P<unit>s|ms|us|ns|)")
+_DURATION = re.compile(r"(?P<number>[0-9.]+(?:[eE][-+]?[0-9]+)?)\s*(?P<unit>s|ms|us|ns|)")
 _SECONDS = {"": 1.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
 
 
@@ -160,8 +161,17 @@ def _bandwidth(text: str) -> float:
 
 def _latency(text: str) -> float:
     """Seconds per step of a collective: a number >= 0 with an optional unit s, ms, us, ns."""
-    what = "a latency >= 0 in seconds per collective step, with an optional unit s, ms, us or ns (e.g. 20us)"
-    match = _LATENCY.fullmatch(text.strip())
+    return _seconds(text, "a latency >= 0 in seconds per collective step, with an optional unit s, ms, us or ns "
+                          "(e.g. 20us)")
+
+
+def _compute(text: str) -> float:
+    """A step's measured compute time: a number >= 0 with an optional unit s, ms, us, ns."""
+    return _seconds(text, "a time >= 0 in seconds, with an optional unit s, ms, us or ns (e.g. 20ms)")
+
+
+def _seconds(text: str, what: str) -> float:
+    match = _DURATION.fullmatch(text.strip())
     try:
         value = float(match["number"]) if match else math.nan
     except ValueError:
@@ -220,6 +230,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--latency", type=_latency,
                    help="with --bandwidth: seconds per step of a collective (a ring allreduce takes 2(P-1) steps, "
                         "an allgather or all-to-all P-1), e.g. 20us (default 0)")
+    p.add_argument("--compute", type=_compute,
+                   help="with --bandwidth: a step's measured compute time (forward, backward, optimizer and "
+                        "compression: a step timed where the link is no limit), e.g. 20ms: print each route's "
+                        "estimated step, this time then the link time")
     p.add_argument("--communicator", choices=["default", "auto"], default="default",
                    help="the bundle the detailed table is for: 'default' (Grace's default: the route of the "
                         "compressor's own aggregation per tensor) or 'auto' (Grace(communicator='auto'): the fewest "
@@ -314,6 +328,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error(f"--model {args.model!r}: the model has no trainable parameter with elements")
     if args.latency is not None and args.bandwidth is None:
         parser.error("--latency needs --bandwidth (the link time is latency x steps + link bytes / bandwidth)")
+    if args.compute is not None and args.bandwidth is None:
+        parser.error("--compute needs --bandwidth (the step is the compute time then the link time)")
     compression = build_compression(args, parser, shapes)
     workers = args.workers or DEFAULT_WORKERS
     options = {} if args.bucket_bytes is None else {"bucket_bytes": args.bucket_bytes}
@@ -342,7 +358,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         row = next(r for r in table if r.world_size == workers)
         routes = {"dense": plan(compression, shapes, world_size=workers, route="dense", **options),
                   **row.forced, "default": row.chosen, "auto": row.auto}
-        print(format_link_times(routes, args.bandwidth, args.latency or 0.0))
+        print(format_link_times(routes, args.bandwidth, args.latency or 0.0, args.compute))
     print(f"the {'default' if args.communicator == 'default' else 'auto'} bundle at {workers} workers "
           f"(--communicator {'auto' if args.communicator == 'default' else 'default'} for the other):")
     print(format_plan(result))

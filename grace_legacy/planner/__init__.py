@@ -24,8 +24,16 @@ from grace_legacy.planner.plan import (
     segment_runs,
 )
 from grace_legacy.planner.report import format_link_times, format_plan, format_scaling, plot_scaling
-from grace_legacy.planner.timing import LinkTime, Scaling, collective_steps, link_time, routes_for, scaling
+from grace_legacy.planner.timing import (
+    LinkTime,
+    Scaling,
+    collective_steps,
+    link_time,
+    routes_for,
+    scaling,
+    step_time,
+)
 
 __all__ = ["AUTO", "DEFAULT_WORKERS", "FORCED_ROUTES", "WORKER_COUNTS", "Cell", "LinkTime", "Plan", "Scaling",
            "TensorPlan", "collective_steps", "format_link_times", "format_plan", "format_scaling", "link_time",
-           "model_shapes", "plan", "plot_scaling", "routes_for", "scaling", "segment_runs"]
+           "model_shapes", "plan", "plot_scaling", "routes_for", "scaling", "segment_runs", "step_time"]

@@ -6,7 +6,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 
 from grace_legacy.planner.plan import Cell, Plan
-from grace_legacy.planner.timing import Scaling, link_time
+from grace_legacy.planner.timing import Scaling, link_time, step_time
 
 
 def _show_value(cell: Cell, parameter_name: str) -> str:
@@ -71,21 +71,23 @@ def format_scaling(rows: Sequence[Scaling]) -> str:
     return "\n".join(lines)
 
 
-def format_link_times(routes: dict[str, Plan], bandwidth: float, latency: float) -> str:
+def format_link_times(routes: dict[str, Plan], bandwidth: float, latency: float, compute: float | None = None) -> str:
     """The alpha-beta estimate of each route's communication time per step
     (:mod:`grace_legacy.planner.timing`): ``routes`` maps a label (``dense``, ``allgather``,
-    ``chosen``...) to its plan."""
+    ``chosen``...) to its plan; with ``compute`` (seconds), each route's estimated step too."""
     world_size = next(iter(routes.values())).world_size
     lines = [f"link time per step at {world_size} workers, {bandwidth:.6g} bytes/s per link, "
-             f"{latency:.6g} s per collective step (ring allreduce 2(P-1) steps, allgather and all-to-all P-1):"]
+             f"{latency:.6g} s per collective step (ring allreduce 2(P-1) steps, allgather and all-to-all P-1)"
+             + ("" if compute is None else f"; step = {compute:.6g} s of compute, then the link time") + ":"]
     header = (f"{'route':<14} {'collectives':>11} {'steps':>9} {'link bytes':>16} {'latency s':>11} "
-              f"{'transfer s':>11} {'total s':>11}")
+              f"{'transfer s':>11} {'total s':>11}" + ("" if compute is None else f" {'step s':>11}"))
     lines += [header, "-" * len(header)]
     for label, result in routes.items():
         time = link_time(result, bandwidth, latency)
         link = sum(w * result.phase_totals(p)[0] for p, w in enumerate(result.phase_weights))
         lines.append(f"{label:<14} {time.collectives:>11.4g} {time.steps:>9.6g} {_bytes(link):>16} "
-                     f"{time.latency_s:>11.4g} {time.transfer_s:>11.4g} {time.total_s:>11.4g}")
+                     f"{time.latency_s:>11.4g} {time.transfer_s:>11.4g} {time.total_s:>11.4g}"
+                     + ("" if compute is None else f" {step_time(result, bandwidth, latency, compute):>11.4g}"))
     return "\n".join(lines)
 
 

@@ -10,6 +10,11 @@ allgather for its gathered payloads, one allreduce per dtype and round for its s
 all-to-all then an allgather for its scatter-gathered ones; collectives run one after another, and
 nothing overlaps the backward pass. At large ``P`` the ring's latency term is pessimistic: libraries
 switch to trees or recursive doubling (``log2 P`` steps, more bytes), which this model leaves out.
+
+**Step time** (:func:`step_time`): a measured compute time (forward, backward, the optimizer and
+the compressor's own work: a step timed where the link is no limit) followed by the link time, in
+that order, as the link model has it. It is a ranking aid, not a promise: where workers share cores,
+one worker's link time is another's compute, and how much of it is hidden differs by route.
 """
 
 from __future__ import annotations
@@ -93,3 +98,10 @@ def link_time(result: Plan, bandwidth: float, latency: float) -> LinkTime:
         steps += weight * sum(n * collective_steps(kind, result.world_size) for kind, n in counts.items())
         transfer += weight * sum(t.link_bytes for t in result.tensors[phase]) / bandwidth
     return LinkTime(collectives, steps, latency * steps, transfer)
+
+
+def step_time(result: Plan, bandwidth: float, latency: float, compute: float) -> float:
+    """``compute`` seconds then :func:`link_time`'s: the estimated seconds of one training step."""
+    if not (isinstance(compute, (int, float)) and math.isfinite(compute) and compute >= 0):
+        raise ValueError(f"step_time: compute must be a finite number of seconds >= 0, got {compute!r}")
+    return compute + link_time(result, bandwidth, latency).total_s

@@ -6,6 +6,7 @@ signSGD <= 8%, with the two-phase route)"""
 
 from __future__ import annotations
 
+import math
 import re
 
 import pytest
@@ -13,13 +14,16 @@ import torch
 
 from grace_legacy import TopK
 from grace_legacy.__main__ import main
-from grace_legacy.planner import WORKER_COUNTS, plan
+from grace_legacy.planner import WORKER_COUNTS, link_time, plan, step_time
 from grace_legacy.runtime import wire
 from grace_legacy.runtime.cost import bytes_sent
 
 ROW = re.compile(r"\s*(\d+)((?:\s+[\d.]+%)+)\s\s(.+)")
 TIME = re.compile(r"(dense|allreduce|allgather|scattergather|default|auto)\s+([\d.e+]+)\s+([\d.e+]+)\s+([\d,]+)"
-                  r"\s+([\d.e+-]+)\s+([\d.e+-]+)\s+([\d.e+-]+)")
+                  r"\s+([\d.e+-]+)\s+([\d.e+-]+)\s+([\d.e+-]+)(?:\s+[\d.e+-]+)?")
+#: A row with ``--compute``: the route, its total link time and its step.
+STEP = re.compile(r"(dense|allreduce|allgather|scattergather|default|auto)(?:\s+[\d.e+,-]+){5}\s+([\d.e+-]+)"
+                  r"\s+([\d.e+-]+)")
 
 
 def run(capsys, *argv):
@@ -138,6 +142,36 @@ def test_link_times_are_latency_steps_and_bytes_over_bandwidth(capsys):
     assert fused["dense"][3] == 0  # no --latency: 0 s a step
 
 
+def test_a_measured_compute_time_gives_each_route_its_step(capsys):
+    """``--compute``: each route's step is the compute time then its link time, as ``step_time``
+    computes from the plan; without it no step column."""
+    argv = ["--sizes", "1000,1000,1000", "--bucket-bytes", "0", "--workers", "4", "--bandwidth", "8Mbit",
+            "--latency", "1ms"]
+    lines = run(capsys, *argv, "--compute", "25ms")
+    header = next(line for line in lines if line.startswith("link time per step"))
+    assert header.endswith("; step = 0.025 s of compute, then the link time:")
+    steps = {}
+    for line in lines:
+        match = STEP.fullmatch(line)
+        if match:
+            steps[match.group(1)] = (float(match.group(2)), float(match.group(3)))
+    assert set(steps) == {"dense", "allgather", "scattergather", "default", "auto"}
+    for route, (total, step) in steps.items():
+        assert step == pytest.approx(0.025 + total, rel=1e-3), route
+    shapes = [torch.Size([1000])] * 3
+    dense = plan(TopK(0.3), shapes, world_size=4, route="dense", bucket_bytes=0)
+    assert steps["dense"][1] == pytest.approx(step_time(dense, 1e6, 1e-3, 0.025), rel=1e-3)
+    assert step_time(dense, 1e6, 1e-3, 0.025) == pytest.approx(0.025 + link_time(dense, 1e6, 1e-3).total_s)
+    assert not any(STEP.fullmatch(line) for line in run(capsys, *argv))
+    assert link_times(run(capsys, *argv)) == link_times(lines)
+
+
+@pytest.mark.parametrize("compute", [-1.0, math.nan, math.inf, "20ms", None])
+def test_step_time_refuses_a_compute_time_that_is_not_seconds(compute):
+    with pytest.raises(ValueError, match="step_time: compute must be a finite number of seconds >= 0"):
+        step_time(plan(TopK(0.3), [1000], world_size=4), 1e6, 0.0, compute)
+
+
 def test_an_additive_compressor_is_timed_on_its_allreduce(capsys):
     lines = run(capsys, "--sizes", "1000", "--compressor", "fp16", "--workers", "4", "--bandwidth", "1e6")
     times = link_times(lines)
@@ -172,6 +206,10 @@ def test_latency_units(capsys, text, seconds):
     (["--bandwidth", "1Gbit", "--latency", "soon"], "argument --latency: must be a latency >= 0"),
     (["--bandwidth", "1Gbit", "--latency", "nan"], "argument --latency: must be a latency >= 0"),
     (["--latency", "1us"], "--latency needs --bandwidth"),
+    (["--compute", "20ms"], "--compute needs --bandwidth"),
+    (["--bandwidth", "1Gbit", "--compute=-1ms"], "argument --compute: must be a time >= 0"),
+    (["--bandwidth", "1Gbit", "--compute", "inf"], "argument --compute: must be a time >= 0"),
+    (["--bandwidth", "1Gbit", "--compute", "a while"], "argument --compute: must be a time >= 0"),
     (["--bucket-bytes=-1"], "argument --bucket-bytes: must be an integer in [0, 2**63 - 1]"),
 ])
 def test_bad_link_flags_are_named(capsys, argv, message):
