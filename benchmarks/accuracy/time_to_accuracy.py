@@ -34,10 +34,12 @@ at the other launches (``--workers`` x ``--rates``) only the steps are timed, an
 is projected: each real run's steps to target, at the same worker count, times the median step
 there. The projection is validated at the launches that have both. The default plan: all arms at 8
 workers, the main arms at 16; real runs at 8 workers at both rates and at 16 workers at 1 Gbit/s,
-16 workers at 100 Mbit/s projected. On a quiet 2-core machine its dense-class runs at 100 Mbit/s
-take several minutes each (about 600 steps at the link's time for 8 MB), the whole plan some five
-hours: about eight parts. The report (:mod:`benchmarks.common.time_to_accuracy_report`) is
-``time_to_accuracy.md`` and ``.png`` under ``--results``, its summary in the JSON.
+16 workers at 100 Mbit/s projected, and a step timing at 10 Gbit/s (faster than the workers can fill:
+each arm's step where the link is no limit, the planner check's floor; no time to target there).
+On a quiet 2-core machine its dense-class runs at 100 Mbit/s take several minutes each (about 600
+steps at the link's time for 8 MB), the whole plan some five hours: about eight parts. The report
+(:mod:`benchmarks.common.time_to_accuracy_report`) is ``time_to_accuracy.md`` and ``.png`` under
+``--results``, its summary in the JSON.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common.limited_link import COMPUTE
+from benchmarks.common.time_to_accuracy_analysis import FLOOR_RATE
 from benchmarks.common.time_to_accuracy_arms import (
     ARM_LIST,
     GLOBAL_BATCH,
@@ -117,7 +120,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--results", type=Path, default=RESULTS)
     parser.add_argument("--seeds", type=int, default=None, help="seeds per arm (default 3; 1 with --quick)")
     parser.add_argument("--workers", type=int, nargs="+", default=None, help="worker counts (default 8 16)")
-    parser.add_argument("--rates", type=float, nargs="+", default=None, help="link rates in bit/s (default 1e8 1e9)")
+    parser.add_argument("--rates", type=float, nargs="+", default=None,
+                        help="link rates in bit/s (default 1e8 1e9 1e10: the last, step timing only, the planner "
+                             "check's floor)")
     parser.add_argument("--real", type=config, nargs="*", default=None,
                         help="WORKERS@RATE where the runs are real (default 8@1e8 8@1e9 16@1e9); at the others "
                              "only the steps are timed and the time to target is projected")
@@ -148,7 +153,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--spec", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     quick = args.quick
-    for name, full, small in (("seeds", 3, 1), ("workers", [8, 16], [2]), ("rates", [1e8, 1e9], [1e8]),
+    for name, full, small in (("seeds", 3, 1), ("workers", [8, 16], [2]), ("rates", [1e8, 1e9, FLOOR_RATE], [1e8]),
                               ("real", [(8, 1e8), (8, 1e9), (16, 1e9)], [(2, 1e8)]), ("epochs", 40.0, 2.0),
                               ("eval_epochs", 1.0, 0.5), ("timing_bursts", 10, 3), ("timing_burst", 5, 2)):
         if getattr(args, name) is None:

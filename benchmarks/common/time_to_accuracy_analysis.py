@@ -40,6 +40,9 @@ VS_DENSE, VS_BASELINE = 3.0, 1.3
 #: A projection agrees with the real runs within this fraction; the planner's pick is this close to the fastest.
 PROJECTION_TOLERANCE = 0.15
 PLANNER_TOLERANCE = 0.10
+#: Step timing only, on links faster than these workers' cores can fill: each arm's step where the
+#: link is no limit, the floor of its step at the tested rates (the planner check's second reading).
+FLOOR_RATE = 1e10
 LEGACY, UNIFORM = "LEGACY layer + EF two-phase", "Top-k + EF two-phase"
 
 
@@ -151,7 +154,7 @@ def _times(steps: dict[int, int | None], step_s: float) -> dict[int, float | Non
 def cells(results: dict[str, Any], goal: dict[int, dict[str, float]]) -> list[Cell]:
     """A cell per arm, worker count and rate with real runs or step timing (and runs at that worker
     count to take steps from), in the arms' order."""
-    runs, timings = results["runs"], results["timings"]
+    runs, timings = results["runs"], [t for t in results["timings"] if t["rate"] != FLOOR_RATE]
     configs = sorted({(r["workers"], r["rate"]) for r in runs} | {(t["workers"], t["rate"]) for t in timings})
     out = []
     for workers, rate in configs:
@@ -292,15 +295,15 @@ def compute_share(timing: dict[str, Any] | None) -> dict[str, float] | None:
             "paired_share": statistics.median(paired_shares) if paired_shares else math.nan}
 
 
-def planner_check(timing: dict[str, Any], widths: list[int]) -> dict[str, Any]:
-    """The planner's step estimate per timed arm: the measured compute-only step plus
-    :func:`grace_legacy.planner.link_time` at the link's rate, with the latency of one collective
-    step from the measured 8-byte allreduce (its time over a ring allreduce's ``2 (P - 1)`` steps);
-    its pick (the least estimate: the slowest of the tied arms of ours, or of the tied arms where
-    none is ours) against the fastest measured step, and the rank correlation."""
-    from scipy.stats import spearmanr
-
-    from grace_legacy.planner import collective_steps, link_time, plan
+def planner_check(timing: dict[str, Any], widths: list[int], floor: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The planner's step estimate per timed arm: :func:`grace_legacy.planner.step_time` with the
+    measured compute-only step and the link's rate, the latency of one collective step from the
+    measured 8-byte allreduce (its time over a ring allreduce's ``2 (P - 1)`` steps); its pick (see
+    :func:`_judged`) against the fastest measured step, and the rank correlation. With ``floor`` (the
+    same launch's step timing at :data:`FLOOR_RATE`), the same judged again on each arm's larger of
+    its estimate and its step there (``bounded``): on a link that is no limit, a step is what the
+    shared cores and the arm's own arithmetic make it, which no slower link can shorten."""
+    from grace_legacy.planner import collective_steps, plan, step_time
 
     workers, rate = timing["workers"], timing["rate"]
     model = wide_mlp(tuple(widths))
@@ -312,25 +315,44 @@ def planner_check(timing: dict[str, Any], widths: list[int]) -> dict[str, Any]:
         if name == COMPUTE:
             continue
         compressor, route = planned(ARMS[name], Setting(model, workers))
-        estimate = compute + link_time(plan(compressor, shapes, world_size=workers, route=route), rate / 8,
-                                       latency).total_s
+        estimate = step_time(plan(compressor, shapes, world_size=workers, route=route), rate / 8, latency, compute)
         rows[name] = {"estimate_s": estimate, "measured_s": statistics.median(timing["ways"][name]["step_s"]),
                       "compressor": repr(compressor), "route": route or "default"}
-    least = min(r["estimate_s"] for r in rows.values())
+    out = {"framework": timing["framework"], "workers": workers, "rate": rate, "latency_s": latency,
+           "compute_s": compute, "rows": rows, **_judged(rows, "estimate_s")}
+    floors = {name: median_step(floor, name) for name in rows}
+    if floor is not None and None not in floors.values():
+        for name, row in rows.items():
+            row.update(floor_s=floors[name], bounded_s=max(row["estimate_s"], floors[name]))
+        out["bounded"] = _judged(rows, "bounded_s")
+    return out
+
+
+def _judged(rows: dict[str, dict[str, Any]], key: str) -> dict[str, Any]:
+    """The pick of an estimate (``rows[name][key]``: the least) held to the fastest measured arm."""
+    from scipy.stats import spearmanr
+
+    least = min(r[key] for r in rows.values())
     # Arms the planner cannot tell apart (the same bytes and collectives) are all its pick, the
     # slowest of them held to the fastest measured arm; but what it configures is a bundle of ours,
     # so where one of ours ties with a baseline (the same plan in another library's code), the
     # pick is among ours: a user who follows the planner runs our code, not the baseline's.
-    tied = [n for n, r in rows.items() if r["estimate_s"] <= least * (1 + 1e-9)]
+    tied = [n for n, r in rows.items() if r[key] <= least * (1 + 1e-9)]
     configurable = [n for n in tied if ARMS[n].role == OURS] or tied
     pick = max(configurable, key=lambda n: rows[n]["measured_s"])
     fastest = min(rows, key=lambda n: rows[n]["measured_s"])
-    rho = spearmanr([r["estimate_s"] for r in rows.values()], [r["measured_s"] for r in rows.values()])[0] \
+    rho = spearmanr([r[key] for r in rows.values()], [r["measured_s"] for r in rows.values()])[0] \
         if len(rows) > 2 else math.nan
     ratio = rows[pick]["measured_s"] / rows[fastest]["measured_s"]
-    return {"framework": timing["framework"], "workers": workers, "rate": rate, "latency_s": latency,
-            "compute_s": compute, "rows": rows, "pick": pick, "tied": tied, "fastest": fastest,
-            "pick_vs_fastest": ratio, "met": ratio <= 1 + PLANNER_TOLERANCE, "spearman": float(rho)}
+    return {"pick": pick, "tied": tied, "fastest": fastest, "pick_vs_fastest": ratio,
+            "met": ratio <= 1 + PLANNER_TOLERANCE, "spearman": float(rho)}
+
+
+def planner_checks(timings: list[dict[str, Any]], widths: list[int]) -> list[dict[str, Any]]:
+    """:func:`planner_check` at every timed launch but those at :data:`FLOOR_RATE` (no tested link:
+    their steps are the others' floors)."""
+    return [planner_check(t, widths, timing_of(timings, t["framework"], t["workers"], FLOOR_RATE))
+            for t in timings if t["rate"] != FLOOR_RATE]
 
 
 def validation(table: list[Cell]) -> list[dict[str, Any]]:

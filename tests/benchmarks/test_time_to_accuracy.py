@@ -9,12 +9,14 @@ import pytest
 
 from benchmarks.accuracy import time_to_accuracy as driver
 from benchmarks.common.time_to_accuracy_analysis import (
+    FLOOR_RATE,
     cells,
     claims,
     compute_share,
     first_timings,
     median_or_none,
     planner_check,
+    planner_checks,
     reached,
     speedups,
     stops_paying,
@@ -208,6 +210,41 @@ def test_the_communication_share_and_the_planner_check_come_from_the_step_timing
     dense = check["rows"]["dense fp32"]
     row = next(line for line in _planner_lines([check]) if line.startswith("| dense fp32 |"))
     assert row.endswith(f"| {dense['estimate_s']:.3f} | 1.000 | {1.0 - dense['estimate_s']:+.3f} |")
+
+
+def test_the_floor_reading_takes_each_arms_step_where_the_link_is_no_limit_and_is_no_launch_of_its_own():
+    """The default plan times every launch's steps at FLOOR_RATE too; there each arm's step is a floor
+    of its estimate (the larger of the two is judged again), and no time to target is made."""
+    args = driver.parse([])
+    floors = [launch for launch in driver.launches(args) if launch.rate == FLOOR_RATE]
+    assert {(launch.framework, launch.workers, launch.seeds) for launch in floors} == {
+        ("horovod", 8, ()), ("ddp", 8, ()), ("horovod", 16, ()), ("ddp", 16, ())}
+    steps = {"compute only": 0.01, "DDP allreduce fp32": 0.09, "BF16": 0.075, "PowerSGD rank 4": 0.085}
+    timed = timing("ddp", 8, 1e9, steps)
+    fast = timing("ddp", 8, FLOOR_RATE, {**steps, "DDP allreduce fp32": 0.07, "BF16": 0.072, "PowerSGD rank 4": 0.084})
+    results = {**_results(), "timings": [timed, fast]}
+    results["runs"] += [run(arm, 0, [(0, 0, 0.1), (30, 3.0, 0.9)], rate=1e9) for arm in ("BF16", "PowerSGD rank 4")]
+    assert {c.rate for c in cells(results, targets(results["runs"], 1.0))} == {RATE, 1e9}  # none at FLOOR_RATE
+    checks = planner_checks(results["timings"], list(WIDTHS))
+    assert len(checks) == 1 and checks[0] == planner_check(timed, list(WIDTHS), fast)
+    check = checks[0]
+    assert check["pick"] == "PowerSGD rank 4" and not check["met"]  # the fewest bytes, 1.13x BF16
+    for name, row in check["rows"].items():
+        assert row["floor_s"] == fast["ways"][name]["step_s"][0]
+        assert row["bounded_s"] == max(row["estimate_s"], row["floor_s"])
+    assert check["rows"]["PowerSGD rank 4"]["bounded_s"] == 0.084  # its floor, above its estimate
+    floor = check["bounded"]
+    assert floor["pick"] == "BF16" and floor["fastest"] == "BF16" and floor["met"]
+    text = "\n".join(_planner_lines(checks))
+    assert text.startswith("The planner's pick within 10% of the fastest arm: **0 of 1** launches; with each "
+                           "arm's step on a 10 Gbit/s link as its floor, **1 of 1**.")
+    assert "With the floor, the pick **BF16** measures 1.00x the fastest: **meets** the target" in text
+    bf16 = check["rows"]["BF16"]["estimate_s"]
+    assert f"| BF16 | `BF16()` | default | {bf16:.3f} | 0.075 | {0.075 - bf16:+.3f} | 0.072 | 0.072 |" in text
+    # Without a floor timing of every arm, the second reading is left out, not made up.
+    partial = planner_check(timed, list(WIDTHS), timing("ddp", 8, FLOOR_RATE, {"BF16": 0.07}))
+    assert "bounded" not in partial and "floor_s" not in partial["rows"]["BF16"]
+    assert "floor" not in "\n".join(_planner_lines([partial]))
 
 
 def test_the_report_says_when_a_target_was_never_reached_and_invents_no_time(tmp_path):
