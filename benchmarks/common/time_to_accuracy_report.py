@@ -355,9 +355,10 @@ def write_report(path: Path, results_dir: Path, margin: float, plan: dict[str, A
         "a peer to be scheduled: the *measured - estimated* column is what they and the model's errors add up "
         f"to, per arm. The second reading takes each arm's step timed on a {label(FLOOR_RATE)} link (*floor*: "
         "faster than these workers' cores can fill, so the cores and the arm's own work set it) as a floor: "
-        "the estimate is the larger of the two (*larger*). Neither reading knows how much of an arm's link time "
-        "the shared cores hide, which differs by arm: where the cores bound the step, the floor ranks what the "
-        "link model cannot; where an arm's link time is hidden only in part, the floor hides all of it.", "",
+        "the estimate is the larger of the two (*larger*). The first reading adds all of an arm's link time to the "
+        "compute; the second hides it behind the arm's own work where that is longer. Which is nearer differs "
+        "by arm, and neither tells which: how much of an arm's link time the shared cores hide (while one "
+        "worker waits on its link, others compute) is in neither.", "",
         *_planner_lines(planners),
         "![accuracy against the training clock](time_to_accuracy.png)", ""])
     results_dir.mkdir(parents=True, exist_ok=True)
