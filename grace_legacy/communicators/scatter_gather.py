@@ -31,6 +31,7 @@ from grace_legacy.core.backend import Backend, Pending, computed_once
 from grace_legacy.core.communicator import Communicator, Flight, Parcel
 from grace_legacy.core.compressor import Compressor, Payload
 from grace_legacy.runtime import wire
+from grace_legacy.runtime.validation import check_flag
 
 
 def shard_bounds(total: int, world_size: int) -> list[int]:
@@ -117,9 +118,10 @@ class ShardedExchange:
     construction (the all-to-all) and finished once (the owners' allgather). The owners apply the
     parcels' ``owner_memory`` (keyed by segment; one per bundle) before re-compressing their sums."""
 
-    def __init__(self, label: str, parcels: Sequence[Parcel], backend: Backend, average: bool) -> None:
+    def __init__(self, label: str, parcels: Sequence[Parcel], backend: Backend, average: bool,
+                 owner_feedback: bool = True) -> None:
         self.label, self.parcels, self.backend, self.average = label, list(parcels), backend, average
-        self.owner_memory = self.parcels[0].owner_memory
+        self.owner_memory = self.parcels[0].owner_memory if owner_feedback else None
         self.size, self.rank = backend.size(), backend.rank()
         self._failure: BaseException | None = None
         self.results: dict[str, torch.Tensor] | None = None
@@ -254,20 +256,32 @@ class ScatterGather(Communicator):
     fused bucket: for a compressor whose payload is not additive (signs, codes, entries), so that
     its link bytes stay the compressor's own share of a dense allreduce at any number of ranks.
     ``Grace(..., communicator=ScatterGather())`` forces it; ``Grace(..., communicator="auto")``
-    takes it where it moves the fewest bytes."""
+    takes it where it moves the fewest bytes.
+
+    ``owner_feedback``: for a compressor paired with error feedback (a biased one), whether each
+    owner keeps the error of its re-compression and adds it to the next step's sum (``True``, as
+    DeepSpeed's compressed allreduce keeps a "server" error), or drops it (``False``: the second
+    compression is then biased). Which trains better depends on the compressor:
+    ``benchmarks/results/many_workers.md`` compares both for EF-signSGD."""
 
     route = "scattergather"
     fusable = True
     compresses = True
 
+    def __init__(self, owner_feedback: bool = True) -> None:
+        self.owner_feedback = check_flag(owner_feedback, "owner_feedback", "ScatterGather")
+
     def start(self, parcel: Parcel, backend: Backend, average: bool) -> Pending:
-        ShardedExchange(parcel.name, [parcel], backend, average)
+        ShardedExchange(parcel.name, [parcel], backend, average, self.owner_feedback)
         return parcel.pending
 
     def start_many(self, label: str, parcels: Sequence[Parcel], backend: Backend, average: bool,
                    into: torch.Tensor | None = None, pool: Any = None) -> Flight | None:
-        ShardedExchange(label, parcels, backend, average)
+        ShardedExchange(label, parcels, backend, average, self.owner_feedback)
         return None
+
+    def __repr__(self) -> str:
+        return "ScatterGather()" if self.owner_feedback else "ScatterGather(owner_feedback=False)"
 
 
 def owner_link_bytes(sizes: Sequence[int], payload_bytes: Callable[[int, int], int], world_size: int) -> float:
