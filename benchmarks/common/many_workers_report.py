@@ -120,14 +120,21 @@ def _conclusion(runs: list[dict], low: int, high: int, room: Paired) -> str:
 
 def _routes(runs: list[dict], counts: list[int], two_phase_from: int) -> list[str]:
     lines = ["## Gathered against two-phase", "", "Two-phase minus gathered, paired by seed (points, 95%): the "
-             "owners' second compression against the union of every worker's payload.", "",
+             "owners' second compression against the union of every worker's payload. The last row: EF-signSGD's "
+             "two-phase route with the owners' error feedback dropped (`ScatterGather(owner_feedback=False)`) "
+             "minus kept (the default).", "",
              "| compressor | " + " | ".join(f"{w} workers" for w in counts) + " |",
              "|---|" + "---|" * len(counts)]
-    for name in ("QSGD s=2", "EF-signSGD"):
+    # The last row: the owners' error feedback (ScatterGather(owner_feedback=...)) dropped against kept.
+    for name, arm, against in (("QSGD s=2", "QSGD s=2 two-phase", "QSGD s=2 gathered"),
+                               ("EF-signSGD", "EF-signSGD two-phase", "EF-signSGD gathered"),
+                               ("EF-signSGD, no owner feedback", "EF-signSGD two-phase, no owner feedback",
+                                "EF-signSGD gathered"),
+                               ("EF-signSGD two-phase: owners' feedback dropped minus kept",
+                                "EF-signSGD two-phase, no owner feedback", "EF-signSGD two-phase")):
         cells = []
         for w in counts:
-            here = _at(runs, w)
-            pair = paired(here, f"{name} two-phase", f"{name} gathered")
+            pair = paired(_at(runs, w), arm, against)
             cells.append(f"{pair} {pair.verdict()}" if pair.seeds else "-")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     missing = [w for w in counts

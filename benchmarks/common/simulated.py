@@ -104,6 +104,8 @@ ARMS = [
     Arm("QSGD s=2 two-phase", "qsgd", "scattergather", _forced(lambda s: QSGD(QSGD_LEVELS, seed=1), ScatterGather)),
     Arm("EF-signSGD gathered", "signs", "allgather", _forced(_efsignsgd, Allgather)),
     Arm("EF-signSGD two-phase", "signs", "scattergather", _forced(_efsignsgd, ScatterGather)),
+    Arm("EF-signSGD two-phase, no owner feedback", "signs", "scattergather",
+        _forced(_efsignsgd, lambda: ScatterGather(owner_feedback=False))),
 ]
 ARM = {arm.name: arm for arm in ARMS}
 
