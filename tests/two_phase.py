@@ -183,13 +183,20 @@ def gradients(world: int, step: int, dtype: torch.dtype = torch.float32,
     return out
 
 
-def reference(label: str, world: int, dtype: torch.dtype,
-              device: torch.device | str = "cpu") -> list[list[torch.Tensor]]:
+#: The set-ups whose compressor is paired with error feedback: the owners keep residuals of their
+#: own unless ``ScatterGather(owner_feedback=False)``.
+WITH_OWNER_FEEDBACK = sorted(label for label, (make, _) in SETUPS.items()
+                             if not isinstance(make().recommended_memory(), NoMemory))
+
+
+def reference(label: str, world: int, dtype: torch.dtype, device: torch.device | str = "cpu",
+              owner_feedback: bool = True) -> list[list[torch.Tensor]]:
+    """``owner_feedback=False``: as ``ScatterGather(owner_feedback=False)``, no owner keeps a residual."""
     make, memory = SETUPS[label]
     compressors = [make() for _ in range(world)]
     for rank, compressor in enumerate(compressors):
         compressor.set_rank(rank)
-    owner_feedback = not isinstance(compressors[0].recommended_memory(), NoMemory)
+    owner_feedback = owner_feedback and label in WITH_OWNER_FEEDBACK
     two_phase = TwoPhase(compressors, [memory() for _ in range(world)], owner_feedback=owner_feedback)
     return [two_phase.step(list(SIZES), gradients(world, step, dtype, device), average=True)
             for step in range(STEPS)]

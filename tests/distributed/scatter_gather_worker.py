@@ -1,11 +1,13 @@
-"""ScatterGather under a real launcher, against the independent two-phase reference (tests/two_phase.py).
+"""ScatterGather under a real launcher, against the independent two-phase reference
+(tests/two_phase.py).
 
-``--engine horovod`` (horovodrun, Gloo or MPI) or ``--engine torch`` (torchrun, Gloo): every case
-of the reference runs through the engine's real backend (its all-to-all and allgather), fused and
-per tensor, and every rank's result must equal the reference bit for bit (every rank computes it:
-it knows every rank's gradients). Then the routes of a trained model: through Horovod's optimizer
-or the DDP hook, with ``communicator="auto"`` it takes the scatter-gather for Top-k at 3 ranks or
-more, by default the gather at any number; it ends with the same parameters on every rank.
+``--engine horovod`` (horovodrun, Gloo or MPI) or ``--engine torch`` (torchrun, Gloo): every case of
+the reference runs through the engine's real backend (its all-to-all and allgather), fused and per
+tensor (two of them also with ``ScatterGather(owner_feedback=False)``), and every rank's result must
+equal the reference bit for bit (every rank computes it: it knows every rank's gradients). Then the
+routes of a trained model: through Horovod's optimizer or the DDP hook, with ``communicator="auto"``
+it takes the scatter-gather for Top-k at 3 ranks or more, by default the gather at any number; it
+ends with the same parameters on every rank.
 """
 
 from __future__ import annotations
@@ -33,13 +35,15 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 IN_BFLOAT16 = ("topk+residual", "signsgd", "qsgd", "bf16", "sketch+residual")
 
 
-def through_backend(rec: Recorder, backend, label: str, fused: bool, dtype: torch.dtype) -> None:
+def through_backend(rec: Recorder, backend, label: str, fused: bool, dtype: torch.dtype,
+                    owner_feedback: bool = True) -> None:
     make, memory = SETUPS[label]
-    bundle = Grace(make(), memory=memory(), communicator=ScatterGather(), dense_fallback=False,
-                   bucket_bytes=1 << 20 if fused else 0)
+    bundle = Grace(make(), memory=memory(), communicator=ScatterGather(owner_feedback=owner_feedback),
+                   dense_fallback=False, bucket_bytes=1 << 20 if fused else 0)
     bundle.plan_buckets([(name, 4) for name in SIZES])
     world, rank = backend.size(), backend.rank()
-    expected = reference(label, world, dtype) if fused else None
+    expected = reference(label, world, dtype, owner_feedback=owner_feedback) if fused else None
+    label = label if owner_feedback else f"{label} without the owners' feedback"
     for step in range(STEPS):
         mine = gradients(world, step, dtype)[rank]
         pending = {name: bundle.start(g, name, backend, average=True) for name, g in zip(SIZES, mine, strict=True)}
@@ -120,6 +124,9 @@ def main() -> None:
         for dtype in DTYPES.values() if label in IN_BFLOAT16 else [torch.float32]:
             rec.guard(f"{label} {dtype}: fused", through_backend, rec, backend, label, True, dtype)
         rec.guard(f"{label}: per tensor", through_backend, rec, backend, label, False, torch.float32)
+    for label in ("efsignsgd", "topk+residual"):
+        rec.guard(f"{label}: fused, without the owners' feedback", through_backend, rec, backend, label, True,
+                  torch.float32, False)
     for communicator in ("auto", None):
         rec.guard(f"{communicator or 'default'} route", auto_route, rec, args.engine, communicator)
     rec.write()

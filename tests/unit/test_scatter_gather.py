@@ -12,14 +12,26 @@ import torch
 from grace_legacy import Grace, NoMemory, ScatterGather, TopK
 from grace_legacy.communicators.scatter_gather import segments_of, shard_bounds
 from tests.helpers import bits, run_ranks
-from tests.two_phase import SETUPS, SIZES, STEPS, TwoPhase, gradients, pieces, reference, shards
+from tests.two_phase import (
+    SETUPS,
+    SIZES,
+    STEPS,
+    WITH_OWNER_FEEDBACK,
+    TwoPhase,
+    gradients,
+    pieces,
+    reference,
+    shards,
+)
 from tests.unit.test_contract_undo import tensors_of
 
 
-def library(label: str, world: int, fused: bool, dtype: torch.dtype) -> list[list[torch.Tensor]]:
+def library(label: str, world: int, fused: bool, dtype: torch.dtype,
+            owner_feedback: bool = True) -> list[list[torch.Tensor]]:
     make, memory = SETUPS[label]
     # Without the dense fallback, so that every tensor takes the scatter-gather, as in the reference.
-    bundles = [Grace(make(), memory=memory(), communicator=ScatterGather(), dense_fallback=False,
+    bundles = [Grace(make(), memory=memory(), communicator=ScatterGather(owner_feedback=owner_feedback),
+                     dense_fallback=False,
                      bucket_bytes=1 << 20 if fused else 0) for _ in range(world)]
     for bundle in bundles:
         bundle.plan_buckets([(name, 4) for name in SIZES])
@@ -51,6 +63,20 @@ def test_matches_the_reference_bit_for_bit_fused(label, world):
         for name, g, e in zip(SIZES, got[step], expected[step], strict=True):
             assert g.shape == e.shape and g.dtype == e.dtype, name
             assert torch.equal(bits(g), bits(e)), f"step {step} {name}"
+
+
+@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("label", WITH_OWNER_FEEDBACK)
+def test_without_the_owners_feedback_matches_the_reference_without_it(label, world):
+    """``ScatterGather(owner_feedback=False)``: the owners keep no residual; from the second step on
+    that is another result than the default's (in at least one tensor)."""
+    got = library(label, world, True, torch.float32, owner_feedback=False)
+    expected = reference(label, world, torch.float32, owner_feedback=False)
+    kept = reference(label, world, torch.float32)
+    for step in range(STEPS):
+        for name, g, e in zip(SIZES, got[step], expected[step], strict=True):
+            assert torch.equal(bits(g), bits(e)), f"step {step} {name}"
+    assert any(not torch.equal(bits(g), bits(k)) for g, k in zip(got[-1], kept[-1], strict=True))
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
