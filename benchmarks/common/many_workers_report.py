@@ -125,7 +125,6 @@ def _routes(runs: list[dict], counts: list[int], two_phase_from: int) -> list[st
              "minus kept (the default).", "",
              "| compressor | " + " | ".join(f"{w} workers" for w in counts) + " |",
              "|---|" + "---|" * len(counts)]
-    # The last row: the owners' error feedback (ScatterGather(owner_feedback=...)) dropped against kept.
     for name, arm, against in (("QSGD s=2", "QSGD s=2 two-phase", "QSGD s=2 gathered"),
                                ("EF-signSGD", "EF-signSGD two-phase", "EF-signSGD gathered"),
                                ("EF-signSGD, no owner feedback", "EF-signSGD two-phase, no owner feedback",
