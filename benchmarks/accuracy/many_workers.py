@@ -38,7 +38,8 @@ SEEDS, QUICK_SEEDS = 5, 2
 #: Where an arm runs only when named by --arms: every worker of the two-phase route compresses a
 #: segment for every owner, W of them a step, so a step's work grows as W^2 (the runs' wall times
 #: are in the JSON; at 128 workers these are the study's slowest).
-SLOW_AT = {"QSGD s=2 two-phase": 128, "EF-signSGD two-phase": 128, "EF-signSGD two-phase, no owner feedback": 64}
+SLOW_AT = {"QSGD s=2 two-phase": 128, "EF-signSGD two-phase": 128, "EF-signSGD two-phase, no owner feedback": 64,
+           "Top-0.1% + EF two-phase": 64, "Top-0.1% + EF two-phase, no owner feedback": 64}
 QUICK_WORKERS = (4, 8)
 QUICK_ARMS = ("dense", "uniform Top-0.1% + EF", "LEGACY layer + EF", "QSGD s=2 two-phase")
 NAME = "many_workers"

@@ -120,9 +120,10 @@ def _conclusion(runs: list[dict], low: int, high: int, room: Paired) -> str:
 
 def _routes(runs: list[dict], counts: list[int], two_phase_from: int) -> list[str]:
     lines = ["## Gathered against two-phase", "", "Two-phase minus gathered, paired by seed (points, 95%): the "
-             "owners' second compression against the union of every worker's payload. The last row: EF-signSGD's "
-             "two-phase route with the owners' error feedback dropped (`ScatterGather(owner_feedback=False)`) "
-             "minus kept (the default).", "",
+             "owners' second compression against the union of every worker's payload (Top-0.1% + EF: against "
+             f"{UNIFORM}, the default route: gathered, or dense where that moves fewer bytes). The rows *owners' "
+             "feedback dropped minus kept*: the two-phase route with the owners' error feedback dropped "
+             "(`ScatterGather(owner_feedback=False)`) minus kept (the default).", "",
              "| compressor | " + " | ".join(f"{w} workers" for w in counts) + " |",
              "|---|" + "---|" * len(counts)]
     for name, arm, against in (("QSGD s=2", "QSGD s=2 two-phase", "QSGD s=2 gathered"),
@@ -130,7 +131,12 @@ def _routes(runs: list[dict], counts: list[int], two_phase_from: int) -> list[st
                                ("EF-signSGD, no owner feedback", "EF-signSGD two-phase, no owner feedback",
                                 "EF-signSGD gathered"),
                                ("EF-signSGD two-phase: owners' feedback dropped minus kept",
-                                "EF-signSGD two-phase, no owner feedback", "EF-signSGD two-phase")):
+                                "EF-signSGD two-phase, no owner feedback", "EF-signSGD two-phase"),
+                               ("Top-0.1% + EF", "Top-0.1% + EF two-phase", UNIFORM),
+                               ("Top-0.1% + EF, no owner feedback", "Top-0.1% + EF two-phase, no owner feedback",
+                                UNIFORM),
+                               ("Top-0.1% + EF two-phase: owners' feedback dropped minus kept",
+                                "Top-0.1% + EF two-phase, no owner feedback", "Top-0.1% + EF two-phase")):
         cells = []
         for w in counts:
             pair = paired(_at(runs, w), arm, against)

@@ -106,6 +106,9 @@ ARMS = [
     Arm("EF-signSGD two-phase", "signs", "scattergather", _forced(_efsignsgd, ScatterGather)),
     Arm("EF-signSGD two-phase, no owner feedback", "signs", "scattergather",
         _forced(_efsignsgd, lambda: ScatterGather(owner_feedback=False))),
+    Arm("Top-0.1% + EF two-phase", "uniform", "scattergather", _forced(lambda s: TopK(DENSITY), ScatterGather)),
+    Arm("Top-0.1% + EF two-phase, no owner feedback", "uniform", "scattergather",
+        _forced(lambda s: TopK(DENSITY), lambda: ScatterGather(owner_feedback=False))),
 ]
 ARM = {arm.name: arm for arm in ARMS}
 

@@ -261,9 +261,9 @@ class ScatterGather(Communicator):
     ``owner_feedback``: for a compressor paired with error feedback (a biased one), whether each
     owner keeps the error of its re-compression and adds it to the next step's sum (``True``, as
     DeepSpeed's compressed allreduce keeps a "server" error), or drops it (``False``: the second
-    compression is then biased). For EF-signSGD the kept error trains worse than none
-    (``benchmarks/results/many_workers.md``, "Gathered against two-phase"); other compressors are
-    not compared there."""
+    compression is then biased). Which trains better depends on the compressor: for Top-k + EF
+    the kept error, for EF-signSGD none (``benchmarks/results/many_workers.md``, "Gathered against
+    two-phase")."""
 
     route = "scattergather"
     fusable = True
