@@ -10,19 +10,9 @@ from torch import nn
 from grace_legacy import EFSignSGD, Grace, ScatterGather, TopK
 from grace_legacy.runtime.validation import ArgumentTypeError
 from grace_legacy.simulate import Simulation
+from tests.two_phase import shards
 
 N, LR, STEPS = 41, 0.5, 5
-
-
-def shards(n: int, world_size: int) -> list[tuple[int, int]]:
-    """Contiguous shards, sizes differing by at most one, the larger first."""
-    base, extra = divmod(n, world_size)
-    out, start = [], 0
-    for j in range(world_size):
-        stop = start + base + (j < extra)
-        out.append((start, stop))
-        start = stop
-    return out
 
 
 def scaled_sign(x: torch.Tensor) -> torch.Tensor:

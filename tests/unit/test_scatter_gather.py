@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grace_legacy import Grace, NoMemory, ScatterGather, TopK
+from grace_legacy import Grace, ScatterGather, TopK
 from grace_legacy.communicators.scatter_gather import segments_of, shard_bounds
 from tests.helpers import bits, run_ranks
 from tests.two_phase import (
@@ -31,8 +31,7 @@ def library(label: str, world: int, fused: bool, dtype: torch.dtype,
     make, memory = SETUPS[label]
     # Without the dense fallback, so that every tensor takes the scatter-gather, as in the reference.
     bundles = [Grace(make(), memory=memory(), communicator=ScatterGather(owner_feedback=owner_feedback),
-                     dense_fallback=False,
-                     bucket_bytes=1 << 20 if fused else 0) for _ in range(world)]
+                     dense_fallback=False, bucket_bytes=1 << 20 if fused else 0) for _ in range(world)]
     for bundle in bundles:
         bundle.plan_buckets([(name, 4) for name in SIZES])
 
@@ -98,8 +97,8 @@ def test_a_tensor_alone_is_its_own_bucket(label):
     for rank, compressor in enumerate(compressors):
         compressor.set_rank(rank)
     memories = [memory() for _ in range(world)]
-    owner_feedback = not isinstance(compressors[0].recommended_memory(), NoMemory)
-    references = {name: TwoPhase(compressors, memories, owner_feedback=owner_feedback) for name in SIZES}
+    references = {name: TwoPhase(compressors, memories, owner_feedback=label in WITH_OWNER_FEEDBACK)
+                  for name in SIZES}
     for step in range(STEPS):
         grads = gradients(world, step)
         for i, name in enumerate(SIZES):
